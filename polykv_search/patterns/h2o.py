@@ -1,0 +1,62 @@
+"""H2O: Heavy-Hitter Oracle.
+
+Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language
+Models", NeurIPS 2023, https://arxiv.org/abs/2306.14048
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from polykv_search.patterns.base import Pattern, sinks_and_recent
+
+
+@dataclass(frozen=True)
+class H2O(Pattern):
+    """Keep the heavy hitters (highest accumulated attention) plus a recent window.
+
+    Parameters
+    ----------
+    recent_ratio : float
+        Share of the budget reserved for the most recent tokens (the paper splits 50/50).
+    chunk : int
+        Queries processed at once when accumulating attention (memory, not results).
+
+    Attention is accumulated over every query the layer has seen (prompt and decoded tokens),
+    summed over the query heads of each KV head's GQA group.
+    """
+
+    name: ClassVar[str] = "h2o"
+    recent_ratio: float = 0.5
+    chunk: int = 512
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= float(self.recent_ratio) <= 1.0:
+            raise ValueError(f"recent_ratio must be in [0, 1], got {self.recent_ratio!r}")
+        if not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"chunk must be a positive integer, got {self.chunk!r}")
+
+    def post_kernel(self, layer, state, query) -> None:
+        n = layer.keys.shape[-2]
+        token = state.setdefault("token", {})
+        acc = token.get("acc")
+        grown = torch.zeros(layer.valid.shape, dtype=torch.float32, device=layer.valid.device)
+        if acc is not None:
+            grown[..., : acc.shape[-1]] = acc
+        qpos = layer.query_positions
+        qvalid = layer.valid[:, 0, n - query.shape[-2] :]  # [B, q]: padding queries add nothing
+        for start in range(0, query.shape[-2], self.chunk):
+            stop = start + self.chunk
+            probs = layer.attention_probs(query[..., start:stop, :], qpos[start:stop])  # [B, Hq, c, n]
+            probs = probs * qvalid[:, None, start:stop, None]
+            grown += layer.group_sum(probs.sum(dim=-2))
+        token["acc"] = grown
+
+    def score(self, layer, state) -> torch.Tensor:
+        return state["token"]["acc"]
+
+    def protected(self, layer, budget: int) -> torch.Tensor:
+        return sinks_and_recent(layer.valid, budget, 0, int(budget * self.recent_ratio))

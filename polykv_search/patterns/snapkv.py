@@ -1,0 +1,72 @@
+"""SnapKV: observation-window attention, pooled, GQA-group mean.
+
+Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation", NeurIPS 2024,
+https://arxiv.org/abs/2404.14469
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from polykv_search.patterns.base import Pattern, sinks_and_recent
+
+
+@dataclass(frozen=True)
+class SnapKV(Pattern):
+    """Score tokens by the attention of the last ``window`` queries, pooled along the sequence.
+
+    Parameters
+    ----------
+    window : int
+        Observation window: the newest queries whose attention scores the cache; the window's own
+        tokens are always kept (capped at the budget). Defaults follow the SnapKV code.
+    kernel : int
+        Pooling kernel (odd), applied along the token axis.
+    pooling : {"avgpool", "maxpool"}
+
+    In decoding the window is the last ``window`` queries seen (prompt tail, then decoded tokens).
+    """
+
+    name: ClassVar[str] = "snapkv"
+    window: int = 32
+    kernel: int = 5
+    pooling: str = "avgpool"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be a positive integer, got {self.window!r}")
+        if not isinstance(self.kernel, int) or self.kernel < 1 or self.kernel % 2 == 0:
+            raise ValueError(f"kernel must be a positive odd integer, got {self.kernel!r}")
+        if self.pooling not in ("avgpool", "maxpool"):
+            raise ValueError(f"pooling must be 'avgpool' or 'maxpool', got {self.pooling!r}")
+
+    def pre_kernel(self, layer, state, query) -> None:
+        old_q, old_pos = state.get("query"), state.get("query_pos")
+        if old_q is not None and old_q.shape[0] == query.shape[0]:
+            query = torch.cat([old_q, query], dim=-2)
+            qpos = torch.cat([old_pos, layer.query_positions])
+        else:
+            qpos = layer.query_positions
+        state["query"] = query[..., -self.window :, :]
+        state["query_pos"] = qpos[-self.window :]
+
+    def score(self, layer, state) -> torch.Tensor:
+        probs = layer.attention_probs(state["query"], state["query_pos"])  # [B, Hq, w, n]
+        votes = probs.sum(dim=-2)  # [B, Hq, n]
+        window = sinks_and_recent(layer.valid, votes.shape[-1], 0, self.window)
+        votes = votes.masked_fill(layer.repeat_heads(window), 0.0)  # the window does not vote for itself
+        b, h, n = votes.shape
+        flat = votes.reshape(b * h, 1, n)
+        pad = self.kernel // 2
+        if self.pooling == "avgpool":
+            pooled = F.avg_pool1d(flat, self.kernel, stride=1, padding=pad)
+        else:
+            pooled = F.max_pool1d(flat, self.kernel, stride=1, padding=pad)
+        return layer.group_mean(pooled.reshape(b, h, n))
+
+    def protected(self, layer, budget: int) -> torch.Tensor:
+        return sinks_and_recent(layer.valid, budget, 0, self.window)

@@ -1,0 +1,37 @@
+"""Random-init tiny models of every supported family, for fast exact tests."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def tiny_model(family: str = "llama", *, attn: str = "sdpa", layers: int = 3, seed: int = 0, **overrides):
+    """A float32 random-init causal LM with GQA (4 query heads, 2 KV heads), in eval mode."""
+    kwargs = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    if family in ("qwen3",):
+        kwargs["head_dim"] = 16
+    if family in ("mistral",):
+        kwargs["sliding_window"] = None
+    kwargs.update(overrides)
+    config = AutoConfig.for_model(family, **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    # Random init gives near-uniform attention; sharper weights make eviction choices matter.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(4.0)
+    return model.eval()
