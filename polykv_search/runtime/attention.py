@@ -1,0 +1,125 @@
+"""The registered attention function ``polykv`` and its mask function.
+
+transformers builds one mask per forward for all layers; once layers hold different tokens that mask
+is wrong. So the mask function registered for ``polykv`` only forwards the 2-D padding mask, and the
+attention function builds each layer's own mask from the positions its cache layer keeps, then calls
+the kernel the model was loaded with (SDPA or eager).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+if TYPE_CHECKING:  # pragma: no cover
+    from polykv_search.runtime.runtime import PolyKVRuntime
+
+ATTN_NAME = "polykv"
+
+#: Active runtimes by ``id(model config)``: the attention function finds its runtime from the module.
+ACTIVE: dict[int, "PolyKVRuntime"] = {}
+
+
+def padding_mask_passthrough(*, attention_mask=None, **_) -> torch.Tensor | None:
+    """Mask function for ``polykv``: hand the 2-D padding mask (or None) to every layer unchanged."""
+    return attention_mask
+
+
+def polykv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention with per-layer masks and the eviction hook points (``pre_kernel``, ``post_kernel``,
+    ``cache_update``)."""
+    runtime = ACTIVE.get(id(module.config))
+    if runtime is None:
+        raise RuntimeError("attention implementation 'polykv' used outside polykv_search.runtime.apply_strategy")
+    scaling = module.scaling if scaling is None else scaling
+    sliding = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    padding = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+    layer = runtime.take_pending(module.layer_idx)
+    if layer is None:  # no cache (use_cache=False): plain causal attention over this call
+        mask = _stateless_mask(query.shape[-2], key.shape[-2], padding, sliding, query.device)
+        return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None), None
+
+    q_len = query.shape[-2]
+    layer.begin_call(q_len, _align_padding(padding, layer.seen, q_len))
+    observers = layer.observers()
+    for pattern, state in observers:
+        pattern.pre_kernel(layer, state, query)
+    mask, is_causal = _layer_mask(layer, q_len)
+    out = runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal)
+    for pattern, state in observers:
+        pattern.post_kernel(layer, state, query)
+    layer.end_call()
+    return out, None
+
+
+def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):
+    """Exact attention; ``mask`` is bool ``[B, Hkv, q, n]`` (True = attend) or None."""
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    if mask is not None and groups > 1:
+        mask = mask.repeat_interleave(groups, dim=1)
+    if impl == "eager":
+        weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if mask is not None:
+            weights = weights.masked_fill(~mask, torch.finfo(weights.dtype).min)
+        elif is_causal:
+            causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+            weights = weights.masked_fill(~causal, torch.finfo(weights.dtype).min)
+        weights = weights.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(weights, value)
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=is_causal and mask is None, scale=scaling
+        )
+    return out.transpose(1, 2).contiguous()
+
+
+def _layer_mask(layer, q_len: int) -> tuple[torch.Tensor | None, bool]:
+    """The layer's mask, or ``None`` (+ causal flag) when a plain kernel call is exact."""
+    n = layer.length
+    all_valid = bool(layer.valid.all())
+    window_ok = layer.sliding_window is None or layer.seen <= layer.sliding_window
+    if all_valid and window_ok:
+        if q_len == 1:
+            return None, False  # every kept key is in the past
+        if n == q_len and layer.num_evictions == 0:
+            return None, True  # a fresh prompt: plain causal
+    return layer.allowed(layer.query_positions), False
+
+
+def _stateless_mask(q_len, kv_len, padding, sliding, device) -> torch.Tensor | None:
+    if padding is None and sliding is None and q_len == kv_len:
+        return None
+    qpos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+    kpos = torch.arange(kv_len, device=device)[None, :]
+    allowed = kpos <= qpos
+    if sliding is not None:
+        allowed &= (qpos - kpos) < sliding
+    allowed = allowed[None, None]
+    if padding is not None:
+        allowed = allowed & padding[:, None, None, -kv_len:].bool()
+    return allowed | (kpos == qpos)[None, None]
+
+
+def _align_padding(padding: torch.Tensor | None, seen: int, q_len: int) -> torch.Tensor | None:
+    """Return a padding mask indexed by sequence position, accepting full-length or call-length masks."""
+    if padding is None:
+        return None
+    if padding.shape[-1] == seen:
+        return padding
+    if padding.shape[-1] == q_len:
+        return F.pad(padding, (seen - q_len, 0), value=True)
+    raise ValueError(
+        f"attention_mask has length {padding.shape[-1]}, expected {seen} (all tokens so far) or {q_len} (this call)"
+    )
+
+
+def register() -> None:
+    """Register ``polykv`` with transformers' attention and mask interfaces (idempotent)."""
+    AttentionInterface.register(ATTN_NAME, polykv_attention)
+    AttentionMaskInterface.register(ATTN_NAME, padding_mask_passthrough)

@@ -1,0 +1,174 @@
+"""`apply_strategy`: run a loaded HF causal LM with per-layer, per-phase eviction.
+
+>>> with apply_strategy(model, strategy) as rt:            # doctest: +SKIP
+...     out = model.generate(**inputs, max_new_tokens=32)
+...     print(rt.report().table())
+
+Integration points (all public transformers APIs): the ``polykv`` attention and mask functions
+(``AttentionInterface`` / ``AttentionMaskInterface``), a ``Cache`` made of :class:`EvictingLayer`
+(``transformers.cache_utils``), and a forward pre-hook that hands the model a fresh evicting cache
+whenever it would otherwise create a ``DynamicCache``. Nothing in the model's forward is copied or
+patched; leaving the context restores the attention implementation and removes the hook.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Iterator
+
+from transformers.cache_utils import Cache, DynamicCache
+
+from polykv_search.patterns import make_pattern
+from polykv_search.runtime import attention as attn
+from polykv_search.runtime.architectures import ModelSpec, model_spec
+from polykv_search.runtime.layer import EvictingLayer, PhasePlan
+from polykv_search.runtime.report import CacheReport, LayerReport
+from strategies import Strategy
+
+
+class PolyKVCache(Cache):
+    """A transformers ``Cache`` whose layers evict to their strategy's budgets."""
+
+    def __init__(self, layers: list[EvictingLayer]):
+        super().__init__(layers=layers)
+
+    @property
+    def is_compileable(self) -> bool:  # eviction changes shapes every step
+        return False
+
+
+class PolyKVRuntime:
+    """Applies a :class:`~strategies.Strategy` to a model; use through :func:`apply_strategy`.
+
+    Parameters
+    ----------
+    decode_interval
+        Decoding evicts when a layer is over its budget and at least this many steps have passed
+        since its last eviction; 1 (default) is exact per-step eviction, larger values trade
+        exactness (up to ``interval`` extra tokens held) for fewer evictions.
+    """
+
+    def __init__(self, model, strategy: Strategy, *, decode_interval: int = 1):
+        if not isinstance(decode_interval, int) or decode_interval < 1:
+            raise ValueError(f"decode_interval must be a positive integer, got {decode_interval!r}")
+        self.model = model
+        self.spec: ModelSpec = model_spec(model)
+        strategy.check_model(self.spec.num_layers)
+        self.strategy = strategy
+        self.decode_interval = decode_interval
+        self.plans = [
+            (
+                PhasePlan(make_pattern(p.pattern, **p.params), p.budget),
+                PhasePlan(make_pattern(d.pattern, **d.params), d.budget),
+            )
+            for p, d in zip(strategy.prefill, strategy.decoding)
+        ]
+        self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
+        self._pending: dict[int, EvictingLayer] = {}
+        self.last_cache: PolyKVCache | None = None
+        self._hook = None
+
+    # ---------------------------------------------------------------- lifetime
+    def __enter__(self) -> "PolyKVRuntime":
+        config = self.spec.config
+        if id(config) in attn.ACTIVE:
+            raise RuntimeError("a strategy is already applied to this model")
+        attn.register()
+        attn.ACTIVE[id(config)] = self
+        self._forward_sig = inspect.signature(self.model.forward)
+        self._hook = self.model.register_forward_pre_hook(self._inject_cache, with_kwargs=True)
+        self.model.set_attn_implementation(attn.ATTN_NAME)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.model.set_attn_implementation(self.spec.attn_implementation)
+        if self._hook is not None:
+            self._hook.remove()
+        attn.ACTIVE.pop(id(self.spec.config), None)
+        self._pending.clear()
+
+    # ------------------------------------------------------------------ caches
+    def new_cache(self) -> PolyKVCache:
+        """An empty evicting cache for this model and strategy."""
+        s = self.spec
+        layers = [
+            EvictingLayer(
+                i,
+                prefill,
+                decoding,
+                num_kv_heads=s.num_kv_heads,
+                groups=s.num_heads // s.num_kv_heads,
+                scaling=s.scaling,
+                sliding_window=s.sliding_window(i),
+                decode_interval=self.decode_interval,
+                on_update=self._set_pending,
+            )
+            for i, (prefill, decoding) in enumerate(self.plans)
+        ]
+        return PolyKVCache(layers)
+
+    def _inject_cache(self, module, args, kwargs):
+        bound = self._forward_sig.bind_partial(*args, **kwargs)
+        extra = bound.arguments.get("kwargs", {})
+        cache = bound.arguments.get("cache", extra.get("past_key_values"))
+        use_cache = bound.arguments.get("use_cache")
+        if use_cache is None:
+            use_cache = getattr(self.spec.config, "use_cache", True)
+        if isinstance(cache, PolyKVCache):
+            self.last_cache = cache
+            return None
+        if cache is None and not use_cache:
+            return None
+        if cache is not None and not (isinstance(cache, DynamicCache) and cache.get_seq_length() == 0):
+            raise ValueError(
+                "polykv-search: the model was given a non-empty or non-dynamic cache; pass None, an empty "
+                "DynamicCache or a cache from runtime.new_cache()"
+            )
+        extra.pop("past_key_values", None)
+        bound.arguments["cache"] = self.last_cache = self.new_cache()
+        return bound.args, bound.kwargs
+
+    def _set_pending(self, layer: EvictingLayer) -> None:
+        self._pending[layer.layer_idx] = layer
+
+    def take_pending(self, layer_idx: int) -> EvictingLayer | None:
+        return self._pending.pop(layer_idx, None)
+
+    def kernel(self, query, key, value, mask, scaling, *, is_causal=False):
+        return attn.kernel(self.kernel_impl, query, key, value, mask, scaling, is_causal=is_causal)
+
+    # ----------------------------------------------------------------- report
+    def report(self, cache: PolyKVCache | None = None) -> CacheReport:
+        """Per-layer cache lengths and KV bytes held by ``cache`` (default: the latest one)."""
+        cache = cache or self.last_cache
+        if cache is None:
+            raise RuntimeError("no cache yet: run the model first")
+        rows = []
+        for layer in cache.layers:
+            rows.append(
+                LayerReport(
+                    layer=layer.layer_idx,
+                    seen=layer.seen,
+                    kept=layer.length,
+                    kv_bytes=layer.kv_bytes(),
+                    full_kv_bytes=_full_bytes(layer),
+                    prefill_budget=layer.plans["prefill"].budget,
+                    decoding_budget=layer.plans["decoding"].budget,
+                )
+            )
+        return CacheReport(rows)
+
+
+def _full_bytes(layer: EvictingLayer) -> int:
+    if layer.keys is None:
+        return 0
+    b, h, n, d = layer.keys.shape
+    return 2 * b * h * layer.seen * d * layer.keys.element_size()
+
+
+@contextmanager
+def apply_strategy(model, strategy: Strategy, *, decode_interval: int = 1) -> Iterator[PolyKVRuntime]:
+    """Apply ``strategy`` to ``model`` inside a ``with`` block; the model is restored on exit."""
+    with PolyKVRuntime(model, strategy, decode_interval=decode_interval) as runtime:
+        yield runtime
