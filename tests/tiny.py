@@ -29,9 +29,13 @@ def tiny_model(family: str = "llama", *, attn: str = "sdpa", layers: int = 3, se
     config = AutoConfig.for_model(family, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    # Random init gives near-uniform attention; sharper weights make eviction choices matter.
+    # Random init gives near-uniform attention and unit norm weights (so Qwen3's k_norm makes every
+    # key the same length); sharper projections and random norm gains make eviction choices matter.
+    gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(4.0)
+            elif "norm" in name:
+                p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=gen))
     return model.eval()
