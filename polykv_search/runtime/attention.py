@@ -61,7 +61,7 @@ def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = Fal
     groups = query.shape[1] // key.shape[1]
     key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
     value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
-    if mask is not None and groups > 1:
+    if mask is not None and groups > 1 and mask.shape[1] > 1:
         mask = mask.repeat_interleave(groups, dim=1)
     if impl == "eager":
         weights = torch.matmul(query, key.transpose(2, 3)) * scaling
