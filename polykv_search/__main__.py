@@ -1,0 +1,5 @@
+import sys
+
+from polykv_search.cli import main
+
+sys.exit(main())

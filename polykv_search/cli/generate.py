@@ -1,0 +1,84 @@
+"""`polykv-search generate`: run a prompt under a strategy and report what the cache held."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from polykv_search.cli.common import (
+    CLIError,
+    add_model_args,
+    console,
+    load_model_from_args,
+    out,
+    positive_int,
+    print_json,
+    read_text,
+)
+
+DEFAULT_PROMPT = "Write two sentences about the sea."
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text with a strategy applied",
+        description="Prefill a prompt (compressed per the strategy) and decode; report per-layer cache lengths and KV bytes.",
+    )
+    add_model_args(p)
+    p.add_argument("--strategy", help="strategy JSON (default: FullKV)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt-file", help="read the prompt from this file")
+    src.add_argument("--prompt", help=f"the prompt text (default: {DEFAULT_PROMPT!r})")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the model's chat template")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode-interval", type=positive_int, default=1, help="evict every k decoding steps (default 1)")
+    p.add_argument("--json", action="store_true", help="print a JSON record instead of text and a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polykv_search.generation import encode_prompt, generate
+    from strategies import Strategy
+
+    prompt = read_text(args.prompt_file) if args.prompt_file else (args.prompt or DEFAULT_PROMPT)
+    if not prompt.strip():
+        raise CLIError("the prompt is empty")
+    strategy = Strategy.load(args.strategy) if args.strategy else None
+    model, tokenizer = load_model_from_args(args)
+    if strategy is None:
+        strategy = Strategy.full(model.config.num_hidden_layers, model=args.model)
+    ids = encode_prompt(tokenizer, prompt, chat=not args.no_chat)
+    result = generate(
+        model,
+        tokenizer,
+        ids,
+        strategy,
+        max_new_tokens=args.max_new_tokens,
+        decode_interval=args.decode_interval,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    if args.json:
+        record = result.to_json()
+        record["strategy"] = {"path": args.strategy, "digest": strategy.digest(), "provenance": strategy.provenance}
+        record["model"] = args.model
+        print_json(record)
+        return 0
+    out.print(result.text)
+    table = Table(title="KV cache per layer", show_lines=False)
+    for col in ("layer", "budget (prefill/decoding)", "after prefill", "at end"):
+        table.add_column(col, justify="right")
+    for a, b in zip(result.after_prefill.layers, result.at_end.layers):
+        table.add_row(str(a.layer), f"{a.prefill_budget}/{a.decoding_budget}", str(a.kept), str(b.kept))
+    console.print(table)
+    end = result.at_end
+    console.print(
+        f"prompt {result.prompt_tokens} tokens, {len(result.new_tokens)} new; KV held {end.kv_bytes / 2**20:.2f} MiB "
+        f"vs FullKV {end.full_kv_bytes / 2**20:.2f} MiB ({end.kv_bytes / max(end.full_kv_bytes, 1):.1%}); "
+        f"prefill {result.prefill_seconds:.2f}s, decode {result.decode_tokens_per_second:.1f} tok/s"
+    )
+    return 0

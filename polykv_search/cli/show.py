@@ -1,0 +1,66 @@
+"""`polykv-search show`: a readable view of a strategy (or a signal table)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.table import Table
+
+from polykv_search.cli.common import CLIError, out, read_text
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "show",
+        help="print a strategy or signal table as a readable table",
+        description="Print a strategy JSON as a per-layer table (pattern and budget per phase), or summarize a signal table.",
+    )
+    p.add_argument("file", help="strategy.json or signals.json")
+    p.add_argument("--plot", help="signal tables: write heatmaps to this PNG")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = read_text(args.file)
+    try:
+        kind = json.loads(text).get("schema")
+    except (json.JSONDecodeError, AttributeError):
+        raise CLIError(f"{args.file}: not a JSON object") from None
+    if kind == "polykv-strategy":
+        from strategies import Strategy
+
+        show_strategy(Strategy.loads(text), args.file)
+        return 0
+    if kind == "polykv-signals":
+        from polykv_search.cli.show_signals import show_signals
+
+        return show_signals(args.file, args.plot)
+    raise CLIError(f"{args.file}: unknown schema {kind!r} (expected polykv-strategy or polykv-signals)")
+
+
+def show_strategy(strategy, title: str) -> None:
+    table = Table(title=title)
+    table.add_column("layer", justify="right")
+    for phase in ("prefill", "decoding"):
+        table.add_column(f"{phase} pattern")
+        table.add_column(f"{phase} budget", justify="right")
+    for i, (p, d) in enumerate(zip(strategy.prefill, strategy.decoding)):
+        table.add_row(str(i), _pat(p), _b(p.budget), _pat(d), _b(d.budget))
+    out.print(table)
+    prov = strategy.provenance
+    B = "none (FullKV)" if strategy.global_budget is None else f"{strategy.global_budget:g}"
+    out.print(f"B = {B}, b_min = {strategy.b_min}, solver = {prov.get('solver', '?')}, digest {strategy.digest()}")
+    for phase in ("prefill", "decoding"):
+        budgets = [b for b in strategy.budgets(phase) if b is not None]
+        if budgets:
+            out.print(f"{phase}: sum {sum(budgets)}, min {min(budgets)}, max {max(budgets)}")
+
+
+def _pat(choice) -> str:
+    extra = ",".join(f"{k}={v}" for k, v in choice.params.items())
+    return f"{choice.pattern}({extra})" if extra else choice.pattern
+
+
+def _b(budget) -> str:
+    return "all" if budget is None else str(budget)

@@ -1,0 +1,144 @@
+"""`polykv-search solve`: turn a signal table (or nothing, for baselines) into a strategy."""
+
+from __future__ import annotations
+
+import argparse
+
+from polykv_search.cli.common import CLIError, console, out, positive_float, positive_int
+
+#: Flags that belong to the problem, not to a solver's settings.
+_PROBLEM_DESTS = {"method", "signals", "budget", "b_min", "model", "num_layers", "phases", "grid", "out", "list_methods", "func", "command", "patterns", "max_budget"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "solve",
+        help="compute a strategy with a solver",
+        description="Solve for a strategy: signal table + (B, b_min, phases, grid) -> strategy.json. "
+        "Solver settings are flags too (see --list-methods).",
+    )
+    p.add_argument("--method", default="proportional", help="solver name (default proportional; see --list-methods)")
+    p.add_argument("--list-methods", action="store_true", help="list the solvers and their settings, then exit")
+    p.add_argument("--signals", help="signal table from `polykv-search collect` (needed by table-driven solvers)")
+    p.add_argument("--budget", type=positive_float, help="global budget B: average tokens kept per layer")
+    p.add_argument("--b-min", type=positive_int, default=None, help="smallest budget of any layer (default: min(16, B))")
+    p.add_argument("--model", default=None, help="model whose layer count to use when no signal table is given (default smollm2-135m)")
+    p.add_argument("--num-layers", type=positive_int, help="layer count, instead of reading it from --model")
+    p.add_argument("--phases", help="phases to optimize, comma separated (default: the table's, or both)")
+    p.add_argument("--grid", help="budget grid for ilp/dp, comma separated (default: the table's)")
+    p.add_argument("--patterns", help="patterns the solver may choose, comma separated (default: the table's)")
+    p.add_argument("--max-budget", type=positive_int, help="the most a layer can use (e.g. the context length)")
+    p.add_argument("--out", help="where to write the strategy JSON")
+    _add_solver_settings(p)
+    p.set_defaults(func=run)
+
+
+def _add_solver_settings(p: argparse.ArgumentParser) -> None:
+    """Every solver setting as a flag; only flags given on the command line reach the solver."""
+    from solvers import get_solver_class, list_methods
+
+    g = p.add_argument_group("solver settings (each applies to the solvers that have it)")
+    seen: dict[str, list[str]] = {}
+    infos = {}
+    for m in list_methods():
+        if not m.available:
+            continue
+        for info in get_solver_class(m.name).Settings.fields_info():
+            seen.setdefault(info.flag, []).append(m.name)
+            infos.setdefault(info.flag, info)
+    for flag, info in infos.items():
+        if flag.lstrip("-").replace("-", "_") in _PROBLEM_DESTS:
+            continue
+        g.add_argument(
+            flag,
+            default=argparse.SUPPRESS,
+            metavar=info.type.split("|")[0].upper(),
+            help=f"{info.help} [{', '.join(seen[flag])}]",
+        )
+
+
+def _csv(text: str | None, cast=str):
+    if text is None:
+        return None
+    try:
+        return [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CLIError(f"not a comma-separated list of {cast.__name__}: {text!r}") from None
+
+
+def num_layers_of(model: str) -> int:
+    from transformers import AutoConfig
+
+    from polykv_search.models import model_path
+
+    try:
+        return int(AutoConfig.from_pretrained(model_path(model)).num_hidden_layers)
+    except OSError as err:
+        raise CLIError(f"cannot read the config of {model!r}: {str(err).splitlines()[0]}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from solvers import Problem, get_solver_class, list_methods
+
+    if args.list_methods:
+        return _list_methods(list_methods, get_solver_class)
+    if args.budget is None:
+        raise CLIError("--budget is required")
+    if not args.out:
+        raise CLIError("--out is required")
+    cls = get_solver_class(args.method)
+    names = {i.name for i in cls.Settings.fields_info()}
+    given = {k: v for k, v in vars(args).items() if k not in _PROBLEM_DESTS}
+    unknown = sorted(k for k in given if k not in names)
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise CLIError(f"{flags} do not apply to the {args.method!r} solver")
+    settings = cls.Settings.from_strings({k: str(v) for k, v in given.items()})
+    table = None
+    if args.signals:
+        from signals import SignalTable
+
+        table = SignalTable.load(args.signals)
+    elif cls.needs_table:
+        raise CLIError(f"the {args.method!r} solver needs --signals (run `polykv-search collect` first)")
+    num_layers = args.num_layers
+    if table is None and num_layers is None:
+        from polykv_search.models import DEFAULT_MODEL
+
+        num_layers = num_layers_of(args.model or DEFAULT_MODEL)
+    b_min = args.b_min if args.b_min is not None else int(min(16, args.budget))
+    problem = Problem(
+        global_budget=args.budget,
+        table=table,
+        num_layers=num_layers,
+        b_min=b_min,
+        phases=_csv(args.phases),
+        budgets=_csv(args.grid, int),
+        patterns=_csv(args.patterns),
+        max_budget=args.max_budget,
+    )
+    result = cls(settings).solve(problem)
+    if args.model:
+        result.strategy.provenance.setdefault("model", args.model)
+    result.strategy.save(args.out)
+    msg = f"wrote {args.out}: {args.method}, B={args.budget:g}, b_min={b_min}"
+    if getattr(result, "objective", None) is not None:
+        msg += f", predicted degradation {result.objective:.4g}"
+    console.print(msg)
+    return 0
+
+
+def _list_methods(list_methods, get_solver_class) -> int:
+    from rich.table import Table
+
+    table = Table(title="solvers")
+    for col in ("method", "needs signals", "description", "settings"):
+        table.add_column(col)
+    for m in list_methods():
+        settings = ""
+        if m.available:
+            settings = ", ".join(f"{i.flag}={i.default}" for i in get_solver_class(m.name).Settings.fields_info())
+        needs = "?" if m.needs_table is None else ("yes" if m.needs_table else "no")
+        table.add_row(m.name, needs, m.description if m.available else f"{m.description} ({m.reason})", settings)
+    out.print(table)
+    return 0
