@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     for col in ("layer", "budget (prefill/decoding)", "after prefill", "at end"):
         table.add_column(col, justify="right")
     for a, b in zip(result.after_prefill.layers, result.at_end.layers):
-        table.add_row(str(a.layer), f"{a.prefill_budget}/{a.decoding_budget}", str(a.kept), str(b.kept))
+        table.add_row(str(a.layer), f"{_b(a.prefill_budget)}/{_b(a.decoding_budget)}", str(a.kept), str(b.kept))
     console.print(table)
     end = result.at_end
     console.print(
@@ -82,3 +82,7 @@ def run(args: argparse.Namespace) -> int:
         f"prefill {result.prefill_seconds:.2f}s, decode {result.decode_tokens_per_second:.1f} tok/s"
     )
     return 0
+
+
+def _b(budget: int | None) -> str:
+    return "all" if budget is None else str(budget)

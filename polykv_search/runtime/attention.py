@@ -57,26 +57,28 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 
 def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):
-    """Exact attention; ``mask`` is bool ``[B, Hkv, q, n]`` (True = attend) or None."""
+    """Exact attention; ``mask`` is bool ``[B, Hkv or 1, q, n]`` (True = attend) or None."""
     groups = query.shape[1] // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-    value = value.repeat_interleave(groups, dim=1) if groups > 1 else value
     if mask is not None and groups > 1 and mask.shape[1] > 1:
         mask = mask.repeat_interleave(groups, dim=1)
-    if impl == "eager":
-        weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if mask is not None:
-            weights = weights.masked_fill(~mask, torch.finfo(weights.dtype).min)
-        elif is_causal:
-            causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
-            weights = weights.masked_fill(~causal, torch.finfo(weights.dtype).min)
-        weights = weights.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(weights, value)
-    else:
+    if impl == "sdpa":
+        # Without a per-head mask, SDPA's native GQA avoids copying K/V per query head.
+        gqa = groups > 1 and (mask is None or mask.shape[1] == 1)
+        if groups > 1 and not gqa:
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=is_causal and mask is None, scale=scaling
+            query, key, value, attn_mask=mask, is_causal=is_causal and mask is None, scale=scaling, enable_gqa=gqa
         )
-    return out.transpose(1, 2).contiguous()
+        return out.transpose(1, 2).contiguous()
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if mask is None and is_causal:
+        mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+    if mask is not None:
+        weights = weights.masked_fill(~mask, torch.finfo(weights.dtype).min)
+    weights = weights.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous()
 
 
 def _layer_mask(layer, q_len: int) -> tuple[torch.Tensor | None, bool]:
