@@ -91,22 +91,26 @@ class PolyKVRuntime:
     # ------------------------------------------------------------------ caches
     def new_cache(self) -> PolyKVCache:
         """An empty evicting cache for this model and strategy."""
-        s = self.spec
         layers = [
-            EvictingLayer(
-                i,
-                prefill,
-                decoding,
-                num_kv_heads=s.num_kv_heads,
-                groups=s.num_heads // s.num_kv_heads,
-                scaling=s.scaling,
-                sliding_window=s.sliding_window(i),
-                decode_interval=self.decode_interval,
-                on_update=self._set_pending,
-            )
+            EvictingLayer(i, prefill, decoding, **self.layer_kwargs(i))
             for i, (prefill, decoding) in enumerate(self.plans)
         ]
         return PolyKVCache(layers)
+
+    def layer_kwargs(self, layer_idx: int) -> dict:
+        """Constructor arguments, besides the two phase plans, of layer ``layer_idx``'s cache layer,
+        wired to this runtime: ``EvictingLayer(layer_idx, prefill, decoding, **rt.layer_kwargs(layer_idx))``
+        builds a layer the attention function finds, with plans of the caller's choosing (the signal
+        collector's replay builds its cache layers this way; pass ``on_update=None`` for a detached one)."""
+        s = self.spec
+        return dict(
+            num_kv_heads=s.num_kv_heads,
+            groups=s.num_heads // s.num_kv_heads,
+            scaling=s.scaling,
+            sliding_window=s.sliding_window(layer_idx),
+            decode_interval=self.decode_interval,
+            on_update=self._set_pending,
+        )
 
     def _inject_cache(self, module, args, kwargs):
         bound = self._forward_sig.bind_partial(*args, **kwargs)
