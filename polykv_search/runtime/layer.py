@@ -205,10 +205,13 @@ class EvictingLayer(CacheLayerMixin):
 
     def attention_probs(self, query: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
         """Softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` over the cached keys."""
-        keys = self.repeat_heads(self.keys).float()
-        logits = torch.matmul(query.float(), keys.transpose(-1, -2)) * self.scaling
-        mask = self.repeat_heads(self.allowed(query_positions))
-        return logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        b, hq, q, d = query.shape
+        h, g, n = self.num_kv_heads, self.groups, self.keys.shape[-2]
+        # Group the query heads of each KV head instead of copying K per query head.
+        logits = torch.matmul(query.float().reshape(b, h, g * q, d), self.keys.float().transpose(-1, -2))
+        logits = logits.view(b, h, g, q, n) * self.scaling
+        mask = self.allowed(query_positions)[:, :, None]
+        return logits.masked_fill_(~mask, float("-inf")).softmax(dim=-1).view(b, hq, q, n)
 
     def kv_bytes(self) -> int:
         if self.keys is None:
