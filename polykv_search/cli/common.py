@@ -48,8 +48,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_model_from_args(args: argparse.Namespace):
+    from transformers.utils import logging as hf_logging
+
     from polykv_search.models import load_model
 
+    hf_logging.disable_progress_bar()
     with console.status(f"loading {args.model} ..."):
         return load_model(args.model, device=args.device, dtype=args.dtype, attn_implementation=args.attn)
 
