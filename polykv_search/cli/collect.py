@@ -1,0 +1,145 @@
+"""`polykv-search collect`: calibration signals for every layer, phase, pattern and budget.
+
+    polykv-search collect --out signals.json                       # defaults: SmolLM2 on Austen
+    polykv-search collect --model M --calib SPEC --samples 8 --context-len 1024 --continuation-len 128 \\
+        --patterns snapkv,tova,h2o,streaming_llm,knorm,random --budgets 32,64,128,256 \\
+        --phases prefill,decoding --out signals.json [--resume] [--jobs 2] [--device cuda] [--naive]
+
+Finished units are journaled to ``<out>.journal``; rerunning the same command after a crash or Ctrl-C
+continues from it (``--resume`` insists on it, ``--fresh`` discards it), and a journal from another
+model, grid or calibration set is refused. ``--jobs N`` runs N local worker processes (joblib/loky);
+``--backend dask --address tcp://host:8786`` or ``--backend ray --address auto`` use a cluster whose
+workers have polykv-search installed and can load the model by the same name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from polykv_search.cli.common import CLIError, add_model_args, console, load_model_from_args, positive_int
+
+DEFAULT_SAMPLES = 2
+DEFAULT_CONTEXT = 512
+DEFAULT_CONTINUATION = 32
+
+
+def add_parser(sub) -> None:
+    from signals.collect import DEFAULT_BUDGETS, DEFAULT_PATTERNS
+
+    p = sub.add_parser(
+        "collect",
+        help="collect calibration signals (cosine, dPPL, entropy) into a signal table",
+        description="Collect the signal table: for every (layer, phase, pattern, budget) cell, the cosine similarity of "
+        "the layer's output and the perplexity change on teacher-forced continuations when only that layer evicts; "
+        "per (layer, phase) the FullKV attention entropy and variance. Fast replay by default; resumable.",
+    )
+    add_model_args(p)
+    g = p.add_argument_group("calibration data")
+    g.add_argument("--calib", default=None, help="corpus spec: austen (default), debian-faq, pydoc, a .txt/.jsonl/.parquet path, hf:NAME")
+    g.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help=f"calibration samples (default {DEFAULT_SAMPLES})")
+    g.add_argument("--context-len", type=positive_int, default=DEFAULT_CONTEXT, help=f"context tokens n (default {DEFAULT_CONTEXT})")
+    g.add_argument("--continuation-len", type=positive_int, default=DEFAULT_CONTINUATION, help=f"continuation tokens m, >= 2 (default {DEFAULT_CONTINUATION})")
+    g.add_argument("--seed", type=int, default=0, help="sample placement seed (default 0)")
+    g = p.add_argument_group("grid")
+    g.add_argument("--patterns", default=",".join(DEFAULT_PATTERNS), help=f"comma separated (default {','.join(DEFAULT_PATTERNS)})")
+    g.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)), help=f"comma separated (default {','.join(map(str, DEFAULT_BUDGETS))})")
+    g.add_argument("--phases", default="prefill,decoding", help="comma separated (default prefill,decoding)")
+    g.add_argument("--layers", default="all", help="layers to collect, e.g. 0-3,10 (default all; others stay missing)")
+    g = p.add_argument_group("run")
+    g.add_argument("--out", required=True, help="where to write the signal table (JSON)")
+    g.add_argument("--resume", action="store_true", help="continue the partial run in OUT.journal (the default when one matches); error if there is none")
+    g.add_argument("--fresh", action="store_true", help="discard OUT.journal and start over")
+    g.add_argument("--naive", action="store_true", help="one full forward per cell (the slow reference) instead of the replay")
+    g.add_argument("--jobs", type=positive_int, default=1, help="parallel workers (default 1)")
+    g.add_argument("--backend", choices=["loky", "dask", "ray"], default=None, help="joblib backend for --jobs (default loky: local processes)")
+    g.add_argument("--address", default=None, help="dask scheduler / ray cluster address (default: start a local one)")
+    g.add_argument("--batch-tokens", type=positive_int, default=8192, help="continuation tokens (cells x m) run at once (default 8192)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _csv(text: str, what: str, cast=str) -> list:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise CLIError(f"--{what}: empty list")
+    try:
+        return [cast(x) for x in items]
+    except ValueError:
+        raise CLIError(f"--{what}: not a comma-separated list of integers: {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from polykv_search.data import DEFAULT_CORPUS, describe_samples, load_corpus, make_samples
+    from signals.collect import CollectError, ModelLoader, collect_signals, make_settings
+    from signals.journal import journal_path
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise CLIError(f"--out {out} is a directory")
+    if args.resume and args.fresh:
+        raise CLIError("--resume and --fresh contradict each other")
+    if args.continuation_len < 2:
+        raise CLIError("--continuation-len must be at least 2 (the continuation's own tokens are scored)")
+    patterns = _csv(args.patterns, "patterns")
+    budgets = _csv(args.budgets, "budgets", int)
+    phases = _csv(args.phases, "phases")
+    try:
+        make_settings(1, patterns=patterns, budgets=budgets, phases=phases, layers=[0], naive=args.naive, batch_tokens=args.batch_tokens)
+    except CollectError as err:  # grid errors before the (slow) model load
+        raise CLIError(str(err)) from None
+    if args.resume and not journal_path(out).exists():
+        raise CLIError(f"--resume: nothing to resume, {journal_path(out)} does not exist")
+
+    model, tokenizer = load_model_from_args(args)
+    spec = args.calib or DEFAULT_CORPUS
+    with console.status(f"preparing {args.samples} calibration samples from {spec} ..."):
+        corpus = load_corpus(spec)
+        samples = make_samples(
+            tokenizer,
+            corpus,
+            n_samples=args.samples,
+            context_len=args.context_len,
+            continuation_len=args.continuation_len,
+            seed=args.seed,
+            role="calib",
+        )
+    calibration = describe_samples(
+        samples, corpus, role="calib", seed=args.seed, spec=spec,
+        context_len=args.context_len, continuation_len=args.continuation_len,
+    )  # fmt: skip
+    loader = ModelLoader(args.model, args.device, args.dtype, args.attn)
+    try:
+        table = collect_signals(
+            model,
+            samples,
+            patterns=patterns,
+            budgets=budgets,
+            phases=phases,
+            layers=args.layers,
+            naive=args.naive,
+            out=out,
+            fresh=args.fresh,
+            require_resume=args.resume,
+            jobs=args.jobs,
+            backend=args.backend,
+            address=args.address,
+            model_loader=loader,
+            progress=not args.no_progress,
+            provenance={"calibration": calibration, "model_args": {"device": args.device, "dtype": args.dtype, "attn": args.attn}},
+            batch_tokens=args.batch_tokens,
+            log=lambda msg: console.print(msg, highlight=False),
+        )
+    except CollectError as err:
+        raise CLIError(str(err)) from None
+    except KeyboardInterrupt:
+        console.print(f"[yellow]stopped[/yellow]: finished cells are kept in {journal_path(out)}; rerun the same command to continue")
+        raise
+    cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())
+    t = table.provenance["timings"]
+    console.print(
+        f"wrote {out}: {cells} cells, {args.samples} samples of {args.context_len}+{args.continuation_len} tokens, "
+        f"FullKV PPL {table.full_ppl:.3f}; {t['wall_seconds_last_run']:.1f}s (view it: polykv-search show {out})",
+        highlight=False,
+    )
+    return 0

@@ -1,0 +1,301 @@
+"""Fast cell evaluation by replay: no full forward per cell.
+
+For a sample's :class:`~signals.fullkv.FullKVRecord` and a layer l, all (pattern, budget) cells of a
+phase are evaluated together:
+
+1. **Layer l's cache per cell, without a kernel.** A detached :class:`EvictingLayer` gets the FullKV
+   prompt K/V; the pattern's ``pre_kernel``/``post_kernel`` hooks run on the recorded prompt queries
+   — exactly what the runtime does during the prompt's own attention call — once per pattern, since
+   the statistics do not depend on the budget. Each budget then gets a fork (tensors shared, pattern
+   state copied) whose ``end_call`` compresses it (prefill cells) or that keeps it whole with the
+   decoding pattern's state primed (decoding cells).
+2. **Layer l on the continuation, cells batched.** :class:`StackedLayer` presents the cells' layers
+   (different lengths, patterns, budgets) to the attention function as one right-padded batch (padding
+   is invalid, so masked exactly); every row's own hooks and evictions run on its own, unpadded layer,
+   so each row keeps exactly the tokens it would keep alone. Prefill cells: the m continuation tokens
+   in one call. Decoding cells: teacher-forced, one token per step, evicting as the runtime does.
+   Layers below l are FullKV, so their continuation outputs are the recorded ones.
+3. **Layers l+1..L once for all cells**, in one call of m tokens with the FullKV prompt caches
+   expanded to the batch (layers above l do not evict, so step-by-step and one-call decoding agree);
+   then the final norm and head give the continuation NLL. Cosine needs only layer l's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Sequence
+
+import torch
+
+from polykv_search.patterns import Pattern
+from polykv_search.runtime import EvictingLayer, PhasePlan, PolyKVCache
+from signals import model_parts
+from signals.cosine import cosine_per_row
+from signals.fullkv import FULL_PLAN, FullKVRecord
+from signals.ppl import continuation_nll
+
+#: Continuation tokens (rows × m) run through the upper layers at once.
+BATCH_TOKENS = 8192
+#: CPU threads for the many small per-row operations (cell caches, decoding steps): one, since
+#: spreading tiny ops over threads costs more than it gains (and a lot on a loaded machine).
+SMALL_OP_THREADS = 1
+
+_STATE_ATTRS = (
+    "keys",
+    "values",
+    "positions",
+    "valid",
+    "is_initialized",
+    "device",
+    "seen",
+    "calls",
+    "num_evictions",
+    "steps_since_eviction",
+    "query_positions",
+)
+
+
+def _detached(runtime, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan, cls=EvictingLayer, **extra):
+    kwargs = {**runtime.layer_kwargs(layer_idx), "on_update": None}
+    return cls(layer_idx, prefill, decoding, **kwargs, **extra)
+
+
+def prime_layer(runtime, record: FullKVRecord, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan) -> EvictingLayer:
+    """A detached layer holding the FullKV prompt after its prefill call's hooks ran (``end_call``
+    not yet called): the state the runtime's layer l is in right after the prompt's kernel."""
+    layer = _detached(runtime, layer_idx, prefill, decoding)
+    layer.update(record.keys[layer_idx], record.values[layer_idx])
+    layer.begin_call(record.context_len, None)
+    query = record.queries[layer_idx]
+    observers = layer.observers()
+    for pattern, state in observers:
+        pattern.pre_kernel(layer, state, query)
+    for pattern, state in observers:
+        pattern.post_kernel(layer, state, query)
+    return layer
+
+
+def fork_layer(runtime, layer: EvictingLayer, prefill: PhasePlan, decoding: PhasePlan) -> EvictingLayer:
+    """A copy of ``layer`` with other plans: cache tensors shared (evictions replace, never mutate
+    them), pattern states deep-copied."""
+    new = _detached(runtime, layer.layer_idx, prefill, decoding)
+    for name in _STATE_ATTRS:
+        if hasattr(layer, name):
+            setattr(new, name, getattr(layer, name))
+    new.states = copy.deepcopy(layer.states)
+    return new
+
+
+class _RowDispatch:
+    """The one observer a :class:`StackedLayer` shows the runtime: runs every row's own observers on
+    the row's layer with the row's slice of the queries."""
+
+    def __init__(self, stacked: "StackedLayer"):
+        self.stacked = stacked
+
+    def pre_kernel(self, layer, state, query) -> None:
+        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
+            for pattern, st in observers:
+                pattern.pre_kernel(row, st, query[i : i + 1])
+
+    def post_kernel(self, layer, state, query) -> None:
+        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
+            for pattern, st in observers:
+                pattern.post_kernel(row, st, query[i : i + 1])
+
+
+class StackedLayer(EvictingLayer):
+    """Several single-row cache layers (own plans, lengths, evictions) shown as one batch.
+
+    The attention function sees right-padded ``keys``/``values``/``positions``/``valid`` (padding:
+    invalid, position -1, so the per-layer mask excludes it exactly) and runs one kernel for all rows;
+    ``update``/``begin_call``/hooks/``end_call`` are delegated to each row's own layer.
+    """
+
+    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
+        super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
+        if not rows:
+            raise ValueError("StackedLayer needs at least one row")
+        self.rows = list(rows)
+        self.row_observers: list[list] = [[] for _ in self.rows]
+        self._dispatch = _RowDispatch(self)
+        first = self.rows[0]
+        self.device = first.device
+        self.is_initialized = True
+        self.seen = first.seen
+        self.calls = first.calls
+        self._restack()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        for i, row in enumerate(self.rows):
+            row.update(key_states[i : i + 1], value_states[i : i + 1])
+        self.seen += key_states.shape[-2]
+        self._restack()
+        if self._on_update is not None:
+            self._on_update(self)
+        return self.keys, self.values
+
+    def begin_call(self, q_len: int, padding_mask) -> None:
+        if padding_mask is not None:
+            raise ValueError("StackedLayer does not support padding")
+        self.query_positions = torch.arange(self.seen - q_len, self.seen, device=self.device)
+        for row in self.rows:
+            row.begin_call(q_len, None)
+        self.row_observers = [row.observers() for row in self.rows]
+
+    def observers(self):
+        return [(self._dispatch, {})] if any(self.row_observers) else []
+
+    def end_call(self) -> None:
+        for row in self.rows:
+            row.end_call()
+        self.calls += 1
+        self._restack()
+
+    def _restack(self) -> None:
+        rows = self.rows
+        lengths = [row.length for row in rows]
+        longest = max(lengths)
+        self.num_evictions = max(row.num_evictions for row in rows)
+        if min(lengths) == longest:
+            self.keys = torch.cat([row.keys for row in rows])
+            self.values = torch.cat([row.values for row in rows])
+            self.positions = torch.cat([row.positions for row in rows])
+            self.valid = torch.cat([row.valid for row in rows])
+            return
+        first = rows[0]
+        b, h, _, d = first.keys.shape
+        c = len(rows)
+        self.keys = first.keys.new_zeros(c, h, longest, d)
+        self.values = first.values.new_zeros(c, h, longest, first.values.shape[-1])
+        self.positions = torch.full((c, h, longest), -1, dtype=torch.long, device=self.device)
+        self.valid = torch.zeros(c, h, longest, dtype=torch.bool, device=self.device)
+        for i, (row, n) in enumerate(zip(rows, lengths)):
+            self.keys[i, :, :n] = row.keys[0]
+            self.values[i, :, :n] = row.values[0]
+            self.positions[i, :, :n] = row.positions[0]
+            self.valid[i, :, :n] = row.valid[0]
+
+
+class SharedPromptLayer(EvictingLayer):
+    """An upper layer's cache for all rows: the FullKV prompt (an expanded view, copied once when the
+    continuation is appended) plus each row's own continuation. Nothing is evicted, so every row and
+    head has the same positions and one ``[1, 1, q, n]`` mask serves them all (SDPA then runs with
+    native GQA instead of per-head masks)."""
+
+    def allowed(self, query_positions: torch.Tensor) -> torch.Tensor:
+        kpos = self.positions[:1, :1, None, :]
+        qpos = query_positions.to(self.device)[None, None, :, None]
+        allowed = kpos <= qpos
+        if self.sliding_window is not None:
+            allowed &= (qpos - kpos) < self.sliding_window
+        return allowed
+
+
+def shared_prompt_layer(runtime, record: FullKVRecord, layer_idx: int, rows: int) -> SharedPromptLayer:
+    """Layer ``layer_idx`` after the prompt's (non-evicting) prefill, for ``rows`` rows."""
+    layer = SharedPromptLayer(layer_idx, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(layer_idx))
+    keys, values = record.keys[layer_idx], record.values[layer_idx]
+    b, h, n, _ = keys.shape
+    layer.device = keys.device
+    layer.keys = keys.expand(rows, -1, -1, -1)
+    layer.values = values.expand(rows, -1, -1, -1)
+    layer.positions = torch.arange(n, device=keys.device).expand(rows, h, n)
+    layer.valid = torch.ones((), dtype=torch.bool, device=keys.device).expand(rows, h, n)
+    layer.is_initialized = True
+    layer.seen = n
+    layer.calls = 1
+    return layer
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None):
+    """Run a block with ``n`` intra-op CPU threads (``None``: unchanged)."""
+    old = torch.get_num_threads()
+    if n is None or n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def cell_layers(runtime, record: FullKVRecord, layer_idx: int, phase: str, patterns: Sequence[Pattern], budgets: Sequence[int]) -> list[EvictingLayer]:
+    """Layer ``layer_idx``'s cache of every (pattern, budget) cell (pattern-major), right after prefill."""
+    rows = []
+    for pattern in patterns:
+        if phase == "prefill":
+            base = prime_layer(runtime, record, layer_idx, PhasePlan(pattern, budgets[0]), FULL_PLAN)
+            for b in budgets:
+                row = fork_layer(runtime, base, PhasePlan(pattern, b), FULL_PLAN)
+                row.end_call()  # compress the prompt to b
+                rows.append(row)
+        else:
+            base = prime_layer(runtime, record, layer_idx, FULL_PLAN, PhasePlan(pattern, budgets[0]))
+            base.end_call()  # prefill keeps all; only the decoding pattern's state survives
+            rows.extend(fork_layer(runtime, base, FULL_PLAN, PhasePlan(pattern, b)) for b in budgets)
+    return rows
+
+
+@torch.no_grad()
+def replay_unit(
+    model,
+    runtime,
+    record: FullKVRecord,
+    layer_idx: int,
+    phase: str,
+    patterns: Sequence[Pattern],
+    budgets: Sequence[int],
+    *,
+    batch_tokens: int = BATCH_TOKENS,
+) -> tuple[list[float], list[float]]:
+    """Cosine and mean NLL of every (pattern, budget) cell of (layer, phase) on one sample.
+
+    ``runtime``: an applied Full strategy on ``model`` (so the ``polykv`` attention is active).
+    Returns two flat lists, pattern-major (``[p * len(budgets) + b]``).
+    """
+    with cpu_threads(SMALL_OP_THREADS):
+        rows = cell_layers(runtime, record, layer_idx, phase, patterns, budgets)
+    per_chunk = max(1, batch_tokens // max(record.continuation_len, 1))
+    cos, nll = [], []
+    for start in range(0, len(rows), per_chunk):
+        c, l = _continue(model, runtime, record, layer_idx, phase, rows[start : start + per_chunk])
+        cos.extend(c.tolist())
+        nll.extend(l.tolist())
+    return cos, nll
+
+
+def _continue(model, runtime, record: FullKVRecord, layer_idx: int, phase: str, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    device = record.hidden[0].device
+    num_layers = len(record.keys)
+    n, m, c = record.context_len, record.continuation_len, len(rows)
+    layers: list[EvictingLayer] = [_detached(runtime, j, FULL_PLAN, FULL_PLAN) for j in range(num_layers)]
+    stacked = StackedLayer(layer_idx, rows, **runtime.layer_kwargs(layer_idx))
+    layers[layer_idx] = stacked
+    cache = PolyKVCache(layers)
+    pos = record.position_ids(device)
+    hidden = record.hidden[layer_idx].expand(c, -1, -1)
+    pe = model_parts.rotary(model, hidden, pos)
+    if phase == "prefill":
+        out = model_parts.run_layer(model, layer_idx, hidden, pe, pos, cache)
+    else:
+        steps = []
+        with cpu_threads(SMALL_OP_THREADS):
+            for t in range(m):
+                steps.append(
+                    model_parts.run_layer(
+                        model, layer_idx, hidden[:, t : t + 1], model_parts.slice_rotary(pe, t, t + 1), pos[:, t : t + 1], cache
+                    )
+                )
+        out = torch.cat(steps, dim=1)
+    cosine = cosine_per_row(out, record.hidden[layer_idx + 1]).cpu()
+    hidden = out
+    for j in range(layer_idx + 1, num_layers):
+        cache.layers[j] = shared_prompt_layer(runtime, record, j, c)
+        hidden = model_parts.run_layer(model, j, hidden, pe, pos, cache)
+        cache.layers[j] = layers[j]  # free the expanded prompt cache
+    nll = continuation_nll(model, hidden, record.continuation, float(record.nll[0]))
+    return cosine, nll
