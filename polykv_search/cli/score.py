@@ -1,0 +1,138 @@
+"""`polykv-search score`: every strategy and baseline on the same samples, with the same runtime."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from polykv_search.cli.common import (
+    CLIError,
+    add_model_args,
+    console,
+    load_model_from_args,
+    out,
+    positive_float,
+    positive_int,
+)
+
+
+def add_parser(sub) -> None:
+    from polykv_search.scoring import BASELINE_SPECS
+
+    p = sub.add_parser(
+        "score",
+        help="score strategies and baselines on the task suites",
+        description="Score strategy files and baselines on the same generated samples with the same runtime; "
+        "writes a results JSON (per-task and per-suite scores, KV bytes, timing, provenance) and prints a table.",
+    )
+    add_model_args(p)
+    p.add_argument("--strategy", nargs="+", default=[], metavar="S.json", help="strategy files to score")
+    p.add_argument("--baseline", action="append", default=[], metavar="SPEC", help=f"baseline to add ({BASELINE_SPECS}); repeatable")
+    p.add_argument("--budget", type=positive_float, help="global budget B used to build the budgeted baselines")
+    p.add_argument("--suite", default="broad,ruler", help="suites and/or task names, comma separated (default broad,ruler)")
+    p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
+    p.add_argument("--context-len", type=positive_int, default=1024, help="prompt length in tokens (default 1024)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)")
+    p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
+    p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
+    p.add_argument("--decode-interval", type=positive_int, default=1)
+    p.add_argument("--out", help="results JSON to write")
+    p.add_argument("--list-tasks", action="store_true", help="list the tasks and suites, then exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polykv_search import scoring
+    from polykv_search.io import write_json
+    from polykv_search.models import model_fingerprint
+    from strategies import Strategy
+
+    if args.list_tasks:
+        return _list_tasks()
+    if not args.strategy and not args.baseline:
+        raise CLIError("nothing to score: give --strategy files and/or --baseline specs")
+    if not args.out:
+        raise CLIError("--out is required")
+    tasks = scoring.resolve_tasks(args.suite, args.longbench_source)
+    strategies = [(path, Strategy.load(path)) for path in args.strategy]
+    model, tok = load_model_from_args(args)
+    L = model.config.num_hidden_layers
+    entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
+    for s in entries:
+        s.strategy.check_model(L)
+    entries += [scoring.baseline(spec, L, args.budget) for spec in args.baseline]
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise CLIError(f"duplicate entry names: {sorted({n for n in names if names.count(n) > 1})}")
+
+    with console.status("generating samples ..."):
+        texts, split = scoring.eval_texts(args.corpus)
+        task_samples = scoring.make_task_samples(
+            tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
+        )
+    total = len(entries) * sum(len(s) for _, s in task_samples.values())
+    records = []
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console) as bar:
+        job = bar.add_task("scoring", total=total)
+        for entry in entries:
+            bar.update(job, description=f"scoring {entry.name}")
+            records.append(
+                scoring.score_entry(
+                    model, tok, entry, task_samples,
+                    decode_interval=args.decode_interval,
+                    max_new_tokens=args.max_new_tokens,
+                    progress=lambda: bar.advance(job),
+                )
+            )
+    settings = {
+        "suite": args.suite, "samples": args.samples, "context_len": args.context_len, "seed": args.seed,
+        "budget": args.budget, "corpus": args.corpus, "decode_interval": args.decode_interval,
+        "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype, "attn": args.attn,
+    }
+    doc = scoring.results_document(
+        records, model_name=args.model, model_fp=model_fingerprint(model), task_samples=task_samples,
+        settings=settings, split=split,
+    )
+    write_json(args.out, doc)
+    print_results(doc)
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def print_results(doc: dict) -> None:
+    entries = doc["entries"]
+    tasks = list(entries[0]["scores"]) if entries else []
+    suites = list(entries[0]["suites"]) if entries else []
+    table = Table(title=f"scores (0-100) — {doc['provenance']['model']}, context {doc['provenance']['settings']['context_len']}")
+    table.add_column("entry", no_wrap=True)
+    table.add_column("B", justify="right")
+    for t in tasks:
+        table.add_column(t.split("/")[-1], justify="right")
+    for s in suites:
+        table.add_column(f"[b]{s}[/b]", justify="right")
+    table.add_column("KV held", justify="right")
+    for e in entries:
+        B = "-" if e["global_budget"] is None else f"{e['global_budget']:g}"
+        ratio = "-" if e["kv_ratio"] is None else f"{e['kv_ratio']:.1%}"
+        table.add_row(
+            e["name"], B, *[f"{e['scores'][t]:.1f}" for t in tasks], *[f"{e['suites'][s]:.1f}" for s in suites], ratio
+        )
+    out.print(table)
+
+
+def _list_tasks() -> int:
+    from polykv_search.evaluation import list_tasks
+
+    table = Table(title="tasks (default = run when its suite is named)")
+    table.add_column("task", no_wrap=True)
+    for col in ("suite", "metric", "default", "description"):
+        table.add_column(col)
+    for row in list_tasks():
+        table.add_row(row["name"], row["suite"], row["metric"], "yes" if row["default"] else "", row["description"])
+    out.print(table)
+    return 0
