@@ -77,7 +77,7 @@ class EvictingLayer(CacheLayerMixin):
         self.num_evictions = 0
         self.steps_since_eviction = 0
         self.query_positions: torch.Tensor | None = None
-        self.states: dict[str, dict[str, Any]] = {}
+        self.states: dict[Pattern, dict[str, Any]] = {}
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, _ = key_states.shape
@@ -143,7 +143,7 @@ class EvictingLayer(CacheLayerMixin):
         seen: dict[Pattern, dict] = {}
         for plan in plans:
             if plan.evicts and plan.pattern not in seen:
-                seen[plan.pattern] = self.states.setdefault(_state_key(plan.pattern), {})
+                seen[plan.pattern] = self.states.setdefault(plan.pattern, {})
         return list(seen.items())
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
@@ -165,10 +165,10 @@ class EvictingLayer(CacheLayerMixin):
                 self.evict(plan)
         if phase == PREFILL:
             decoding = self.plans[DECODING].pattern
-            self.states = {k: v for k, v in self.states.items() if k == _state_key(decoding)}
+            self.states = {k: v for k, v in self.states.items() if k == decoding}
 
     def evict(self, plan: PhasePlan) -> None:
-        state = self.states.setdefault(_state_key(plan.pattern), {})
+        state = self.states.setdefault(plan.pattern, {})
         keep = plan.pattern.cache_update(self, state, plan.budget)  # [B, Hkv, b]
         self.keys = _gather_tokens(self.keys, keep)
         self.values = _gather_tokens(self.values, keep)
@@ -232,9 +232,9 @@ class EvictingLayer(CacheLayerMixin):
                 st["token"][name] = fn(value)
 
 
-def _state_key(pattern: Pattern) -> str:
-    return f"{pattern.name}{sorted(pattern.params().items())}"
-
-
 def _gather_tokens(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    return t.gather(2, keep[..., None].expand(*keep.shape, t.shape[-1]))
+    """``t[b, h, keep[b, h, i], :]`` as one row copy (much faster than ``gather`` over the last dim)."""
+    b, h, n, d = t.shape
+    base = torch.arange(b * h, device=keep.device).view(b, h, 1) * n
+    rows = (keep + base).reshape(-1)
+    return t.reshape(b * h * n, d).index_select(0, rows).view(b, h, keep.shape[-1], d)
