@@ -75,7 +75,7 @@ What kvpress does differently from polykv-search:
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import kvpress
 
