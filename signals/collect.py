@@ -191,7 +191,7 @@ def _run_task(loader, context_ids, continuation_ids, index, units, settings, nee
 
 
 @contextlib.contextmanager
-def _backend(backend: str | None, address: str | None):
+def _backend(backend: str | None, address: str | None, jobs: int = 1):
     import joblib
 
     if backend in (None, "loky", "sequential"):
@@ -203,7 +203,9 @@ def _backend(backend: str | None, address: str | None):
             from dask.distributed import Client
         except ImportError:
             raise CollectError("--backend dask needs dask.distributed (pip install 'dask[distributed]')") from None
-        with Client(address) if address else Client(processes=True) as client:  # noqa: F841
+        # no address: a local cluster of ``jobs`` single-threaded worker processes
+        client = Client(address) if address else Client(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
+        with client:
             with joblib.parallel_config(backend="dask"):
                 yield
         return
@@ -215,7 +217,7 @@ def _backend(backend: str | None, address: str | None):
             raise CollectError("--backend ray needs ray (pip install 'ray[default]')") from None
         started = not ray.is_initialized()
         if started:
-            ray.init(address=address, ignore_reinit_error=True)
+            ray.init(address=address, num_cpus=None if address else jobs, ignore_reinit_error=True)
         register_ray()
         try:
             with joblib.parallel_config(backend="ray"):
@@ -542,7 +544,7 @@ def _run_parallel(samples, per_sample, need_full, settings, jobs, backend, addre
         for i, group in enumerate(groups):
             tasks.append((s, group, s in need_full and i == 0))
     sample_ids = {s: (list(samples[s].context_ids), list(samples[s].continuation_ids)) for s in per_sample}
-    with _backend(backend, address):
+    with _backend(backend, address, jobs):
         n_jobs = 1 if backend == "sequential" else (jobs if local else -1)
         results = Parallel(n_jobs=n_jobs, return_as="generator_unordered")(
             delayed(_run_task)(loader, *sample_ids[s], s, group, settings, full, threads) for s, group, full in tasks

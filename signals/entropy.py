@@ -25,19 +25,34 @@ VARIANCE_WINDOW = 32
 
 
 def attention_entropy(layer, queries: torch.Tensor, query_positions: torch.Tensor) -> float:
-    """Mean normalized entropy of ``queries`` ``[1, Hq, q, D]`` over ``layer``'s cached keys."""
+    """Mean normalized entropy of ``queries`` ``[1, Hq, q, D]`` over ``layer``'s cached keys.
+
+    ``layer`` holds a FullKV cache of one sequence (every head keeps the same tokens), so one
+    ``[q, n]`` mask serves all heads; the entropy of a row is ``−Σ p log p``.
+    """
+    keys = layer.repeat_heads(layer.keys).float()  # [1, Hq, n, D]
+    kpos = layer.positions[0, 0]
+    kvalid = layer.valid[0, 0]
     total, count = 0.0, 0
     for start in range(0, queries.shape[-2], QUERY_CHUNK):
-        q = queries[..., start : start + QUERY_CHUNK, :]
-        pos = query_positions[start : start + QUERY_CHUNK]
-        probs = layer.attention_probs(q, pos)  # [B, Hq, c, n] fp32, masked keys exactly 0
-        ent = -torch.special.xlogy(probs, probs).sum(dim=-1)  # [B, Hq, c]
-        keys = layer.allowed(pos)[:, :1].sum(dim=-1)  # [B, 1, c]: same on every head here
-        ok = keys > 1
-        norm = torch.where(ok, keys.double().clamp(min=2).log(), torch.ones((), dtype=torch.float64))
+        q = queries[..., start : start + QUERY_CHUNK, :].float()
+        qpos = query_positions[start : start + QUERY_CHUNK].to(kpos.device)
+        allowed = kvalid[None, :] & (kpos[None, :] <= qpos[:, None])
+        if layer.sliding_window is not None:
+            allowed &= (qpos[:, None] - kpos[None, :]) < layer.sliding_window
+        # a large finite negative bias (not -inf): exp underflows to exactly 0 and p*z stays finite
+        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device).masked_fill_(~allowed, -1e30)
+        logits = torch.baddbmm(
+            bias.expand(q.shape[1], -1, -1), q[0], keys[0].transpose(-1, -2), alpha=layer.scaling
+        )  # [Hq, c, n]
+        logp = torch.log_softmax(logits, dim=-1)
+        ent = -torch.einsum("hqn,hqn->hq", logp.exp(), logp)  # [Hq, c]
+        keys_seen = allowed.sum(dim=-1)  # [c]
+        ok = keys_seen > 1
+        norm = keys_seen.clamp(min=2).double().log()
         ratio = (ent.double() / norm) * ok
         total += float(ratio.sum())
-        count += int(ok.sum()) * probs.shape[1]
+        count += int(ok.sum()) * ent.shape[0]
     return total / count if count else math.nan
 
 

@@ -116,14 +116,19 @@ def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=("pref
         nll=torch.cat([first_nll, rest]).cpu(),
     )
     if stats:
-        prompt_pos = torch.arange(n, device=device)
-        cont_pos = torch.arange(n, n + m, device=device)
-        for phase in phases:
-            ent, var = [], []
-            for layer in cache.layers:
-                q, p = (layer.recorded_queries[0], prompt_pos) if phase == "prefill" else (layer.recorded_queries[1], cont_pos)
-                e, v = entropy_mod.phase_stats(layer, q, p, phase)
-                ent.append(e)
-                var.append(v)
-            record.entropy[phase], record.variance[phase] = ent, var
+        with model_parts.cpu_threads(model_parts.SMALL_OP_THREADS):  # memory-bound: one thread is as fast, and robust under load
+            _stats(record, cache, phases, n, m, device)
     return record
+
+
+def _stats(record: FullKVRecord, cache, phases, n: int, m: int, device) -> None:
+    prompt_pos = torch.arange(n, device=device)
+    cont_pos = torch.arange(n, n + m, device=device)
+    for phase in phases:
+        ent, var = [], []
+        for layer in cache.layers:
+            q, p = (layer.recorded_queries[0], prompt_pos) if phase == "prefill" else (layer.recorded_queries[1], cont_pos)
+            e, v = entropy_mod.phase_stats(layer, q, p, phase)
+            ent.append(e)
+            var.append(v)
+        record.entropy[phase], record.variance[phase] = ent, var

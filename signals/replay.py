@@ -22,24 +22,22 @@ phase are evaluated together:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from typing import Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from polykv_search.patterns import Pattern
 from polykv_search.runtime import EvictingLayer, PhasePlan, PolyKVCache
 from signals import model_parts
+from signals.model_parts import SMALL_OP_THREADS, cpu_threads
 from signals.cosine import cosine_per_row
 from signals.fullkv import FULL_PLAN, FullKVRecord
 from signals.ppl import continuation_nll
 
 #: Continuation tokens (rows × m) run through the upper layers at once.
 BATCH_TOKENS = 8192
-#: CPU threads for the many small per-row operations (cell caches, decoding steps): one, since
-#: spreading tiny ops over threads costs more than it gains (and a lot on a loaded machine).
-SMALL_OP_THREADS = 1
 
 _STATE_ATTRS = (
     "keys",
@@ -148,34 +146,30 @@ class StackedLayer(EvictingLayer):
         return [(self._dispatch, {})] if any(self.row_observers) else []
 
     def end_call(self) -> None:
+        # the stacked tensors are rebuilt on the next ``update``, the only point that reads them next
         for row in self.rows:
             row.end_call()
         self.calls += 1
-        self._restack()
 
     def _restack(self) -> None:
         rows = self.rows
-        lengths = [row.length for row in rows]
-        longest = max(lengths)
         self.num_evictions = max(row.num_evictions for row in rows)
-        if min(lengths) == longest:
+        lengths = {row.length for row in rows}
+        if len(lengths) == 1:
             self.keys = torch.cat([row.keys for row in rows])
             self.values = torch.cat([row.values for row in rows])
             self.positions = torch.cat([row.positions for row in rows])
             self.valid = torch.cat([row.valid for row in rows])
             return
-        first = rows[0]
-        b, h, _, d = first.keys.shape
-        c = len(rows)
-        self.keys = first.keys.new_zeros(c, h, longest, d)
-        self.values = first.values.new_zeros(c, h, longest, first.values.shape[-1])
-        self.positions = torch.full((c, h, longest), -1, dtype=torch.long, device=self.device)
-        self.valid = torch.zeros(c, h, longest, dtype=torch.bool, device=self.device)
-        for i, (row, n) in enumerate(zip(rows, lengths)):
-            self.keys[i, :, :n] = row.keys[0]
-            self.values[i, :, :n] = row.values[0]
-            self.positions[i, :, :n] = row.positions[0]
-            self.valid[i, :, :n] = row.valid[0]
+
+        def pad(name: str, value) -> torch.Tensor:  # [C, H, n_max, ...], right-padded with ``value``
+            seqs = [getattr(row, name)[0].transpose(0, 1) for row in rows]  # [n_i, H, ...]
+            return pad_sequence(seqs, batch_first=True, padding_value=value).transpose(1, 2)
+
+        self.keys = pad("keys", 0.0)
+        self.values = pad("values", 0.0)
+        self.positions = pad("positions", -1)
+        self.valid = pad("valid", False)
 
 
 class SharedPromptLayer(EvictingLayer):
@@ -207,20 +201,6 @@ def shared_prompt_layer(runtime, record: FullKVRecord, layer_idx: int, rows: int
     layer.seen = n
     layer.calls = 1
     return layer
-
-
-@contextlib.contextmanager
-def cpu_threads(n: int | None):
-    """Run a block with ``n`` intra-op CPU threads (``None``: unchanged)."""
-    old = torch.get_num_threads()
-    if n is None or n == old:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def cell_layers(runtime, record: FullKVRecord, layer_idx: int, phase: str, patterns: Sequence[Pattern], budgets: Sequence[int]) -> list[EvictingLayer]:

@@ -205,6 +205,7 @@ def test_jobs_fan_out_to_local_processes(tmp_path):
     assert parallel.provenance["timings"]["jobs"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["dask", "ray"])
 def test_cluster_backends_with_a_local_cluster(backend, tmp_path):
     if backend == "dask":
