@@ -1,0 +1,74 @@
+"""`polykv-search compare`: score results side by side, with gap recovered, markdown and plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from polykv_search.cli.common import CLIError, console, out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare score results: one table with gap recovered, markdown, plots",
+        description="Merge results files written by `polykv-search score` into one table: rows = strategies and "
+        "baselines (deduplicated by strategy digest + budget), columns = suite scores (per-task with --tasks), KV "
+        "bytes held and gap recovered per suite, (S - S_bestuniform) / (S_full - S_bestuniform), where "
+        "S_bestuniform is the best uniform baseline at the same budget on that suite. The best value per column "
+        "(within each budget) is highlighted. Results made on different samples or models, or at different "
+        "budgets, are refused unless --allow-mismatch / --across-budgets.",
+    )
+    p.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files from `polykv-search score`")
+    p.add_argument("--tasks", action="store_true", help="also show per-task scores")
+    p.add_argument("--markdown", action="store_true", help="print a GitHub markdown table instead of the rich table")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG: per-layer budgets/patterns of each non-uniform strategy, "
+                   "and score vs budget when several budgets are compared")
+    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="write the comparison as JSON")
+    p.add_argument("--across-budgets", action="store_true",
+                   help="allow results at several budgets; rows are grouped by budget and gap recovered is computed per budget")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare results made on different samples or models (each run keeps its own references)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polykv_search import compare as cmp
+    from polykv_search.io import write_json
+
+    try:
+        docs = [cmp.load_results(path) for path in args.results]
+        comparison = cmp.compare(
+            docs, sources=args.results, allow_mismatch=args.allow_mismatch, across_budgets=args.across_budgets
+        )
+    except cmp.CompareError as err:
+        raise CLIError(str(err)) from None
+    if not comparison.rows:
+        raise CLIError("the results files hold no entries")
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+    if args.markdown:
+        sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
+    else:
+        _print_wide(cmp.to_rich(comparison, tasks=args.tasks))
+        console.print(
+            "gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; "
+            "n/a without FullKV or a uniform baseline, or when they tie",
+            style="dim", highlight=False,
+        )
+    if args.json_out:
+        write_json(args.json_out, comparison.to_json())
+        console.print(f"wrote {args.json_out}")
+    if args.plot:
+        with console.status("plotting ..."):
+            cmp.plot(comparison, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
+def _print_wide(table) -> None:
+    """Print a table at its natural width: numbers are never cut, even in a narrow terminal."""
+    from rich.measure import Measurement
+
+    natural = Measurement.get(out, out.options.update_width(10_000), table).maximum
+    out.print(table, width=max(out.width, natural), crop=False)
