@@ -9,7 +9,7 @@ import sys
 from polykv_search import __version__
 
 #: command modules, in the order `--help` lists them
-COMMANDS = ("generate", "collect", "solve", "score", "compare", "show", "export")
+COMMANDS = ("quickstart", "generate", "collect", "solve", "score", "compare", "show", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

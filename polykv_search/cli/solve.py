@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from polykv_search.cli.common import CLIError, console, out, positive_float, positive_int
 
@@ -93,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
         raise CLIError(f"{flags} do not apply to the {args.method!r} solver")
+    if args.model and "model" in names:  # solvers that run the model (optuna) take it as a setting
+        given["model"] = args.model
     settings = cls.Settings.from_strings({k: str(v) for k, v in given.items()})
     table = None
     if args.signals:
@@ -120,11 +123,22 @@ def run(args: argparse.Namespace) -> int:
     result = cls(settings).solve(problem)
     if args.model:
         result.strategy.provenance.setdefault("model", args.model)
-    result.strategy.save(args.out)
-    msg = f"wrote {args.out}: {args.method}, B={args.budget:g}, b_min={b_min}"
-    if getattr(result, "objective", None) is not None:
-        msg += f", predicted degradation {result.objective:.4g}"
-    console.print(msg)
+    result.strategy.provenance.setdefault("predicted", dict(result.predicted))
+    outputs = [("", result.strategy)]
+    if args.method == "optuna":
+        from solvers.optuna_search import front_strategies
+
+        outputs = front_strategies(result)
+    for suffix, strategy in outputs:
+        path = Path(args.out)
+        path = path.with_name(path.stem + suffix + path.suffix)
+        strategy.save(path)
+        console.print(f"wrote {path}: {args.method}, B={strategy.global_budget:g}, b_min={b_min}")
+    pred = ", ".join(f"{k} {v:.4g}" for k, v in result.predicted.items() if v is not None)
+    if pred:
+        console.print(f"predicted degradation (sum over optimized layers and phases): {pred}")
+    if result.message:
+        console.print(result.message)
     return 0
 
 
