@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--compare-layers", default="7,22")
     p.add_argument("--grid-samples", type=int, default=1, help="of the 8 samples, how many to run in part 2")
     p.add_argument("--jobs", type=int, default=1, help="part 2: joblib workers")
+    p.add_argument("--grid-journal", default=None, help="part 2: keep a journal here (per-unit timings; resumable)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
 
@@ -89,14 +90,14 @@ def main(argv=None) -> int:
         cells = len(layers) * 2 * len(PATTERNS) * len(BUDGETS)
         print(f"[compare] {cells} cells (layers {layers}, 2 phases, {len(PATTERNS)} patterns x {len(BUDGETS)} budgets), "
               f"1 sample of {args.context_len}+{args.continuation_len}; load {load()}", flush=True)  # fmt: skip
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fast = collect_signals(model, samples[:1], **kw)
-        t_fast = time.perf_counter() - t0
-        print(f"[compare] replay: {t_fast:.1f}s; load {load()}", flush=True)
-        t0 = time.perf_counter()
+        t_fast, c_fast = time.perf_counter() - t0, time.process_time() - c0
+        print(f"[compare] replay: {t_fast:.1f}s wall, {c_fast:.1f}s CPU; load {load()}", flush=True)
+        t0, c0 = time.perf_counter(), time.process_time()
         slow = collect_signals(model, samples[:1], naive=True, **kw)
-        t_slow = time.perf_counter() - t0
-        print(f"[compare] naive:  {t_slow:.1f}s; load {load()}", flush=True)
+        t_slow, c_slow = time.perf_counter() - t0, time.process_time() - c0
+        print(f"[compare] naive:  {t_slow:.1f}s wall, {c_slow:.1f}s CPU; load {load()}", flush=True)
         diff = {
             "cosine": max_abs(fast.cosine_array(), slow.cosine_array()),
             "dppl": max_abs(fast.dppl_array(), slow.dppl_array()),
@@ -110,10 +111,13 @@ def main(argv=None) -> int:
             "replay_seconds": round(t_fast, 2),
             "naive_seconds": round(t_slow, 2),
             "speedup": round(t_slow / t_fast, 2),
+            "replay_cpu_seconds": round(c_fast, 2),
+            "naive_cpu_seconds": round(c_slow, 2),
+            "speedup_cpu": round(c_slow / c_fast, 2),
             "max_abs_difference": diff,
             "full_ppl": slow.full_ppl,
         }
-        print(f"[compare] speed-up {t_slow / t_fast:.1f}x (target >= 10x); max |difference|: "
+        print(f"[compare] speed-up {t_slow / t_fast:.1f}x wall, {c_slow / c_fast:.1f}x CPU (target >= 10x); max |difference|: "
               + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()), flush=True)  # fmt: skip
 
     if args.part in ("grid", "both"):
@@ -125,15 +129,17 @@ def main(argv=None) -> int:
             from signals.collect import ModelLoader
 
             loader = ModelLoader("smollm2-135m")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         table = collect_signals(
-            model, samples[:k], patterns=PATTERNS, budgets=BUDGETS, journal=False, progress=True, jobs=args.jobs, model_loader=loader
-        )
-        t = time.perf_counter() - t0
+            model, samples[:k], patterns=PATTERNS, budgets=BUDGETS, progress=True, jobs=args.jobs, model_loader=loader,
+            journal=args.grid_journal or False,
+        )  # fmt: skip
+        t, c = time.perf_counter() - t0, time.process_time() - c0
         extrapolated = t * 8 / k
         results["grid"] = {
             "samples_measured": k,
             "measured_seconds": round(t, 1),
+            "measured_cpu_seconds_this_process": round(c, 1),
             "extrapolated_seconds_8_samples": round(extrapolated, 1),
             "extrapolation": f"measured on {k}/8 samples, x {8 / k:g} (every sample costs the same)",
             "jobs": args.jobs,

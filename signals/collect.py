@@ -451,6 +451,12 @@ def collect_signals(
     else:
         jpath = None
     existed = jpath is not None and jpath.exists()
+    if out is not None and not existed and not fresh:
+        finished = _finished_table(out, key)
+        if finished is not None:
+            if log:
+                log(f"{out} already holds this collection (same model, grid and calibration set); nothing to do")
+            return finished
     if require_resume and not existed and not fresh:
         raise CollectError(f"nothing to resume: no journal at {jpath}" if jpath else "nothing to resume without a journal")
     try:
@@ -506,6 +512,7 @@ def collect_signals(
         "layers": "all" if len(settings.layers) == num_layers else list(settings.layers),
         "method": key["method"],
         "definitions_version": DEFINITIONS_VERSION,
+        "collect_key": key,
         "definitions": DEFINITIONS,
         "dtype": dtype,
         "device": device,
@@ -531,6 +538,19 @@ def collect_signals(
         table.save(out)
         jr.remove()
     return table
+
+
+def _finished_table(out, key) -> SignalTable | None:
+    """The table at ``out`` if it is a finished collection with this very key."""
+    from signals.table import SignalTableError
+
+    if not Path(out).is_file():
+        return None
+    try:
+        table = SignalTable.load(out)
+    except SignalTableError:
+        return None
+    return table if table.provenance.get("collect_key") == key else None
 
 
 def _run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar) -> None:

@@ -286,7 +286,13 @@ def test_cli_collect_then_show(tiny_checkpoint, tmp_path, capsys):
     assert "best pattern per layer" in text and "most sensitive layers" in text and "entropy" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # same command again: the table is simply rewritten; --resume without a journal is an error
+    # the same command again finds the finished table and does nothing; --fresh recomputes it
+    before = out.stat().st_mtime_ns
+    assert run_cli(argv) == 0
+    assert "nothing to do" in capsys.readouterr().err and out.stat().st_mtime_ns == before
+    assert run_cli(argv + ["--fresh"]) == 0
+    assert SignalTable.load(out).digest() == table.digest()
+    # --resume insists on a partial run
     assert run_cli(argv + ["--resume"]) == 2
     assert "nothing to resume" in capsys.readouterr().err
 

@@ -1,9 +1,13 @@
 """`polykv-search collect`: calibration signals for every layer, phase, pattern and budget.
 
-    polykv-search collect --out signals.json                       # defaults: SmolLM2 on Austen
+    polykv-search collect --out signals.json     # defaults: SmolLM2 on Austen, 2 samples of 512+16 tokens
     polykv-search collect --model M --calib SPEC --samples 8 --context-len 1024 --continuation-len 128 \\
         --patterns snapkv,tova,h2o,streaming_llm,knorm,random --budgets 32,64,128,256 \\
         --phases prefill,decoding --out signals.json [--resume] [--jobs 2] [--device cuda] [--naive]
+
+The defaults are a quick look (minutes on 2 CPU cores; the cost grows linearly with samples × m,
+and with the square of the layer count); calibration-grade tables use more and longer samples, e.g.
+``--samples 8 --context-len 1024 --continuation-len 128`` (see ``benchmarks/bench_collect.py``).
 
 Finished units are journaled to ``<out>.journal``; rerunning the same command after a crash or Ctrl-C
 continues from it (``--resume`` insists on it, ``--fresh`` discards it), and a journal from another
@@ -21,7 +25,7 @@ from polykv_search.cli.common import CLIError, add_model_args, console, load_mod
 
 DEFAULT_SAMPLES = 2
 DEFAULT_CONTEXT = 512
-DEFAULT_CONTINUATION = 32
+DEFAULT_CONTINUATION = 16
 
 
 def add_parser(sub) -> None:
