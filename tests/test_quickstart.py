@@ -1,0 +1,35 @@
+"""quickstart end to end on SmolLM2 in a reduced configuration (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polykv_search.cli import main
+
+pytestmark = pytest.mark.slow
+
+REDUCED = [
+    "--calib-samples", "1", "--context-len", "320", "--continuation-len", "8",
+    "--patterns", "snapkv,streaming_llm", "--budgets", "32,64", "--budget", "32",
+    "--eval-samples", "1", "--suite", "ruler/niah_single,broad/continuation",
+    "--methods", "proportional,ilp,pyramid",
+]
+
+
+def test_quickstart_writes_every_artifact_and_reuses_finished_work(tmp_path):
+    out = tmp_path / "qs"
+    assert main(["quickstart", "--out", str(out), *REDUCED]) == 0
+    for name in ("signals.json", "results-B32.json", "compare.json", "compare.png", "report.md"):
+        assert (out / name).stat().st_size > 0, name
+    assert sorted(p.name for p in (out / "strategies").iterdir()) == [
+        "ilp-B32.json", "proportional-B32.json", "pyramid-B32.json"
+    ]
+    results = json.loads((out / "results-B32.json").read_text())
+    names = {e["name"] for e in results["entries"]}
+    assert {"full", "uniform-snapkv", "proportional-B32", "ilp-B32"} <= names
+    assert "gap" in (out / "report.md").read_text() or "| entry |" in (out / "report.md").read_text()
+    stamp = (out / "results-B32.json").stat().st_mtime_ns
+    assert main(["quickstart", "--out", str(out), *REDUCED]) == 0  # second run reuses the results
+    assert (out / "results-B32.json").stat().st_mtime_ns == stamp
