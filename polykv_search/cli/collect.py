@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             provenance={"calibration": calibration, "model_args": {"device": args.device, "dtype": args.dtype, "attn": args.attn}},
             batch_tokens=args.batch_tokens,
-            log=lambda msg: console.print(msg, highlight=False),
+            log=lambda msg: console.print(msg, highlight=False, soft_wrap=True),
         )
     except CollectError as err:
         raise CLIError(str(err)) from None
