@@ -92,6 +92,7 @@ from solvers.base import (
     SolveResult,
     Solver,
     SolverError,
+    _jsonable,
     allocate,
     predict_degradation,
     setting,
@@ -885,18 +886,6 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(_jsonable(obj), sort_keys=True).encode()).hexdigest()
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.floating):
-        return float(x)
-    return x
 
 
 def _first_line(err: BaseException) -> str:
