@@ -210,6 +210,13 @@ class Problem:
         The most a layer can use (e.g. the context length); allocators cap at it and redistribute.
     default_pattern
         The pattern of the phases that are not optimized.
+    uniform_budgets
+        Ablation "patterns only": every optimized layer gets ``floor(B)`` (capped at ``max_budget``);
+        the solver still chooses the patterns. Selecting solvers choose them at that budget when it is
+        on the grid.
+    fixed_pattern
+        Ablation "budgets only": every optimized layer uses this pattern (the allowed patterns become
+        just this one); the solver still chooses the budgets.
     """
 
     global_budget: float
@@ -222,6 +229,8 @@ class Problem:
     seed: int = 0
     max_budget: int | None = None
     default_pattern: str = "snapkv"
+    uniform_budgets: bool = False
+    fixed_pattern: str | None = None
 
     def __post_init__(self) -> None:
         from polykv_search.patterns import PATTERNS
@@ -298,6 +307,17 @@ class Problem:
                 if t is not None and p not in t.patterns:
                     raise SolverError(f"patterns: {p!r} is not in the signal table ({list(t.patterns)})")
             self.patterns = tuple(dict.fromkeys(pats))
+        if self.fixed_pattern is not None:
+            fp = self.fixed_pattern
+            if fp not in PATTERNS or fp == "full":
+                raise SolverError(f"fixed_pattern: {fp!r} is not a budgeted pattern; known: {', '.join(PATTERNS)}")
+            if t is not None and fp not in t.patterns:
+                raise SolverError(f"fixed_pattern: {fp!r} is not in the signal table ({list(t.patterns)})")
+            if self.patterns is not None and fp not in self.patterns:
+                raise SolverError(f"fixed_pattern: {fp!r} is not among the allowed patterns {list(self.patterns)}")
+            self.patterns = (fp,)
+        if not isinstance(self.uniform_budgets, bool):
+            raise SolverError(f"uniform_budgets: must be true or false, got {self.uniform_budgets!r}")
         if self.default_pattern not in PATTERNS or self.default_pattern == "full":
             raise SolverError(f"default_pattern: {self.default_pattern!r} is not a budgeted pattern")
         if not _is_int(self.seed):
@@ -374,7 +394,17 @@ class Problem:
             "seed": self.seed,
             "max_budget": self.max_budget,
             "default_pattern": self.default_pattern,
+            "uniform_budgets": self.uniform_budgets,
+            "fixed_pattern": self.fixed_pattern,
         }
+
+    def for_solver(self) -> "Problem":
+        """The problem a solver sees: with ``uniform_budgets`` and ``floor(B)`` on the grid, the grid
+        narrows to that one value so selecting solvers pick the best pattern at it."""
+        b = self.uniform_budget
+        if self.uniform_budgets and self.budgets and b in self.budgets and b >= self.b_min:
+            return dataclasses.replace(self, budgets=(b,))
+        return self
 
 
 # ============================================================================== result
@@ -517,7 +547,7 @@ class Solver(ABC):
         start = time.perf_counter()
         if self.needs_table:
             problem.require_table(self.name)
-        plan = self._solve(problem)
+        plan = self._solve(problem.for_solver())
         solve_s = time.perf_counter() - start
         L = problem.num_layers
         assert L is not None and problem.phases is not None
@@ -527,6 +557,7 @@ class Solver(ABC):
                 chosen = plan.choices.get(phase)
                 if chosen is None or len(chosen) != L:
                     raise SolverError(f"{self.name}: internal error, no choice for every layer in {phase}")
+                chosen = _apply_ablation(problem, chosen)
                 total = sum(b for _, b in chosen)
                 if total > problem.total or any(b < problem.b_min for _, b in chosen):
                     raise SolverError(f"{self.name}: internal error, {phase} budgets break the constraints")
@@ -546,6 +577,7 @@ class Solver(ABC):
             "patterns": list(problem.patterns) if problem.patterns is not None else None,
             "max_budget": problem.max_budget,
             "seed": problem.seed,
+            "ablation": {"uniform_budgets": problem.uniform_budgets, "fixed_pattern": problem.fixed_pattern},
             "signals_digest": table.digest() if table is not None else None,
         }
         if table is not None:
@@ -587,6 +619,17 @@ class Solver(ABC):
 
 
 # ============================================================================= helpers
+def _apply_ablation(problem: Problem, chosen: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Enforce the ablation switches on one phase's choices (solvers that ignore the allowed
+    patterns, e.g. pyramid, still end with the fixed pattern)."""
+    out = list(chosen)
+    if problem.fixed_pattern is not None:
+        out = [(problem.fixed_pattern, b) for _, b in out]
+    if problem.uniform_budgets:
+        out = [(p, problem.uniform_budget) for p, _ in out]
+    return out
+
+
 def allocate(
     total: int,
     *,

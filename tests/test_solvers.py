@@ -118,6 +118,50 @@ def test_phases_not_optimized_get_the_uniform_default(name):
     assert [c.optimized for c in result.choices if c.phase == "decoding"] == [False] * problem.num_layers
 
 
+# ---------------------------------------------------------------- ablations (patterns only / budgets only)
+@pytest.mark.parametrize("name", BUILTIN)
+def test_uniform_budgets_keeps_floor_B_in_every_optimized_layer(name):
+    base = random_problem(4)
+    problem = Problem(table=base.table, global_budget=base.global_budget, b_min=base.b_min, uniform_budgets=True)
+    result = solve(name, problem)
+    for phase in problem.phases:
+        assert result.strategy.budgets(phase) == [problem.uniform_budget] * problem.num_layers
+    assert result.strategy.provenance["ablation"] == {"uniform_budgets": True, "fixed_pattern": None}
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_fixed_pattern_is_used_by_every_optimized_layer(name):
+    base = random_problem(4)
+    problem = Problem(table=base.table, global_budget=base.global_budget, b_min=base.b_min, fixed_pattern="tova")
+    result = solve(name, problem)
+    check_constraints(result, problem)
+    for phase in problem.phases:
+        assert set(result.strategy.patterns(phase)) == {"tova"}
+    assert problem.patterns == ("tova",)
+    assert result.strategy.provenance["ablation"]["fixed_pattern"] == "tova"
+
+
+def test_uniform_budgets_with_ilp_picks_the_best_pattern_at_B_per_layer():
+    t = random_signal_table(6, budgets=(32, 64, 128), seed=2, patterns=("snapkv", "tova", "h2o"))
+    problem = Problem(table=t, global_budget=64, b_min=16, uniform_budgets=True, phases=["prefill"])
+    result = solve("ilp", problem, objective="dppl")
+    j = t.budget_index(64)
+    for layer, choice in enumerate(result.strategy.phase("prefill")):
+        row = [t.dppl_array()[layer, t.phase_index("prefill"), t.pattern_index(p), j] for p in ("snapkv", "tova", "h2o")]
+        assert choice.pattern == ("snapkv", "tova", "h2o")[int(np.argmin(row))]
+        assert choice.budget == 64
+
+
+def test_fixed_pattern_must_be_allowed_and_in_the_table():
+    t = random_signal_table(3, patterns=("snapkv", "tova"), seed=0)
+    with pytest.raises(SolverError, match="fixed_pattern: 'h2o' is not in the signal table"):
+        Problem(table=t, global_budget=64, fixed_pattern="h2o")
+    with pytest.raises(SolverError, match="not among the allowed patterns"):
+        Problem(table=t, global_budget=64, fixed_pattern="tova", patterns=["snapkv"])
+    with pytest.raises(SolverError, match="not a budgeted pattern"):
+        Problem(table=t, global_budget=64, fixed_pattern="full")
+
+
 def test_default_phases_follow_the_table():
     t = random_signal_table(4, phases=["decoding"], seed=0)
     problem = Problem(table=t, global_budget=100)
