@@ -10,7 +10,7 @@ of rows (deduplicated by strategy digest + budget) and computes, per budget and 
 
 where ``S_bestuniform`` is the best uniform single-pattern baseline (solver ``uniform``) at that
 budget on that suite and ``S_full`` the FullKV entry. The gap is ``None`` ("n/a") when FullKV or
-every uniform baseline is missing, or when ``S_full == S_bestuniform``.
+every uniform baseline is missing, or when ``S_full <= S_bestuniform`` (no gap to recover).
 
 Typical use::
 
@@ -182,7 +182,7 @@ class Comparison:
             "schema": COMPARISON_SCHEMA,
             "version": COMPARISON_VERSION,
             "definition": "gap_recovered = (S_strategy - S_bestuniform) / (S_full - S_bestuniform) per run, budget and suite; "
-            "null when FullKV or every uniform baseline is missing or S_full == S_bestuniform",
+            "null when FullKV or every uniform baseline is missing or S_full <= S_bestuniform",
             "sources": list(self.sources),
             "suites": list(self.suites),
             "tasks": list(self.tasks),
@@ -196,12 +196,14 @@ class Comparison:
 
 # ================================================================================ comparing
 def gap_recovered(s_strategy: float | None, s_best_uniform: float | None, s_full: float | None) -> float | None:
-    """(S_strategy − S_bestuniform) / (S_full − S_bestuniform); None when undefined."""
+    """(S_strategy − S_bestuniform) / (S_full − S_bestuniform); None when undefined: a missing score,
+    or no gap to recover (the best uniform baseline ties with or beats FullKV, where the ratio's sign
+    would flip)."""
     if s_strategy is None or s_best_uniform is None or s_full is None:
         return None
     if not all(math.isfinite(x) for x in (s_strategy, s_best_uniform, s_full)):
         return None
-    if s_full == s_best_uniform:
+    if s_full <= s_best_uniform:
         return None
     return (s_strategy - s_best_uniform) / (s_full - s_best_uniform)
 

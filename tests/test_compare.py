@@ -120,6 +120,7 @@ def test_best_uniform_is_chosen_per_suite():
 
 def test_gap_is_none_without_full_or_uniform_or_when_they_tie():
     assert cmp.gap_recovered(60, 50, 50) is None
+    assert cmp.gap_recovered(60, 50, 45) is None  # uniform beats FullKV: no gap to recover
     assert cmp.gap_recovered(60, None, 80) is None and cmp.gap_recovered(60, 50, None) is None
     no_full = cmp.compare([doc([entry("proportional", PROP), entry("uniform-tova", TOVA)])])
     assert row(no_full, "proportional").gap == {"ruler": None, "broad": None}

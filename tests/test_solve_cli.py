@@ -58,6 +58,13 @@ def test_phases_flag_leaves_the_other_phase_uniform(tmp_path, signals):
     assert [(c.pattern, c.budget) for c in s.phase("decoding")] == [("snapkv", 64)] * 6
 
 
+def test_default_pattern_flag_sets_the_phase_not_optimized(tmp_path, signals):
+    rc, out = solve(tmp_path, "--method", "ilp", "--signals", signals, "--budget", 64, "--phases", "decoding",
+                    "--default-pattern", "tova")
+    assert rc == 0
+    assert [(c.pattern, c.budget) for c in Strategy.load(out).phase("prefill")] == [("tova", 64)] * 6
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         _print_wide(cmp.to_rich(comparison, tasks=args.tasks))
         console.print(
             "gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; "
-            "n/a without FullKV or a uniform baseline, or when they tie",
+            "n/a without FullKV or a uniform baseline, or when the best uniform ties with or beats FullKV",
             style="dim", highlight=False,
         )
     if args.json_out:

@@ -8,7 +8,7 @@ from pathlib import Path
 from polykv_search.cli.common import CLIError, console, out, positive_float, positive_int
 
 #: Flags that belong to the problem, not to a solver's settings.
-_PROBLEM_DESTS = {"method", "signals", "budget", "b_min", "model", "num_layers", "phases", "grid", "out", "list_methods", "func", "command", "patterns", "max_budget", "uniform_budgets", "fixed_pattern"}
+_PROBLEM_DESTS = {"method", "signals", "budget", "b_min", "model", "num_layers", "phases", "grid", "out", "list_methods", "func", "command", "patterns", "max_budget", "uniform_budgets", "fixed_pattern", "default_pattern"}
 
 
 def add_parser(sub) -> None:
@@ -29,6 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--grid", help="budget grid for ilp/dp, comma separated (default: the table's)")
     p.add_argument("--patterns", help="patterns the solver may choose, comma separated (default: the table's)")
     p.add_argument("--max-budget", type=positive_int, help="the most a layer can use (e.g. the context length)")
+    p.add_argument("--default-pattern", default="snapkv", metavar="P", help="pattern of the phases not optimized, at floor(B) in every layer (default snapkv)")
     p.add_argument("--uniform-budgets", action="store_true", help="ablation 'patterns only': every optimized layer gets floor(B); the solver chooses patterns")
     p.add_argument("--fixed-pattern", metavar="P", help="ablation 'budgets only': every optimized layer uses pattern P; the solver chooses budgets")
     p.add_argument("--out", help="where to write the strategy JSON")
@@ -123,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         max_budget=args.max_budget,
         uniform_budgets=args.uniform_budgets,
         fixed_pattern=args.fixed_pattern,
+        default_pattern=args.default_pattern,
     )
     result = cls(settings).solve(problem)
     if args.model:
