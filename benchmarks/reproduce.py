@@ -131,9 +131,29 @@ def main(argv: list[str] | None = None) -> int:
                      "--json", str(out / "compare.json")], log)
     comparison = compare([load_results(r) for r in results], sources=[str(r) for r in results], across_budgets=True)
     (out / "table.md").write_text(to_markdown(comparison) + "\n")
+    (out / "solvers.md").write_text(solver_report(out) + "\n")
     (out / "timings.json").write_text(json.dumps(log, indent=2) + "\n")
-    print(f"\ndone: {out}/ (table.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}")
+    print(f"\ndone: {out}/ (table.md, solvers.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}")
     return 0
+
+
+def solver_report(out: Path) -> str:
+    """Markdown: per budget and scored strategy, the table's predicted degradation (from the
+    strategy's provenance) beside the measured suite scores and gap recovered (from compare.json)."""
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    suites = sorted({s for r in rows for s in r["suites"]})
+    head = ["strategy", "B", "pred. ΔPPL", "pred. 1−cos"] + suites + [f"gap {s}" for s in suites]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
+    for r in sorted((r for r in rows if r["kind"] == "strategy"), key=lambda r: (r["budget"], r["name"])):
+        path = out / "strategies" / f"{r['name']}.json"
+        predicted = json.loads(path.read_text())["provenance"].get("predicted", {}) if path.exists() else {}
+        name = " = ".join([r["name"], *r.get("aliases", [])])  # identical strategies are merged by compare
+        cells = [name, f"{r['budget']:g}", fmt(predicted.get("dppl"), ".3g"), fmt(predicted.get("1-cosine"), ".3g")]
+        cells += [fmt(r["suites"].get(s), ".1f") for s in suites]
+        cells += [fmt(None if r["gap_recovered"].get(s) is None else 100 * r["gap_recovered"][s], ".0f") + ("%" if r["gap_recovered"].get(s) is not None else "") for s in suites]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _same_strategy(a: Path, b: Path) -> bool:
