@@ -407,20 +407,29 @@ def _assign_families(rows: list[Row]) -> None:
     for row in rows:
         prov = (row.strategy or {}).get("provenance") or {}
         pattern = _single_pattern(row.strategy) or (prov.get("settings") or {}).get("pattern") or prov.get("pattern")
+        suffix = f"-B{_fmt_budget(row.budget)}" if row.budget is not None else None
         if row.is_full:
             label, key = "full", "full"
         elif row.solver == "uniform" and pattern:
             label = key = f"uniform-{pattern}"  # the names `score` gives its baselines
         elif row.solver == "pyramid" and pattern:
             label = key = "pyramid" if pattern == "pyramidkv" else f"pyramid-{pattern}"
+        elif suffix and row.name.endswith(suffix) and len(row.name) > len(suffix):
+            label = key = row.name[: -len(suffix)]  # files named NAME-B{budget} (quickstart, reproduce.py)
         elif row.solver:
             label = row.solver
-            key = json.dumps([row.solver, prov.get("settings"), prov.get("phases_optimized"), prov.get("default_pattern")], sort_keys=True, default=str)
+            key = json.dumps([row.solver, prov.get("settings"), prov.get("phases_optimized"), prov.get("default_pattern"),
+                              prov.get("ablation")], sort_keys=True, default=str)
         else:
             label = key = row.name
         keys.setdefault(label, {}).setdefault(key, row.name)
         variants = keys[label]
         row.family = label if len(variants) == 1 or list(variants).index(key) == 0 else f"{label} ({variants[key]})"
+    taken: set[tuple] = set()
+    for row in rows:  # one row per (family, run, budget): a second one gets its own family
+        if (row.family, row.run, row.budget) in taken:
+            row.family = f"{row.family} ({row.name})"
+        taken.add((row.family, row.run, row.budget))
 
 
 def _sort_rows(rows: list[Row]) -> list[Row]:

@@ -268,6 +268,26 @@ def test_plot_single_budget(tmp_path):
     assert _is_png(tmp_path / "one.png")
 
 
+def test_families_follow_the_budget_suffix_and_never_collide():
+    def named(name, budget, suites):  # a proportional-solver strategy, different per name
+        e = entry(name, suites, budget, kind="proportional")
+        pattern = "snapkv" if name == "proportional" else "h2o"
+        s = Strategy.from_choices([(pattern, budget)] * L, [("tova", budget)] * L, float(budget), solver="proportional")
+        e.update(name=f"{name}-B{budget}", strategy=s.to_json(), strategy_digest=s.digest())
+        return e
+
+    docs = [doc([entry("full", FULL, None)] + [named(n, 64, {"ruler": 60.0, "broad": 60.0}) for n in ("proportional", "patterns-only")], 64),
+            doc([named(n, 128, {"ruler": 70.0, "broad": 70.0}) for n in ("proportional", "patterns-only")], 128)]
+    c = cmp.compare(docs, across_budgets=True)
+    fams = {(r.family, r.budget) for r in c.rows if r.budget}
+    assert fams == {("proportional", 64.0), ("patterns-only", 64.0), ("proportional", 128.0), ("patterns-only", 128.0)}
+    # same name and budget twice (different strategies): the second gets its own family
+    dup = entry("proportional", PROP, 64, kind="pyramid")
+    dup["name"] = "proportional"
+    c = cmp.compare([doc([entry("proportional", PROP), dup])])
+    assert len({(r.family, r.budget) for r in c.rows}) == 2
+
+
 def test_plot_several_budgets_via_cli(tmp_path):
     paths = [write(tmp_path, f"r{b}.json", standard(b)) for b in (32, 64, 128)]
     assert main(["compare", *paths, "--across-budgets", "--plot", str(tmp_path / "sweep.png")]) == 0
