@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/repro")
     p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--budgets", default="64,128,256")
     p.add_argument("--context-len", type=int, default=2048, help="evaluation context (default 2048)")
     p.add_argument("--samples", type=int, default=1, help="evaluation samples per task (default 1)")
@@ -86,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     log: dict = {}
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     patterns = [q.strip() for q in args.patterns.split(",") if q.strip()]  # also the uniform baselines
-    evaluation = ["--model", args.model, "--suite", args.suite, "--samples", str(args.samples),
+    evaluation = ["--model", args.model, "--device", args.device, "--suite", args.suite, "--samples", str(args.samples),
                   "--context-len", str(args.context_len), "--seed", str(args.seed)]
     signals = out / "signals.json"
-    step("collect", ["collect", "--model", args.model, "--samples", str(args.calib_samples),
+    step("collect", ["collect", "--model", args.model, "--device", args.device, "--samples", str(args.calib_samples),
                      "--context-len", str(args.calib_context_len), "--continuation-len", str(args.calib_continuation_len),
                      "--patterns", args.patterns, "--budgets", args.grid, "--out", str(signals)], log)
     full = out / "results-full.json"
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             target = out / "strategies" / f"{name}-B{B}.json"
             extra = []
             if name == "optuna":
-                extra = ["--model", args.model, "--trials", str(args.optuna_trials), "--storage", str(out / "optuna.journal"),
+                extra = ["--model", args.model, "--device", args.device, "--trials", str(args.optuna_trials), "--storage", str(out / "optuna.journal"),
                          "--study-name", f"repro-B{B}", "--samples", "1", "--context-len", str(args.calib_context_len)]
             if not target.exists():
                 step(f"solve {name} B={B}", ["solve", *solver_args, "--signals", str(signals), "--budget", B,
