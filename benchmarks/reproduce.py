@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polykv_search.cli import main as cli  # noqa: E402
 from polykv_search.compare import compare, load_results, to_markdown  # noqa: E402
+from strategies import Strategy  # noqa: E402
 
 UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
 METHODS = ("pyramid", "squeeze", "cake", "proportional", "ilp", "dp", "optuna")
@@ -158,8 +159,7 @@ def solver_report(out: Path) -> str:
 
 
 def _same_strategy(a: Path, b: Path) -> bool:
-    return json.loads(a.read_text())["layers"] == json.loads(b.read_text())["layers"]
-
+    return Strategy.load(a).digest() == Strategy.load(b).digest()
 
 if __name__ == "__main__":
     raise SystemExit(main())

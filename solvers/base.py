@@ -402,7 +402,7 @@ class Problem:
         """The problem a solver sees: with ``uniform_budgets`` and ``floor(B)`` on the grid, the grid
         narrows to that one value so selecting solvers pick the best pattern at it."""
         b = self.uniform_budget
-        if self.uniform_budgets and self.budgets and b in self.budgets and b >= self.b_min:
+        if self.uniform_budgets and self.budgets and b in self.budgets:
             return dataclasses.replace(self, budgets=(b,))
         return self
 
