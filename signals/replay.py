@@ -26,10 +26,9 @@ import copy
 from typing import Sequence
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from polykv_search.patterns import Pattern
-from polykv_search.runtime import EvictingLayer, PhasePlan, PolyKVCache
+from polykv_search.runtime import EvictingLayer, PhasePlan, PolyKVCache, StackedLayer
 from signals import model_parts
 from signals.model_parts import SMALL_OP_THREADS, cpu_threads
 from signals.cosine import cosine_per_row
@@ -83,93 +82,6 @@ def fork_layer(runtime, layer: EvictingLayer, prefill: PhasePlan, decoding: Phas
             setattr(new, name, getattr(layer, name))
     new.states = copy.deepcopy(layer.states)
     return new
-
-
-class _RowDispatch:
-    """The one observer a :class:`StackedLayer` shows the runtime: runs every row's own observers on
-    the row's layer with the row's slice of the queries."""
-
-    def __init__(self, stacked: "StackedLayer"):
-        self.stacked = stacked
-
-    def pre_kernel(self, layer, state, query) -> None:
-        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
-            for pattern, st in observers:
-                pattern.pre_kernel(row, st, query[i : i + 1])
-
-    def post_kernel(self, layer, state, query) -> None:
-        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
-            for pattern, st in observers:
-                pattern.post_kernel(row, st, query[i : i + 1])
-
-
-class StackedLayer(EvictingLayer):
-    """Several single-row cache layers (own plans, lengths, evictions) shown as one batch.
-
-    The attention function sees right-padded ``keys``/``values``/``positions``/``valid`` (padding:
-    invalid, position -1, so the per-layer mask excludes it exactly) and runs one kernel for all rows;
-    ``update``/``begin_call``/hooks/``end_call`` are delegated to each row's own layer.
-    """
-
-    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
-        super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
-        if not rows:
-            raise ValueError("StackedLayer needs at least one row")
-        self.rows = list(rows)
-        self.row_observers: list[list] = [[] for _ in self.rows]
-        self._dispatch = _RowDispatch(self)
-        first = self.rows[0]
-        self.device = first.device
-        self.is_initialized = True
-        self.seen = first.seen
-        self.calls = first.calls
-        self._restack()
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        for i, row in enumerate(self.rows):
-            row.update(key_states[i : i + 1], value_states[i : i + 1])
-        self.seen += key_states.shape[-2]
-        self._restack()
-        if self._on_update is not None:
-            self._on_update(self)
-        return self.keys, self.values
-
-    def begin_call(self, q_len: int, padding_mask) -> None:
-        if padding_mask is not None:
-            raise ValueError("StackedLayer does not support padding")
-        self.query_positions = torch.arange(self.seen - q_len, self.seen, device=self.device)
-        for row in self.rows:
-            row.begin_call(q_len, None)
-        self.row_observers = [row.observers() for row in self.rows]
-
-    def observers(self):
-        return [(self._dispatch, {})] if any(self.row_observers) else []
-
-    def end_call(self) -> None:
-        # the stacked tensors are rebuilt on the next ``update``, the only point that reads them next
-        for row in self.rows:
-            row.end_call()
-        self.calls += 1
-
-    def _restack(self) -> None:
-        rows = self.rows
-        self.num_evictions = max(row.num_evictions for row in rows)
-        lengths = {row.length for row in rows}
-        if len(lengths) == 1:
-            self.keys = torch.cat([row.keys for row in rows])
-            self.values = torch.cat([row.values for row in rows])
-            self.positions = torch.cat([row.positions for row in rows])
-            self.valid = torch.cat([row.valid for row in rows])
-            return
-
-        def pad(name: str, value) -> torch.Tensor:  # [C, H, n_max, ...], right-padded with ``value``
-            seqs = [getattr(row, name)[0].transpose(0, 1) for row in rows]  # [n_i, H, ...]
-            return pad_sequence(seqs, batch_first=True, padding_value=value).transpose(1, 2)
-
-        self.keys = pad("keys", 0.0)
-        self.values = pad("values", 0.0)
-        self.positions = pad("positions", -1)
-        self.valid = pad("valid", False)
 
 
 class SharedPromptLayer(EvictingLayer):

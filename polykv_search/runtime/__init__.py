@@ -1,18 +1,22 @@
 """The shared eviction runtime: apply a strategy to a loaded HF causal LM."""
 
 from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError, model_spec
-from polykv_search.runtime.layer import EvictingLayer, PhasePlan
+from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
 from polykv_search.runtime.report import CacheReport, LayerReport
 from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy
+from polykv_search.runtime.stacked import FanoutLayer, StackedLayer
 
 __all__ = [
     "SUPPORTED",
     "CacheReport",
     "EvictingLayer",
+    "FULL_PLAN",
+    "FanoutLayer",
     "LayerReport",
     "PhasePlan",
     "PolyKVCache",
     "PolyKVRuntime",
+    "StackedLayer",
     "UnsupportedModelError",
     "apply_strategy",
     "model_spec",

@@ -15,6 +15,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.full import Full
 
 PREFILL, DECODING = "prefill", "decoding"
 
@@ -29,6 +30,10 @@ class PhasePlan:
     @property
     def evicts(self) -> bool:
         return self.budget is not None and not self.pattern.keeps_all
+
+
+#: The no-eviction plan.
+FULL_PLAN = PhasePlan(Full(), None)
 
 
 class EvictingLayer(CacheLayerMixin):

@@ -1,0 +1,172 @@
+"""Cache layers that present several per-row layers to one attention call.
+
+:class:`StackedLayer` shows rows of different lengths, plans and evictions as one right-padded batch
+(the signal replay's cells; the scorer's entries during the question call and decoding).
+:class:`FanoutLayer` is the scorer's shared context call: one FullKV prompt for the kernel, and one
+row per entry that receives the same keys/values and is compressed by its own prefill plan.
+Both keep every row's kept set exactly what the row would keep alone: the rows' hooks and evictions
+run on the rows themselves.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
+
+
+class _RowDispatch:
+    """The one observer a :class:`StackedLayer` shows the runtime: runs every row's own observers on
+    the row's layer with the row's slice of the queries."""
+
+    def __init__(self, stacked: "StackedLayer"):
+        self.stacked = stacked
+
+    def pre_kernel(self, layer, state, query) -> None:
+        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
+            for pattern, st in observers:
+                pattern.pre_kernel(row, st, query[i : i + 1])
+
+    def post_kernel(self, layer, state, query) -> None:
+        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
+            for pattern, st in observers:
+                pattern.post_kernel(row, st, query[i : i + 1])
+
+
+class StackedLayer(EvictingLayer):
+    """Several single-row cache layers (own plans, lengths, evictions) shown as one batch.
+
+    The attention function sees right-padded ``keys``/``values``/``positions``/``valid`` (padding:
+    invalid, position -1, so the per-layer mask excludes it exactly) and runs one kernel for all rows;
+    ``update``/``begin_call``/hooks/``end_call`` are delegated to each row's own layer.
+    """
+
+    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
+        super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
+        if not rows:
+            raise ValueError("StackedLayer needs at least one row")
+        self.rows = list(rows)
+        self.row_observers: list[list] = [[] for _ in self.rows]
+        self._dispatch = _RowDispatch(self)
+        first = self.rows[0]
+        self.device = first.device
+        self.is_initialized = True
+        self.seen = first.seen
+        self.calls = first.calls
+        self._restack()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        for i, row in enumerate(self.rows):
+            row.update(key_states[i : i + 1], value_states[i : i + 1])
+        self.seen += key_states.shape[-2]
+        self._restack()
+        if self._on_update is not None:
+            self._on_update(self)
+        return self.keys, self.values
+
+    def begin_call(self, q_len: int, padding_mask) -> None:
+        if padding_mask is not None:
+            raise ValueError("StackedLayer does not support padding")
+        self.query_positions = torch.arange(self.seen - q_len, self.seen, device=self.device)
+        for row in self.rows:
+            row.begin_call(q_len, None)
+        self.row_observers = [row.observers() for row in self.rows]
+
+    def observers(self):
+        return [(self._dispatch, {})] if any(self.row_observers) else []
+
+    def end_call(self) -> None:
+        # the stacked tensors are rebuilt on the next ``update``, the only point that reads them next
+        for row in self.rows:
+            row.end_call()
+        self.calls += 1
+
+    def _restack(self) -> None:
+        rows = self.rows
+        self.num_evictions = max(row.num_evictions for row in rows)
+        if len(rows) == 1:  # no copy: the row's own tensors
+            row = rows[0]
+            self.keys, self.values, self.positions, self.valid = row.keys, row.values, row.positions, row.valid
+            return
+        lengths = {row.length for row in rows}
+        if len(lengths) == 1:
+            self.keys = torch.cat([row.keys for row in rows])
+            self.values = torch.cat([row.values for row in rows])
+            self.positions = torch.cat([row.positions for row in rows])
+            self.valid = torch.cat([row.valid for row in rows])
+            return
+
+        def pad(name: str, value) -> torch.Tensor:  # [C, H, n_max, ...], right-padded with ``value``
+            seqs = [getattr(row, name)[0].transpose(0, 1) for row in rows]  # [n_i, H, ...]
+            return pad_sequence(seqs, batch_first=True, padding_value=value).transpose(1, 2)
+
+        self.keys = pad("keys", 0.0)
+        self.values = pad("values", 0.0)
+        self.positions = pad("positions", -1)
+        self.valid = pad("valid", False)
+
+
+
+
+class _SharedDispatch:
+    """The one observer a :class:`FanoutLayer` shows the runtime: each distinct pattern's hooks run
+    once, on the first row that observes with it; the other rows observing with that pattern get a
+    deep copy of its state (every row holds the same prompt, so the statistics are the same)."""
+
+    def __init__(self, fanout: "FanoutLayer"):
+        self.fanout = fanout
+
+    def pre_kernel(self, layer, state, query) -> None:
+        for pattern, members in self.fanout.groups.items():
+            row, st = members[0]
+            pattern.pre_kernel(row, st, query)
+
+    def post_kernel(self, layer, state, query) -> None:
+        for pattern, members in self.fanout.groups.items():
+            row, st = members[0]
+            pattern.post_kernel(row, st, query)
+            for _, other in members[1:]:
+                other.clear()
+                other.update(copy.deepcopy(st))
+
+
+class FanoutLayer(EvictingLayer):
+    """The shared prefill of several entries: one FullKV layer for the kernel plus one row per entry.
+
+    ``rows`` are detached single-sequence layers (``on_update=None``) holding each entry's plans. During
+    the (prefill) call every row receives this call's keys/values, the rows' observers run once per
+    distinct pattern, and ``end_call`` compresses each row with its own prefill plan. The layer itself
+    keeps the FullKV prompt (``keys``/``values``).
+    """
+
+    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
+        super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
+        self.rows = list(rows)
+        self.groups: dict = {}
+        self._dispatch = _SharedDispatch(self)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        for row in self.rows:
+            row.update(key_states, value_states)
+        return super().update(key_states, value_states)
+
+    def begin_call(self, q_len: int, padding_mask) -> None:
+        super().begin_call(q_len, padding_mask)
+        self.groups = {}
+        for row in self.rows:
+            row.begin_call(q_len, padding_mask)
+            for pattern, state in row.observers():
+                self.groups.setdefault(pattern, []).append((row, state))
+
+    def observers(self):
+        return [(self._dispatch, {})] if self.groups else []
+
+    def end_call(self) -> None:
+        for row in self.rows:
+            row.end_call()
+        self.groups = {}
+        super().end_call()
