@@ -1,4 +1,10 @@
-"""The ``polykv-search`` command line: one module per command."""
+"""The ``polykv-search`` command line: one module per command, one error boundary for all of them.
+
+:func:`main` is the boundary. Bad input of any kind (the library's error types, unreadable or
+undecodable input files, unwritable output paths, argparse refusals) becomes one line on stderr and
+exit code 2; Ctrl-C at any moment, start-up imports included, exits 130 with one line. Anything
+else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,42 +12,97 @@ import argparse
 import importlib
 import sys
 
-from polykv_search import __version__
-
 #: command modules, in the order `--help` lists them
 COMMANDS = ("quickstart", "generate", "collect", "solve", "score", "compare", "show", "export")
 
+#: how deep :func:`main` is nested (quickstart runs the other commands through it)
+_depth = 0
+
+
+class UsageError(Exception):
+    """An argparse refusal: one line, a pointer to ``--help``, exit code 2."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(f"{prog}: {message} (see `{prog} --help`)")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose refusals are one line instead of the whole usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(self.prog, message)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from polykv_search import __version__
+
+    parser = Parser(
         prog="polykv-search",
         description="Find, apply and export layer-wise KV-cache eviction strategies (PolyKV).",
     )
     parser.add_argument("--version", action="version", version=f"polykv-search {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"polykv_search.cli.{name}").add_parser(sub)
     return parser
 
 
+def _error_line(err: BaseException) -> str | None:
+    """The one line a user error is shown as; ``None`` for an exception that is a bug."""
+    from polykv_search.cli.common import describe_decode_error, describe_os_error, one_line, user_errors
+
+    if isinstance(err, (UsageError, *user_errors())):
+        return one_line(str(err)) or type(err).__name__
+    if isinstance(err, UnicodeDecodeError):
+        return describe_decode_error(err)
+    if isinstance(err, OSError) and err.filename is not None:
+        return describe_os_error(err)
+    return None
+
+
+def _print(style: str, label: str, message: str) -> None:
+    try:
+        from rich.text import Text
+
+        from polykv_search.cli.common import console
+
+        console.print(Text.assemble((label, style), message), soft_wrap=True, highlight=False)
+    except KeyboardInterrupt:
+        raise
+    except Exception:  # noqa: BLE001 - rich itself failed to import: plain stderr still works
+        sys.stderr.write(f"{label}{message}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from polykv_search.cli.common import console, user_errors
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    """Run one command; returns its exit code (0 success, 2 bad input, 130 interrupted)."""
+    global _depth
+    _depth += 1
     try:
-        return int(args.func(args) or 0)
-    except user_errors() as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-        return 2
+        return _run(argv)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]")
+        if _depth > 1:  # a nested command: the outer one reports the interruption once
+            raise
+        _print("yellow", "interrupted", "")
         return 130
+    finally:
+        _depth -= 1
+
+
+def _run(argv: list[str] | None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            raise UsageError(parser.prog, "choose a command: " + ", ".join(COMMANDS))
+        return int(args.func(args) or 0)
+    except SystemExit as done:  # --help, --version
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+    except Exception as err:
+        line = _error_line(err)
+        if line is None:
+            raise
+        _print("red", "error: ", line)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

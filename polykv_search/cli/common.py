@@ -1,10 +1,23 @@
-"""Shared CLI plumbing: one-line errors with exit code 2, common options, the console."""
+"""Shared CLI plumbing: the one-line error boundary's types, argument types, output checks, the console.
+
+Every command refuses bad input the same way: one line on stderr, exit code 2, nothing written. The
+helpers here make that a one-liner in a command module:
+
+- argparse ``type=`` callables that refuse NaN, infinities, negatives and empty list items;
+- :func:`check_output_path`, called before a model is loaded, so a bad ``--out`` fails in a second,
+  not after the whole run;
+- :func:`read_text` / :func:`read_json`, which name the file when it cannot be read or decoded.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +31,56 @@ class CLIError(Exception):
     """Bad input: printed as one line, exit code 2."""
 
 
-#: Exceptions that mean "the user gave us something wrong"; shown as one line, exit 2.
-def user_errors() -> tuple[type[BaseException], ...]:
-    from polykv_search.runtime import UnsupportedModelError
-    from strategies import StrategyError
+#: (module, class) of every exception the library raises for bad input; shown as one line, exit 2.
+USER_ERROR_TYPES = (
+    ("strategies", "StrategyError"),
+    ("strategies.exporters", "ExportError"),
+    ("polykv_search.runtime", "UnsupportedModelError"),
+    ("polykv_search.models", "ModelError"),
+    ("polykv_search.data", "DataError"),
+    ("polykv_search.scoring", "ScoreError"),
+    ("polykv_search.compare", "CompareError"),
+    ("polykv_search.evaluation.longbench", "LongBenchDataError"),
+    ("signals", "SignalTableError"),
+    ("signals.collect", "CollectError"),
+    ("signals.journal", "JournalError"),
+    ("solvers", "SolverError"),
+)
 
-    errors: list[type[BaseException]] = [CLIError, StrategyError, UnsupportedModelError]
-    for module, name in [
-        ("polykv_search.models", "ModelError"),
-        ("polykv_search.data", "DataError"),
-        ("solvers", "SolverError"),
-        ("signals", "SignalTableError"),
-    ]:
-        try:
-            errors.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean "the user gave us something wrong" (imported lazily).
+
+    Only modules already imported are consulted: an error type of a module that never ran cannot
+    have been raised, and importing it here would only slow down (or break) the error path."""
+    errors: list[type[BaseException]] = [CLIError]
+    for module, name in USER_ERROR_TYPES:
+        mod = sys.modules.get(module)
+        cls = getattr(mod, name, None) if mod is not None else None
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            errors.append(cls)
     return tuple(errors)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: its non-empty lines joined, runs of blanks collapsed."""
+    return " ".join(" ".join(line.split()) for line in str(text).splitlines() if line.strip())
+
+
+def describe_os_error(err: OSError) -> str:
+    """``cannot use PATH: reason`` for an :class:`OSError` that names a file."""
+    reason = err.strerror or one_line(str(err)) or type(err).__name__
+    target = f"{err.filename} -> {err.filename2}" if err.filename2 else str(err.filename)
+    return f"cannot use {target}: {reason}"
+
+
+def describe_decode_error(err: UnicodeDecodeError, path: str | os.PathLike | None = None) -> str:
+    where = f"{os.fspath(path)}: " if path is not None else "an input file: "
+    return f"{where}not UTF-8 text ({err.reason} at byte {err.start}); give a UTF-8 text or JSON file"
+
+
+# --------------------------------------------------------------------------------------------
+# Model options
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -43,8 +89,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"HF model id, local path, or {DEFAULT_MODEL!r} (default, offline)")
     g.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
-    g.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="float32 (default), bfloat16, float16")
     g.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention kernel (default sdpa)")
+
+
+def check_model_args(args: argparse.Namespace) -> None:
+    """Refuse a bad ``--model`` / ``--device`` in a moment, before anything slow runs."""
+    from polykv_search.models import parse_device, resolve_model
+
+    resolve_model(args.model)
+    parse_device(args.device)
 
 
 def load_model_from_args(args: argparse.Namespace):
@@ -57,32 +111,166 @@ def load_model_from_args(args: argparse.Namespace):
         return load_model(args.model, device=args.device, dtype=args.dtype, attn_implementation=args.attn)
 
 
-def read_text(path: str) -> str:
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+def read_text(path: str | os.PathLike, flag: str | None = None) -> str:
+    """The UTF-8 text of ``path``; :class:`CLIError` naming the file (and ``flag``) when it cannot be read."""
+    label = f"{flag} {os.fspath(path)}" if flag else os.fspath(path)
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CLIError(describe_decode_error(err, label)) from None
     except OSError as err:
-        raise CLIError(f"cannot read {path}: {err.strerror}") from None
+        raise CLIError(f"cannot read {label}: {err.strerror or one_line(str(err))}") from None
 
 
-def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+def read_json(path: str | os.PathLike, flag: str | None = None) -> Any:
+    """The JSON document in ``path``; :class:`CLIError` naming the file when it is not JSON.
+
+    NaN and infinities (which Python's ``json`` would accept) are refused: no file this project
+    writes holds them."""
+    label = f"{flag} {os.fspath(path)}" if flag else os.fspath(path)
+    text = read_text(path, flag)
+
+    def refuse(token: str) -> float:
+        raise CLIError(f"{label}: {token} is not a valid JSON number")
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except json.JSONDecodeError as err:
+        raise CLIError(f"{label}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    except RecursionError:
+        raise CLIError(f"{label}: JSON nested too deeply") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs
+
+
+def check_output_path(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Refuse an output path that cannot be written, before any work is done.
+
+    ``path`` must not be a directory; its nearest existing ancestor must be a directory in which a
+    file can be created (so the missing folders can be made). Probed with a real temporary file,
+    so read-only filesystems and permissions are seen as the writer will see them. Creates nothing
+    that stays. Returns ``Path(path)``.
+
+    Raises
+    ------
+    CLIError
+        One line naming ``flag`` and the path.
+    """
+    target = Path(path)
+    if not os.fspath(path).strip():
+        raise CLIError(f"{flag}: empty path")
+    if target.is_dir():
+        raise CLIError(f"{flag} {target}: is a directory; give a file name")
+    if target.name in ("", ".", ".."):
+        raise CLIError(f"{flag} {target}: not a file name")
+    ancestor = target.absolute().parent
+    while not ancestor.exists():
+        if ancestor.is_symlink():  # a dangling link cannot be made into a folder
+            raise CLIError(f"{flag} {target}: {ancestor} is a broken symbolic link")
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise CLIError(f"{flag} {target}: {ancestor} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".polykv-probe.", suffix=".tmp", dir=ancestor)
+    except OSError as err:
+        raise CLIError(f"{flag} {target}: cannot write in {ancestor}: {err.strerror or one_line(str(err))}") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
+def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Refuse an output folder that is a file or cannot be created or written; creates nothing."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise CLIError(f"{flag} {target}: exists and is not a directory")
+    check_output_path(target / ".polykv-probe", flag)
+    return target
+
+
+# --------------------------------------------------------------------------------------------
+# argparse types
+
+
+def _number(text: str, kind: Callable[[str], Any], what: str) -> Any:
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    """An integer >= 1."""
+    value = _number(text, int, "a positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (seeds, counts that may be zero)."""
+    value = _number(text, int, "a non-negative integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
     return value
+
+
+def finite_float(text: str) -> float:
+    """Any finite number (NaN and infinities refused)."""
+    return _number(text, float, "a finite number")
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (e.g. a sampling temperature, where 0 means greedy)."""
+    value = _number(text, float, "a finite number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number >= 1 (budgets: at least one token per layer)."""
+    value = _number(text, float, "a finite number >= 1")
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 1, got {text!r}")
+    return value
+
+
+def comma_list(cast: Callable[[str], Any] = str, what: str = "item") -> Callable[[str], list]:
+    """An argparse type: ``a,b,c`` -> ``[cast(a), cast(b), cast(c)]``; empty lists and empty items are refused.
+
+    ``cast`` may be ``int``, one of the types above (``positive_int``), or any callable raising
+    ``ValueError`` / ``argparse.ArgumentTypeError``; ``what`` names one item in messages."""
+
+    def parse(text: str) -> list:
+        items = [x.strip() for x in text.split(",")]
+        if not any(items):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}s, got {text!r}")
+        if not all(items):
+            raise argparse.ArgumentTypeError(f"empty {what} in {text!r}")
+        values = []
+        for item in items:
+            try:
+                values.append(cast(item))
+            except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+                detail = str(err) if isinstance(err, argparse.ArgumentTypeError) else f"not a valid {what}"
+                raise argparse.ArgumentTypeError(f"{item!r} in {text!r}: {detail}") from None
+        if len(set(map(repr, values))) != len(values):
+            raise argparse.ArgumentTypeError(f"repeated {what} in {text!r}")
+        return values
+
+    parse.__name__ = f"list of {what}s"  # argparse shows it in "invalid <name> value"
+    return parse
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
