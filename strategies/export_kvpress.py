@@ -25,7 +25,6 @@ RandomPress(seed). Where kvpress's press differs from the pattern, the differenc
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -117,6 +116,8 @@ class KVPressExporter:
     uses: ClassVar[frozenset[str]] = frozenset()
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
+        from strategies.kvpress_sidecar import render_sidecar
+
         module = out.stem
         sidecar = out.with_suffix(".json")
         pre = [prefill_press(c) for c in strategy.prefill]
@@ -125,7 +126,7 @@ class KVPressExporter:
         notes = _general_notes(strategy, pre)
         lines = [f"{_ranges(layers)} {what}" for what, layers in differences.items()]
         text = _module_text(strategy, module, sidecar.name, pre, dec, notes, lines)
-        side = _sidecar(strategy, out.name, pre, dec, notes)
+        side = render_sidecar(strategy, out.name, pre, dec, notes)
         printed = [f"kvpress differs: {line}" for line in lines] + notes
         return Export({out: text, sidecar: side}, notes=printed)
 
@@ -231,12 +232,17 @@ Notes:
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import kvpress
 
 NUM_LAYERS = {L}
+#: digest of the strategy this module was exported from; its sidecar records the same one
+STRATEGY_DIGEST = "{strategy.digest()}"
+SIDECAR = "{sidecar}"
 DECODING_INTERVAL = {DECODING_INTERVAL}
 
 #: per layer: (kvpress press class, its parameters, token budget), or None: keep every token
@@ -330,6 +336,17 @@ class PolyKVPress(kvpress.PrefillDecodingPress):
 
 def make_press(decoding_interval: int = DECODING_INTERVAL) -> PolyKVPress:
     return PolyKVPress(decoding_interval=decoding_interval)
+
+
+def sidecar() -> dict:
+    """The JSON sidecar beside this module; refused when it was exported from another strategy."""
+    doc = json.loads((Path(__file__).with_name(SIDECAR)).read_text(encoding="utf-8"))
+    if doc.get("strategy_digest") != STRATEGY_DIGEST:
+        raise ValueError(
+            f"{{SIDECAR}} was exported from strategy {{doc.get('strategy_digest')}}, this module from {{STRATEGY_DIGEST}}; "
+            "export them again together"
+        )
+    return doc
 '''
 
 
@@ -338,61 +355,3 @@ def _bullet(text: str, width: int = 100) -> str:
     import textwrap
 
     return textwrap.fill(text, width=width, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False, break_long_words=False)
-
-
-def _press_json(press: Press | None) -> dict[str, Any] | None:
-    return None if press is None else {"class": press.cls, "params": press.params}
-
-
-def _sidecar(strategy: Strategy, module_name: str, pre, dec, notes) -> str:
-    layers = []
-    for i in range(strategy.num_layers):
-        p, d = strategy.prefill[i], strategy.decoding[i]
-        press, dropped = dec[i]
-        dec_json: dict[str, Any] = {"pattern": d.pattern, "params": _params_or_empty(d), "budget": d.budget}
-        if press is not None:
-            dec_json["kvpress"] = {
-                "class": "DecodingPress",
-                "params": {
-                    "base_press": _press_json(press),
-                    "compression_interval": DECODING_INTERVAL,
-                    "target_size": d.budget,
-                    "hidden_states_buffer_size": 0,
-                },
-            }
-        else:
-            dec_json["kvpress"] = None
-        dec_json["differences"] = [dropped] if dropped else list(press.differences if press else ())
-        layers.append(
-            {
-                "layer": i,
-                "prefill": {
-                    "pattern": p.pattern,
-                    "params": _params_or_empty(p),
-                    "budget": p.budget,
-                    "kvpress": _press_json(pre[i]),
-                    "differences": list(pre[i].differences if pre[i] else ()),
-                },
-                "decoding": dec_json,
-            }
-        )
-    body = {
-        "schema": SIDECAR_SCHEMA,
-        "version": 1,
-        "module": module_name,
-        "kvpress": KVPRESS_REQUIREMENT,
-        "strategy_digest": strategy.digest(),
-        "num_layers": strategy.num_layers,
-        "global_budget": strategy.global_budget,
-        "b_min": strategy.b_min,
-        "prefill_ratio": "compression_ratio = 1 - (budget + 0.5) / prompt_length if prompt_length > budget else 0",
-        "decoding_interval": DECODING_INTERVAL,
-        "layers": layers,
-        "notes": notes,
-        "provenance": strategy.provenance,
-    }
-    return json.dumps(body, indent=2) + "\n"
-
-
-def _params_or_empty(choice: LayerChoice) -> dict[str, Any]:
-    return {} if choice.pattern == "full" else pattern_params(choice)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from polykv_search.io import atomic_write_text
+from polykv_search.io import atomic_write_files
 
 if TYPE_CHECKING:  # pragma: no cover
     from strategies.strategy import LayerChoice, Strategy
@@ -110,14 +110,14 @@ def render_export(strategy: "Strategy", fmt: str, out: str | Path, options: Expo
 
 
 def write_export(export: Export) -> list[Path]:
-    """Write every file of ``export`` atomically (each file is old or new, never half)."""
-    written = []
-    for path, text in export.files.items():
-        try:
-            written.append(atomic_write_text(path, text))
-        except OSError as err:
-            raise ExportError(f"cannot write {path}: {err.strerror or err}") from None
-    return written
+    """Write the files of ``export`` as one set: all staged, then renamed (none is written if any
+    cannot be staged). Files of multi-file formats carry the strategy digest of their partner, so a
+    set mixed by a kill between two renames is refused by the format's reader."""
+    try:
+        return atomic_write_files(export.files)
+    except OSError as err:
+        name = err.filename or export.main
+        raise ExportError(f"cannot write {name}: {err.strerror or err}") from None
 
 
 def export_strategy(strategy: "Strategy", fmt: str, out: str | Path, options: ExportOptions | None = None) -> Export:

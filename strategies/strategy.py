@@ -208,7 +208,7 @@ class Strategy:
         }
 
     def dumps(self) -> str:
-        return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
+        return json.dumps(self.to_json(), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
     def digest(self) -> str:
         """A short hash of the strategy's content (provenance excluded)."""
@@ -260,20 +260,46 @@ class Strategy:
 
     @classmethod
     def loads(cls, text: str) -> "Strategy":
+        """Parse and validate a strategy document; NaN and infinities anywhere are refused by path."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise StrategyError(f"strategy: not valid JSON ({err})") from None
+        except RecursionError:
+            raise StrategyError("strategy: JSON nested too deeply") from None
+        where = _first_non_finite(data)
+        if where is not None:
+            raise StrategyError(f"{where[0]}: {where[1]!r} is not a finite number")
         return cls.from_json(data)
 
     @classmethod
     def load(cls, path: str | Path) -> "Strategy":
+        """Read ``path`` (UTF-8 JSON); every error names the file: ``PATH: field: what is wrong``."""
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise StrategyError(f"strategy {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         except OSError as err:
-            raise StrategyError(f"strategy: cannot read {path}: {err.strerror}") from None
-        return cls.loads(text)
+            raise StrategyError(f"strategy: cannot read {path}: {err.strerror or err}") from None
+        try:
+            return cls.loads(text)
+        except StrategyError as err:
+            raise StrategyError(f"strategy {path}: {err}") from None
+
+
+def _first_non_finite(node: Any, where: str = "strategy") -> tuple[str, float] | None:
+    """The JSON path and value of the first NaN or infinity in a parsed document, if any."""
+    stack = [(where, node)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path, value
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path != "strategy" else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _is_int(x: Any) -> bool:

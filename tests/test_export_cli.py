@@ -97,7 +97,7 @@ def test_bad_strategy_files_exit_2(tmp_path, capsys):
     bad.write_text('{"schema": "polykv-strategy", "version": 1, "layers": [{"prefill": {"pattern": "nope", "budget": 1}, '
                    '"decoding": {"pattern": "full", "budget": null}}]}')
     rc, _, err = run(capsys, bad, "--format", "vllm", "--out", tmp_path / "o.json")
-    assert rc == 2 and err.startswith("error: layers[0].prefill.pattern: unknown pattern 'nope'")
+    assert rc == 2 and err.startswith(f"error: strategy {bad}: layers[0].prefill.pattern: unknown pattern 'nope'")
     assert files_in(tmp_path) == ["bad.json"]
 
 

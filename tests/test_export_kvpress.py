@@ -74,12 +74,17 @@ What kvpress does differently from polykv-search:
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import kvpress
 
 NUM_LAYERS = 3
+#: digest of the strategy this module was exported from; its sidecar records the same one
+STRATEGY_DIGEST = "54d0484d75cd9d9e"
+SIDECAR = "mixed_press.json"
 DECODING_INTERVAL = 1
 
 #: per layer: (kvpress press class, its parameters, token budget), or None: keep every token
@@ -177,6 +182,17 @@ class PolyKVPress(kvpress.PrefillDecodingPress):
 
 def make_press(decoding_interval: int = DECODING_INTERVAL) -> PolyKVPress:
     return PolyKVPress(decoding_interval=decoding_interval)
+
+
+def sidecar() -> dict:
+    """The JSON sidecar beside this module; refused when it was exported from another strategy."""
+    doc = json.loads((Path(__file__).with_name(SIDECAR)).read_text(encoding="utf-8"))
+    if doc.get("strategy_digest") != STRATEGY_DIGEST:
+        raise ValueError(
+            f"{SIDECAR} was exported from strategy {doc.get('strategy_digest')}, this module from {STRATEGY_DIGEST}; "
+            "export them again together"
+        )
+    return doc
 '''
 
 GOLDEN_SIDECAR = {'schema': 'polykv-kvpress-export',

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from polykv_search.cli.common import CLIError, console, positive_int
+from polykv_search.cli.common import CLIError, check_output_path, console, positive_int
 
 
 def add_parser(sub) -> None:
@@ -44,10 +44,13 @@ def run(args: argparse.Namespace) -> int:
     from strategies import Strategy
     from strategies.exporters import ExportError, ExportOptions, render_export, write_export
 
+    check_output_path(args.out)
     strategy = Strategy.load(args.strategy)
     options = ExportOptions(approximate=args.approximate, max_seq_len=args.max_seq_len)
     try:
         export = render_export(strategy, args.format, args.out, options)
+        for path in export.files:  # a kvpress sidecar too: nothing is written unless every file can be
+            check_output_path(path, "--out")
         written = write_export(export)
     except ExportError as err:
         raise CLIError(str(err)) from None
