@@ -1,45 +1,59 @@
-"""`polykv-search compare`: score results side by side, with gap recovered, markdown and plots."""
+"""`polykv-search compare`: score results side by side, with intervals, gap recovered, markdown and plots."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from polykv_search.cli.common import CLIError, console, out
+from polykv_search.cli.common import CLIError, check_output_path, console, non_negative_int, out, positive_int
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "compare",
-        help="compare score results: one table with gap recovered, markdown, plots",
+        help="compare score results: one table with intervals and gap recovered, markdown, plots",
         description="Merge results files written by `polykv-search score` into one table: rows = strategies and "
-        "baselines (deduplicated by strategy digest + budget), columns = suite scores (per-task with --tasks), KV "
-        "bytes held and gap recovered per suite, (S - S_bestuniform) / (S_full - S_bestuniform), where "
-        "S_bestuniform is the best uniform baseline at the same budget on that suite. The best value per column "
-        "(within each budget) is highlighted. Results made on different samples or models, or at different "
+        "baselines (deduplicated by strategy digest + budget), columns = suite scores as score±h (h = half-width of "
+        "the 95%% paired bootstrap interval over samples; per-task scores with --tasks), the share of FullKV's KV "
+        "bytes held, and gap recovered per suite, (S - S_bestuniform) / (S_full - S_bestuniform), where "
+        "S_bestuniform is the best uniform baseline at the same budget on that suite (n/a when FullKV - best uniform "
+        "is not clearly positive). ▲/▼ marks a difference to the best uniform whose interval excludes 0. --details "
+        "adds the differences, KV MiB, gap intervals and KL(FullKV‖entry) fidelity columns. The best value per "
+        "column (within each budget) is highlighted. Results made on different samples or models, or at different "
         "budgets, are refused unless --allow-mismatch / --across-budgets.",
     )
     p.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files from `polykv-search score`")
     p.add_argument("--tasks", action="store_true", help="also show per-task scores")
-    p.add_argument("--markdown", action="store_true", help="print a GitHub markdown table instead of the rich table")
+    p.add_argument("--details", action="store_true",
+                   help="also show differences to the best uniform, KV MiB, gap intervals and KL columns (wider than 80 columns)")
+    p.add_argument("--markdown", action="store_true",
+                   help="print a GitHub markdown table (with every detail column) instead of the terminal table")
     p.add_argument("--plot", metavar="OUT.png", help="write a PNG: per-layer budgets/patterns of each non-uniform strategy, "
-                   "and score vs budget when several budgets are compared")
-    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="write the comparison as JSON")
+                   "and scores with error bars (score vs budget when several budgets are compared)")
+    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="write the comparison, with every interval, as JSON")
     p.add_argument("--across-budgets", action="store_true",
                    help="allow results at several budgets; rows are grouped by budget and gap recovered is computed per budget")
     p.add_argument("--allow-mismatch", action="store_true",
                    help="compare results made on different samples or models (each run keeps its own references)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap resampling (default 0)")
+    p.add_argument("--resamples", type=positive_int, default=None,
+                   help="bootstrap resamples per interval (default 9999, scipy's default)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from polykv_search import compare as cmp
+    from polykv_search import stats
     from polykv_search.io import write_json
 
+    for path, flag in ((args.json_out, "--json"), (args.plot, "--plot")):
+        if path:
+            check_output_path(path, flag)
     try:
         docs = [cmp.load_results(path) for path in args.results]
         comparison = cmp.compare(
-            docs, sources=args.results, allow_mismatch=args.allow_mismatch, across_budgets=args.across_budgets
+            docs, sources=args.results, allow_mismatch=args.allow_mismatch, across_budgets=args.across_budgets,
+            seed=args.seed, resamples=args.resamples or stats.RESAMPLES,
         )
     except cmp.CompareError as err:
         raise CLIError(str(err)) from None
@@ -49,13 +63,15 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     if args.markdown:
         sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
+        sys.stdout.write("".join(f"\n- {line}" for line in cmp.notes(comparison)) + "\n")
     else:
-        _print_wide(cmp.to_rich(comparison, tasks=args.tasks))
-        console.print(
-            "gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; "
-            "n/a without FullKV or a uniform baseline, or when the best uniform ties with or beats FullKV",
-            style="dim", highlight=False,
-        )
+        table = cmp.to_rich(comparison, tasks=args.tasks, details=args.details)
+        if args.tasks or args.details:
+            _print_wide(table)
+        else:
+            out.print(table)
+        for line in _legend(comparison) + cmp.notes(comparison):
+            console.print(line, style="dim", highlight=False)
     if args.json_out:
         write_json(args.json_out, comparison.to_json())
         console.print(f"wrote {args.json_out}")
@@ -64,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
             cmp.plot(comparison, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _legend(comparison) -> list[str]:
+    return ["gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; n/a without FullKV or a "
+            "uniform baseline, or when FullKV - best uniform is not clearly positive"]
 
 
 def _print_wide(table) -> None:

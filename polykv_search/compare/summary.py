@@ -1,0 +1,110 @@
+"""Words around a comparison: its one-line description, the notes under a table, unresolved
+differences, and the compact summary the ``score`` command prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polykv_search import stats
+from polykv_search.compare.model import Comparison, fmt_budget, ordered
+
+
+def describe(c: Comparison) -> str:
+    """One line about what was compared (model, context, samples, budgets)."""
+    run = c.runs[0]
+    s = run["settings"]
+    bits = [str(run.get("model") or "?")]
+    if s.get("context_len"):
+        bits.append(f"context {s['context_len']}")
+    if s.get("samples"):
+        bits.append(f"{s['samples']} sample{'s' if s['samples'] != 1 else ''} per task")
+    if s.get("seed") is not None:
+        bits.append(f"seed {s['seed']}")
+    if c.budgets:
+        bits.append("B = " + ", ".join(f"{b:g}" for b in c.budgets))
+    if c.multi_run:
+        bits.append(f"{len(c.runs)} mismatched runs")
+    return "compare — " + ", ".join(bits)
+
+
+def notes(c: Comparison) -> list[str]:
+    """Lines to print under a table: what ± and the marks mean, the references, why gaps are n/a."""
+    st = c.statistics
+    lines = []
+    if c.has_intervals:
+        lines.append(f"±: half-width of the {100 * st.get('level', stats.LEVEL):.0f}% paired bootstrap interval "
+                     f"({st.get('resamples')} resamples, seed {st.get('seed')}; ±? = a task has a single sample); "
+                     "▲/▼: resolved difference to the best uniform at the same budget (its interval excludes 0)")
+    else:
+        lines.append("no per-sample scores in these results: no intervals")
+    for (run, budget), refs in _by_group(c).items():
+        where = f"B={fmt_budget(budget)}" + (f" [{c.runs[run]['label']}]" if c.multi_run else "")
+        named = [f"{r.suite} {r.best_uniform}" for r in refs if r.best_uniform]
+        if named:
+            lines.append(f"best uniform at {where}: " + ", ".join(named))
+        kl = [f"{r.suite} {r.kl_best_uniform}" for r in refs if r.kl_best_uniform]
+        if kl:
+            lines.append(f"lowest-KL uniform at {where}: " + ", ".join(kl))
+    for note in ordered(n for r in c.references for n in (r.gap_note, r.kl_gap_note) if n):
+        lines.append(f"gap n/a: {note}")
+    return lines
+
+
+def unresolved(c: Comparison) -> list[str]:
+    """One short line per reported difference to the best uniform whose interval contains 0.
+
+    Covers every row's difference per suite (the best uniform itself excluded) and FullKV − best
+    uniform of each reference (when that is unresolved, gap recovered is undefined).
+    """
+    lines = []
+    for ref in c.references:
+        d = ref.full_minus_uniform
+        if d is not None and not d.excludes_zero:
+            lines.append(f"{ref.full} vs {ref.best_uniform} on {ref.suite} (B={fmt_budget(ref.budget)}): {_pm(d)}, not resolved")
+    for row in c.rows:
+        for suite, d in row.diff.items():
+            if d is not None and not d.excludes_zero:
+                ref = c.reference(row.run, row.budget, suite)
+                lines.append(f"{row.name} vs {ref.best_uniform if ref else 'best uniform'} on {suite} "
+                             f"(B={fmt_budget(row.budget)}): {_pm(d)}, not resolved")
+    return lines
+
+
+def summary_table(doc: dict[str, Any], *, title: str | None = None, **options: Any):
+    """The compact table (and its notes) of one results document, for ``polykv-search score``.
+
+    Parameters
+    ----------
+    doc : dict
+        A results document as written by ``score`` (schema ``polykv-results``).
+    title : str, optional
+        Table title (default: :func:`describe`).
+    **options
+        ``level``, ``resamples``, ``seed`` of the intervals (see :func:`compare`).
+
+    Returns
+    -------
+    rich.console.Group
+        The table, then its notes in dim text; fits an 80-column terminal for two suites.
+    """
+    from rich.console import Group
+    from rich.text import Text
+
+    from polykv_search.compare.merging import compare
+    from polykv_search.compare.tables import to_rich
+
+    c = compare([doc], **options)
+    return Group(to_rich(c, title=title), *(Text(line, style="dim") for line in notes(c)))
+
+
+def _by_group(c: Comparison) -> dict[tuple, list]:
+    out: dict[tuple, list] = {}
+    for ref in c.references:
+        out.setdefault((ref.run, ref.budget), []).append(ref)
+    return out
+
+
+def _pm(iv: stats.Interval) -> str:
+    if not iv.bounded:
+        return f"{iv.estimate:+.1f} (a task has a single sample)"
+    return f"{iv.estimate:+.1f} [{iv.low:+.1f}, {iv.high:+.1f}]"
