@@ -9,19 +9,21 @@ Collection (``polykv-search collect``; imported lazily, since it needs torch)::
     from signals import collect_signals, ModelLoader
     table = collect_signals(model, samples, budgets=[32, 64, 128, 256], out="signals.json")
 
-Modules: :mod:`signals.cosine`, :mod:`signals.ppl`, :mod:`signals.entropy` (one collector per
-signal), :mod:`signals.fullkv` (the FullKV pass), :mod:`signals.replay` (fast cell evaluation),
+Modules: :mod:`signals.cosine`, :mod:`signals.ppl` (ΔPPL and KL), :mod:`signals.entropy` (one
+collector per signal), :mod:`signals.uncertainty` (standard errors over samples and token blocks),
+:mod:`signals.predict` (a strategy's predicted degradation), :mod:`signals.fullkv` (the FullKV pass), :mod:`signals.replay` (fast cell evaluation),
 :mod:`signals.naive` (one forward per cell, the reference), :mod:`signals.journal` (resume),
 :mod:`signals.collect` (the driver).
 """
 
+from signals.synthetic import random_signal_table
 from signals.table import (
+    CELL_SIGNALS,
     PHASES,
     SCHEMA_NAME,
     SCHEMA_VERSION,
     SignalTable,
     SignalTableError,
-    random_signal_table,
 )
 
 _LAZY = {
@@ -44,6 +46,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "CELL_SIGNALS",
     "PHASES",
     "SCHEMA_NAME",
     "SCHEMA_VERSION",

@@ -12,100 +12,46 @@ journal from a different model, grid or calibration set is refused. ``jobs > 1``
 through joblib (local processes by default; ``backend="dask"`` or ``"ray"`` for a cluster, whose
 workers must be able to load the model by name).
 
-Aggregation over samples: cosine is the mean of the per-sample mean cosines; PPL is ``exp`` of the
-mean per-sample mean NLL (samples have equal lengths, so this is the pooled token PPL) and
-``ΔPPL = PPL(cell) − PPL(FullKV)``; entropy and variance are per-sample means.
+Aggregation over samples (:mod:`signals.collect_assemble`): cosine and KL are means of the
+per-sample means; PPL is ``exp`` of the mean per-sample mean NLL (samples have equal lengths, so this
+is the pooled token PPL) and ``ΔPPL = PPL(cell) − PPL(FullKV)``; every cell also keeps its
+per-sample values and standard errors over (sample, token block) units; entropy and variance are
+per-sample means.
+
+Modules: :mod:`signals.collect_settings` (grid, definitions), :mod:`signals.collect_parallel`
+(workers, backends, progress), :mod:`signals.collect_assemble` (records → table).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from signals.collect_assemble import assemble, unit_record
+from signals.collect_parallel import BACKENDS, ModelLoader, Progress, _GivenModel, run_parallel
+from signals.collect_settings import (
+    DEFAULT_BUDGETS,
+    DEFAULT_PATTERNS,
+    DEFINITIONS,
+    DEFINITIONS_VERSION,
+    CollectError,
+    CollectSettings,
+    Unit,
+    make_settings,
+    parse_layers,
+)
 from signals.journal import Journal, JournalError, journal_path
 from signals.table import PHASES, SignalTable
-
-DEFAULT_PATTERNS: tuple[str, ...] = ("snapkv", "tova", "h2o", "streaming_llm", "knorm", "random")
-DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128, 256)
-#: joblib backends for ``jobs > 1`` ("sequential": the task path in-process, for tests).
-BACKENDS = ("loky", "dask", "ray", "sequential")
-
-#: Bumped whenever what a cell's numbers mean changes; part of the journal key.
-DEFINITIONS_VERSION = 1
-DEFINITIONS = {
-    "cosine": "mean over continuation positions of cos(layer-l output with the cell, with FullKV); mean over samples",
-    "dppl": "exp(mean NLL of the m continuation tokens with the cell) - exp(same under FullKV); NLL pooled over samples",
-    "entropy": "FullKV attention entropy / log(#visible keys), mean over heads and the phase's queries "
-    "(prefill: prompt queries; decoding: continuation queries, teacher-forced)",
-    "variance": "sum over keys of the variance over queries of FullKV attention, mean over heads "
-    "(prefill: last 32 prompt queries; decoding: continuation queries)",
-    "cells": "only layer l evicts; prefill: prompt cache compressed to b after the prompt's attention, continuation "
-    "teacher-forced in one call; decoding: FullKV prompt, capacity b kept while the continuation is teacher-forced "
-    "one token per step",
-}
-
-
-class CollectError(ValueError):
-    """Bad collection input, or a journal that cannot be continued (one line)."""
-
-
-@dataclass(frozen=True)
-class CollectSettings:
-    """The grid and method (picklable: sent to workers)."""
-
-    patterns: tuple[str, ...]
-    budgets: tuple[int, ...]
-    phases: tuple[str, ...]
-    layers: tuple[int, ...]
-    naive: bool = False
-    batch_tokens: int = 8192
-
-    @property
-    def cells_per_unit(self) -> int:
-        return len(self.patterns) * len(self.budgets)
-
-
-@dataclass(frozen=True)
-class Unit:
-    sample: int
-    layer: int
-    phase: str
-
-
-@dataclass(frozen=True)
-class ModelLoader:
-    """A picklable recipe that loads the model in a worker process (``load_model`` arguments)."""
-
-    name: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    attn_implementation: str = "sdpa"
-
-    def __call__(self):
-        from polykv_search.models import load_model
-
-        return load_model(self.name, device=self.device, dtype=self.dtype, attn_implementation=self.attn_implementation)[0]
-
-
-@dataclass(frozen=True)
-class _GivenModel:
-    """Ships an in-memory model to workers (fine for small models; use :class:`ModelLoader` otherwise)."""
-
-    model: Any
-
-    def __call__(self):
-        return self.model
+from signals.uncertainty import DEFAULT_BLOCKS, block_means, block_sizes
 
 
 # ----------------------------------------------------------------------------- per sample
-def sample_records(model, context_ids, continuation_ids, index: int, units: Sequence[Unit], settings: CollectSettings, *, need_full: bool) -> Iterator[dict]:
+def sample_records(
+    model, context_ids, continuation_ids, index: int, units: Sequence[Unit], settings: CollectSettings, *, need_full: bool
+) -> Iterator[dict]:
     """Records of one sample: its FullKV record (if ``need_full``), then one per unit, as each finishes."""
     from polykv_search.patterns import make_pattern
     from polykv_search.runtime import apply_strategy, model_spec
@@ -114,6 +60,7 @@ def sample_records(model, context_ids, continuation_ids, index: int, units: Sequ
     from strategies import Strategy
 
     num_layers = model_spec(model).num_layers
+    sizes = block_sizes(len(continuation_ids), settings.blocks)
     t0 = time.perf_counter()
     with torch.no_grad(), apply_strategy(model, Strategy.full(num_layers)) as rt:
         record = full_kv_pass(model, rt, context_ids, continuation_ids, phases=settings.phases)
@@ -121,6 +68,7 @@ def sample_records(model, context_ids, continuation_ids, index: int, units: Sequ
             "kind": "full",
             "sample": index,
             "nll": record.mean_nll,
+            "nll_blocks": block_means(record.nll.numpy(), sizes).tolist(),
             "entropy": record.entropy,
             "variance": record.variance,
         }
@@ -131,214 +79,39 @@ def sample_records(model, context_ids, continuation_ids, index: int, units: Sequ
             patterns = [make_pattern(p) for p in settings.patterns]
             for unit in units:
                 t1 = time.perf_counter()
-                cos, nll = replay_unit(
+                tokens = replay_unit(
                     model, rt, record, unit.layer, unit.phase, patterns, settings.budgets, batch_tokens=settings.batch_tokens
                 )
-                yield _unit_record(unit, cos, nll, time.perf_counter() - t1)
+                yield unit_record(unit, tokens, sizes, time.perf_counter() - t1)
             return
     del record
-    yield from _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full)
+    yield from _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes)
 
 
-def _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full):
+def _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes):
+    import numpy as np
+
     from signals.naive import NaiveReference, naive_cell
+    from signals.replay import TokenSignals
 
     reference = NaiveReference(model, context_ids, continuation_ids)
     full["nll"] = float(reference.nll.mean())
+    full["nll_blocks"] = block_means(reference.nll.numpy(), sizes).tolist()
     full["seconds"] = time.perf_counter() - t0
     if need_full:
         yield full
     for unit in units:
         t1 = time.perf_counter()
-        cos, nll = [], []
-        for pattern in settings.patterns:
-            for budget in settings.budgets:
-                c, l = naive_cell(model, reference, context_ids, continuation_ids, unit.layer, unit.phase, pattern, budget)
-                cos.append(c)
-                nll.append(l)
-        yield _unit_record(unit, cos, nll, time.perf_counter() - t1)
-
-
-def _unit_record(unit: Unit, cos, nll, seconds: float) -> dict:
-    return {
-        "kind": "unit",
-        "sample": unit.sample,
-        "layer": unit.layer,
-        "phase": unit.phase,
-        "cosine": [float(x) for x in cos],
-        "nll": [float(x) for x in nll],
-        "seconds": seconds,
-    }
-
-
-# ----------------------------------------------------------------------------- workers
-_WORKER_MODEL: dict[str, Any] = {}
-
-
-def _worker_model(loader):
-    key = repr(loader) if not isinstance(loader, _GivenModel) else f"given-{id(loader.model)}"
-    if _WORKER_MODEL.get("key") != key:
-        _WORKER_MODEL.clear()
-        _WORKER_MODEL.update(key=key, model=loader())
-    return _WORKER_MODEL["model"]
-
-
-def _run_task(loader, context_ids, continuation_ids, index, units, settings, need_full, threads) -> list[dict]:
-    if threads:
-        torch.set_num_threads(threads)
-    model = _worker_model(loader)
-    return list(sample_records(model, context_ids, continuation_ids, index, units, settings, need_full=need_full))
-
-
-@contextlib.contextmanager
-def _backend(backend: str | None, address: str | None, jobs: int = 1):
-    import joblib
-
-    if backend in (None, "loky", "sequential"):
-        with joblib.parallel_config(backend=backend or "loky"):
-            yield
-        return
-    if backend == "dask":
-        try:
-            from dask.distributed import Client
-        except ImportError:
-            raise CollectError("--backend dask needs dask.distributed (pip install 'dask[distributed]')") from None
-        # no address: a local cluster of ``jobs`` single-threaded worker processes
-        client = Client(address) if address else Client(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
-        with client:
-            with joblib.parallel_config(backend="dask"):
-                yield
-        return
-    if backend == "ray":
-        try:
-            import ray
-            from ray.util.joblib import register_ray
-        except ImportError:
-            raise CollectError("--backend ray needs ray (pip install 'ray[default]')") from None
-        started = not ray.is_initialized()
-        if started:
-            ray.init(address=address, num_cpus=None if address else jobs, ignore_reinit_error=True)
-        register_ray()
-        try:
-            with joblib.parallel_config(backend="ray"):
-                yield
-        finally:
-            if started:
-                ray.shutdown()
-        return
-    raise CollectError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-
-
-def _split(units: list[Unit], parts: int, num_layers: int) -> list[list[Unit]]:
-    """Greedy split into ``parts`` groups of similar cost (a unit's cost ~ layers above it)."""
-    parts = max(1, min(parts, len(units)))
-    groups: list[list[Unit]] = [[] for _ in range(parts)]
-    loads = [0.0] * parts
-    for unit in sorted(units, key=lambda u: -(num_layers - u.layer)):
-        i = loads.index(min(loads))
-        groups[i].append(unit)
-        loads[i] += num_layers - unit.layer + 2
-    return [sorted(g, key=lambda u: (u.layer, PHASES.index(u.phase))) for g in groups if g]
-
-
-# ----------------------------------------------------------------------------- progress
-class _Progress:
-    def __init__(self, enabled: bool, total: int, done: int, description: str):
-        self._bar = None
-        if not enabled:
-            return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("cells×samples"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self._task = self._bar.add_task(description, total=total, completed=done)
-
-    def __enter__(self):
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def advance(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task, n)
-
-    def __exit__(self, *exc):
-        if self._bar is not None:
-            self._bar.stop()
+        cells = [
+            naive_cell(model, reference, context_ids, continuation_ids, unit.layer, unit.phase, pattern, budget)
+            for pattern in settings.patterns
+            for budget in settings.budgets
+        ]
+        tokens = TokenSignals(*(np.stack([c[k].numpy() for c in cells]) for k in range(3)))
+        yield unit_record(unit, tokens, sizes, time.perf_counter() - t1)
 
 
 # ----------------------------------------------------------------------------- driver
-def parse_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
-    """``None``/``"all"`` → every layer; else ``"0,5,10-12"`` (ranges inclusive)."""
-    if text is None or str(text).strip() in ("", "all"):
-        return tuple(range(num_layers))
-    layers: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                layers.update(range(lo, hi + 1))
-            else:
-                layers.add(int(part))
-        except ValueError:
-            raise CollectError(f"layers: cannot read {part!r} (expected e.g. 0,5,10-12)") from None
-    bad = sorted(x for x in layers if not 0 <= x < num_layers)
-    if bad or not layers:
-        raise CollectError(f"layers: {bad or text!r} out of range [0, {num_layers})")
-    return tuple(sorted(layers))
-
-
-def make_settings(num_layers: int, *, patterns, budgets, phases, layers, naive: bool, batch_tokens: int) -> CollectSettings:
-    from polykv_search.patterns import PATTERNS
-
-    patterns = tuple(patterns)
-    if not patterns:
-        raise CollectError("patterns: give at least one")
-    unknown = [p for p in patterns if p not in PATTERNS]
-    if unknown:
-        raise CollectError(f"patterns: unknown {', '.join(map(repr, unknown))} (known: {', '.join(PATTERNS)})")
-    if len(set(patterns)) != len(patterns):
-        raise CollectError(f"patterns: duplicates in {list(patterns)}")
-    try:
-        budgets = tuple(sorted(int(b) for b in budgets))
-    except (TypeError, ValueError):
-        raise CollectError(f"budgets: not integers: {budgets!r}") from None
-    if not budgets or budgets[0] < 1 or len(set(budgets)) != len(budgets):
-        raise CollectError(f"budgets: need distinct positive integers, got {list(budgets)}")
-    phases = tuple(phases)
-    bad = [p for p in phases if p not in PHASES]
-    if not phases or bad or len(set(phases)) != len(phases):
-        raise CollectError(f"phases: choose distinct values from {', '.join(PHASES)}, got {list(phases)}")
-    phases = tuple(p for p in PHASES if p in phases)
-    if isinstance(layers, str) or layers is None:
-        layers = parse_layers(layers, num_layers)
-    else:
-        layers = parse_layers(",".join(str(int(x)) for x in layers), num_layers)
-    if batch_tokens < 1:
-        raise CollectError("batch_tokens must be positive")
-    return CollectSettings(patterns, budgets, phases, layers, bool(naive), int(batch_tokens))
-
-
 def model_name(model) -> str:
     source = getattr(model, "polykv_source", None)
     if source is not None:
@@ -366,6 +139,7 @@ def collect_signals(
     progress: bool = False,
     provenance: Mapping[str, Any] | None = None,
     batch_tokens: int = 8192,
+    blocks: int = DEFAULT_BLOCKS,
     on_record: Callable[[dict], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> SignalTable:
@@ -395,6 +169,8 @@ def collect_signals(
         ``jobs > 1`` runs units in parallel through joblib (``backend``: loky (default), dask, ray;
         ``address``: the cluster's scheduler). Workers load the model with ``model_loader`` (e.g.
         :class:`ModelLoader`); without one the model object itself is shipped.
+    blocks
+        Token blocks per continuation for the standard errors (:mod:`signals.uncertainty`).
     progress
         Show a rich progress bar (cells × samples done / total, ETA) on stderr.
     provenance
@@ -411,7 +187,14 @@ def collect_signals(
     spec = model_spec(model)
     num_layers = spec.num_layers
     settings = make_settings(
-        num_layers, patterns=patterns, budgets=budgets, phases=phases, layers=layers, naive=naive, batch_tokens=batch_tokens
+        num_layers,
+        patterns=patterns,
+        budgets=budgets,
+        phases=phases,
+        layers=layers,
+        naive=naive,
+        batch_tokens=batch_tokens,
+        blocks=blocks,
     )
     samples = list(samples)
     if not samples:
@@ -443,6 +226,7 @@ def collect_signals(
         "method": "naive" if settings.naive else "replay",
         "dtype": dtype,
         "definitions": DEFINITIONS_VERSION,
+        "blocks": settings.blocks,
     }
     if journal is True:
         jpath = journal_path(out) if out is not None else None
@@ -485,7 +269,7 @@ def collect_signals(
 
     description = "collect (naive)" if settings.naive else "collect"
     try:
-        with _Progress(progress, total, done, description) as bar:
+        with Progress(progress, total, done, description) as bar:
             if jobs == 1 and backend in (None, "loky"):
                 for s in sorted(per_sample):
                     sample = samples[s]
@@ -494,11 +278,12 @@ def collect_signals(
                     ):
                         bar.advance(persist(rec))
             elif per_sample:
-                _run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, model_loader or _GivenModel(model), num_layers, persist, bar)
+                loader = model_loader or _GivenModel(model)
+                run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar)
     finally:
         jr.close()
 
-    table = _assemble(jr, samples, settings, num_layers)
+    table, overflowed = assemble(jr, len(samples), m, settings, num_layers)
     compute = sum(r.get("seconds", 0.0) for r in (*jr.full.values(), *jr.units.values()))
     table.provenance = {
         "model": key["model"],
@@ -514,6 +299,8 @@ def collect_signals(
         "definitions_version": DEFINITIONS_VERSION,
         "collect_key": key,
         "definitions": DEFINITIONS,
+        "uncertainty": {"blocks_per_sample": len(block_sizes(m, settings.blocks)), "units": table.se_dof + 1 if table.se_dof else 1},
+        "overflowed_cells": overflowed,
         "dtype": dtype,
         "device": device,
         "code_version": __version__,
@@ -553,62 +340,6 @@ def _finished_table(out, key) -> SignalTable | None:
     return table if table.provenance.get("collect_key") == key else None
 
 
-def _run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar) -> None:
-    from joblib import Parallel, delayed
-
-    local = backend in (None, "loky", "sequential")
-    threads = max(1, (os.cpu_count() or 1) // jobs) if backend in (None, "loky") else None
-    tasks = []
-    for s in sorted(per_sample):
-        groups = _split(per_sample[s], jobs, num_layers) or [[]]
-        for i, group in enumerate(groups):
-            tasks.append((s, group, s in need_full and i == 0))
-    sample_ids = {s: (list(samples[s].context_ids), list(samples[s].continuation_ids)) for s in per_sample}
-    with _backend(backend, address, jobs):
-        n_jobs = 1 if backend == "sequential" else (jobs if local else -1)
-        results = Parallel(n_jobs=n_jobs, return_as="generator_unordered")(
-            delayed(_run_task)(loader, *sample_ids[s], s, group, settings, full, threads) for s, group, full in tasks
-        )
-        for records in results:
-            for rec in records:
-                bar.advance(persist(rec))
-
-
-def _assemble(jr: Journal, samples, settings: CollectSettings, num_layers: int) -> SignalTable:
-    import numpy as np
-
-    table = SignalTable.empty(num_layers, settings.phases, settings.patterns, settings.budgets)
-    S = len(samples)
-    if len(jr.full) == S:
-        full_nll = float(np.mean([jr.full[s]["nll"] for s in range(S)]))
-        full_ppl = math.exp(full_nll)
-        table.set_full_ppl(full_ppl)
-        for phase in settings.phases:
-            for layer in range(num_layers):
-                ent = [jr.full[s]["entropy"][phase][layer] for s in range(S)]
-                var = [jr.full[s]["variance"][phase][layer] for s in range(S)]
-                table.set_layer(layer, phase, entropy=float(np.mean(ent)), variance=float(np.mean(var)))
-    else:
-        full_ppl = None
-    B = len(settings.budgets)
-    for layer in settings.layers:
-        for phase in settings.phases:
-            recs = [jr.units.get((s, layer, phase)) for s in range(S)]
-            if any(r is None for r in recs) or full_ppl is None:
-                continue
-            cos = np.mean([r["cosine"] for r in recs], axis=0)
-            nll = np.mean([r["nll"] for r in recs], axis=0)
-            for p, pattern in enumerate(settings.patterns):
-                for b, budget in enumerate(settings.budgets):
-                    i = p * B + b
-                    try:
-                        dppl = math.exp(float(nll[i])) - full_ppl
-                    except OverflowError:
-                        dppl = math.inf
-                    table.set_cell(layer, phase, pattern, budget, cosine=float(cos[i]), dppl=dppl)
-    return table
-
-
 def _pattern_params(name: str) -> dict:
     from polykv_search.patterns import make_pattern
 
@@ -619,3 +350,21 @@ def _transformers_version() -> str:
     import transformers
 
     return transformers.__version__
+
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BLOCKS",
+    "DEFAULT_BUDGETS",
+    "DEFAULT_PATTERNS",
+    "DEFINITIONS",
+    "DEFINITIONS_VERSION",
+    "CollectError",
+    "CollectSettings",
+    "ModelLoader",
+    "Unit",
+    "collect_signals",
+    "make_settings",
+    "parse_layers",
+    "sample_records",
+]

@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 
 
-def cosine_per_row(outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Mean cosine similarity over positions, per row.
+def cosine_per_token(outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity per row and position: ``outputs`` ``[C, m, d]`` (one row per cell),
+    ``reference`` ``[1 or C, m, d]`` (FullKV); returns float64 ``[C, m]``."""
+    return F.cosine_similarity(outputs.double(), reference.double().expand_as(outputs), dim=-1, eps=1e-12)
 
-    ``outputs`` ``[C, m, d]`` (one row per cell), ``reference`` ``[1 or C, m, d]`` (FullKV);
-    returns float64 ``[C]``.
-    """
-    cos = F.cosine_similarity(outputs.double(), reference.double().expand_as(outputs), dim=-1, eps=1e-12)
-    return cos.mean(dim=-1)
+
+def cosine_per_row(outputs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Mean cosine similarity over positions, per row: float64 ``[C]``."""
+    return cosine_per_token(outputs, reference).mean(dim=-1)

@@ -4,7 +4,8 @@ With a Full strategy applied, the context (n tokens) and then the continuation (
 run through the model's own modules layer by layer. Recorded per layer: the prompt's K/V cache (what
 every layer holds after prefill), the prompt's post-RoPE queries (what patterns' ``pre_kernel`` /
 ``post_kernel`` hooks see during prefill), and the hidden states entering each layer on the
-continuation; plus the FullKV per-token NLL of the continuation and the attention entropy/variance
+continuation; plus the FullKV per-token NLL and next-token log-probabilities of the continuation
+(for ΔPPL and KL) and the attention entropy/variance
 of every (layer, phase). Queries are captured by a cache layer that adds one observer to the hook
 points (:class:`RecordingLayer`) — the runtime's documented extension point, no forward code copied.
 """
@@ -60,6 +61,7 @@ class FullKVRecord:
     queries: list[torch.Tensor]  #: per layer, prompt queries ``[1, Hq, n, D]`` (post-RoPE)
     hidden: list[torch.Tensor]  #: L+1 entries ``[1, m, d]``: input of layer j; [L] = last layer's output
     nll: torch.Tensor  #: float64 ``[m]``: FullKV NLL of x_0..x_{m-1}
+    logprobs: torch.Tensor  #: ``[m-1, V]`` FullKV next-token log-probabilities at positions 0..m-2
     entropy: dict[str, list[float]] = field(default_factory=dict)  #: phase → per layer
     variance: dict[str, list[float]] = field(default_factory=dict)
 
@@ -105,7 +107,8 @@ def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=("pref
     for j in range(num_layers):
         hidden = model_parts.run_layer(model, j, hidden, pe, pos, cache)
         inputs.append(hidden)
-    rest = token_nll(model_parts.logits(model, hidden[:, :-1]), cont[1:])[0] if m > 1 else first_nll[:0]
+    logits = model_parts.logits(model, hidden[0, :-1])  # [m-1, V]
+    rest = token_nll(logits[None], cont[1:])[0] if m > 1 else first_nll[:0]
     record = FullKVRecord(
         context_len=n,
         continuation=cont,
@@ -114,6 +117,7 @@ def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=("pref
         queries=queries,
         hidden=inputs,
         nll=torch.cat([first_nll, rest]).cpu(),
+        logprobs=torch.log_softmax(logits.float(), dim=-1),
     )
     if stats:
         with model_parts.cpu_threads(model_parts.SMALL_OP_THREADS):  # memory-bound: one thread is as fast, and robust under load

@@ -32,6 +32,7 @@ KEY_FIELDS = {
     "method": "method (--naive)",
     "dtype": "dtype",
     "definitions": "signal definitions (code version)",
+    "blocks": "token blocks per continuation",
 }
 
 

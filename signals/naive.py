@@ -5,7 +5,9 @@ speed comparison. For cell (l, φ, r, b) a strategy that evicts only in layer l 
 budget b; everything else FullKV) is applied with :func:`~polykv_search.runtime.apply_strategy`, the
 context is prefilled with ``model(...)``, and the continuation is teacher-forced — in one call for a
 prefill cell, one token per call for a decoding cell. A forward hook on decoder layer l records its
-output on the continuation (cosine); the logits give the continuation NLL (ΔPPL).
+output on the continuation (cosine); the logits give the continuation's per-token NLL (ΔPPL) and,
+against the FullKV run's log-probabilities, KL(FullKV ‖ cell) at every position (position 0
+included: it is computed, not assumed to be 0).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import torch
 
 from polykv_search.runtime import apply_strategy
 from signals import model_parts
-from signals.cosine import cosine_per_row
-from signals.ppl import token_nll
+from signals.cosine import cosine_per_token
+from signals.ppl import token_kl, token_nll
 from strategies import LayerChoice, Strategy
 
 
@@ -32,9 +34,12 @@ def single_layer_strategy(num_layers: int, layer: int, phase: str, pattern: str,
 
 
 @torch.no_grad()
-def naive_run(model, strategy: Strategy, context_ids, continuation_ids, *, stepwise: bool, capture_layers) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+def naive_run(
+    model, strategy: Strategy, context_ids, continuation_ids, *, stepwise: bool, capture_layers
+) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
     """Prefill the context, teacher-force the continuation; returns the continuation outputs of the
-    ``capture_layers`` (``{layer: [1, m, d]}``) and the per-token NLL ``[m]`` (float64)."""
+    ``capture_layers`` (``{layer: [1, m, d]}``), the per-token NLL ``[m]`` (float64) and the
+    next-token logits ``[m, V]`` (position t predicts x_t)."""
     device = next(model.parameters()).device
     ctx = torch.as_tensor(context_ids, dtype=torch.long, device=device)[None]
     cont = torch.as_tensor(continuation_ids, dtype=torch.long, device=device)[None]
@@ -55,24 +60,22 @@ def naive_run(model, strategy: Strategy, context_ids, continuation_ids, *, stepw
         with apply_strategy(model, strategy) as rt:
             cache = rt.new_cache()
             out = model(input_ids=ctx, cache=cache, use_cache=True, logits_to_keep=1)
-            nll = [token_nll(out.logits[:, -1:].float(), cont[0, :1])[0]]
+            logits = [out.logits[0, -1:].float()]
             recording[0] = True
             if stepwise:
                 step_logits = []
                 for t in range(m - 1):
                     step_logits.append(model(input_ids=cont[:, t : t + 1], cache=cache, use_cache=True).logits)
                 model(input_ids=cont[:, m - 1 :], cache=cache, use_cache=True, logits_to_keep=1)
-                if m > 1:
-                    nll.append(token_nll(torch.cat(step_logits, dim=1).float(), cont[0, 1:])[0])
+                logits.extend(lg[0].float() for lg in step_logits)
             else:
-                logits = model(input_ids=cont, cache=cache, use_cache=True).logits
-                if m > 1:
-                    nll.append(token_nll(logits[:, :-1].float(), cont[0, 1:])[0])
+                logits.append(model(input_ids=cont, cache=cache, use_cache=True).logits[0, :-1].float())
     finally:
         for h in handles:
             h.remove()
     outputs = {j: torch.cat(v, dim=1) for j, v in captured.items()}
-    return outputs, torch.cat(nll).cpu()
+    logits = torch.cat(logits)  # [m, V]
+    return outputs, token_nll(logits[None], cont[0])[0].cpu(), logits
 
 
 class NaiveReference:
@@ -80,7 +83,7 @@ class NaiveReference:
 
     def __init__(self, model, context_ids, continuation_ids):
         num_layers = len(model_parts.decoder_layers(model))
-        self.outputs, self.nll = naive_run(
+        self.outputs, self.nll, logits = naive_run(
             model,
             Strategy.full(num_layers),
             context_ids,
@@ -88,14 +91,18 @@ class NaiveReference:
             stepwise=False,
             capture_layers=range(num_layers),
         )
+        self.logprobs = torch.log_softmax(logits, dim=-1)
 
 
-def naive_cell(model, reference: NaiveReference, context_ids, continuation_ids, layer: int, phase: str, pattern: str, budget: int, params=None) -> tuple[float, float]:
-    """``(cosine, mean NLL)`` of one cell on one sample, by a full forward."""
+def naive_cell(
+    model, reference: NaiveReference, context_ids, continuation_ids, layer: int, phase: str, pattern: str, budget: int, params=None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token ``(cosine, NLL, KL)`` of one cell on one sample (float64 ``[m]`` each), by a full forward."""
     num_layers = len(model_parts.decoder_layers(model))
     strategy = single_layer_strategy(num_layers, layer, phase, pattern, budget, params)
-    outputs, nll = naive_run(
+    outputs, nll, logits = naive_run(
         model, strategy, context_ids, continuation_ids, stepwise=phase == "decoding", capture_layers=[layer]
     )
-    cos = cosine_per_row(outputs[layer], reference.outputs[layer])
-    return float(cos[0]), float(nll.mean())
+    cos = cosine_per_token(outputs[layer], reference.outputs[layer])[0].cpu()
+    kl = token_kl(reference.logprobs, logits[None])[0].cpu()
+    return cos, nll, kl

@@ -17,23 +17,29 @@ phase are evaluated together:
    Layers below l are FullKV, so their continuation outputs are the recorded ones.
 3. **Layers l+1..L once for all cells**, in one call of m tokens with the FullKV prompt caches
    expanded to the batch (layers above l do not evict, so step-by-step and one-call decoding agree);
-   then the final norm and head give the continuation NLL. Cosine needs only layer l's output.
+   then the final norm and head give the continuation's per-token NLL and KL(FullKV ‖ cell) against
+   the recorded FullKV log-probabilities. Cosine needs only layer l's output.
+
+Every signal comes back per token (:class:`TokenSignals`); the driver averages them into token
+blocks for the standard errors (:mod:`signals.uncertainty`).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from polykv_search.patterns import Pattern
 from polykv_search.runtime import EvictingLayer, PhasePlan, PolyKVCache, StackedLayer
 from signals import model_parts
 from signals.model_parts import SMALL_OP_THREADS, cpu_threads
-from signals.cosine import cosine_per_row
+from signals.cosine import cosine_per_token
 from signals.fullkv import FULL_PLAN, FullKVRecord
-from signals.ppl import continuation_nll
+from signals.ppl import continuation_token_stats
 
 #: Continuation tokens (rows × m) run through the upper layers at once.
 BATCH_TOKENS = 8192
@@ -132,6 +138,19 @@ def cell_layers(runtime, record: FullKVRecord, layer_idx: int, phase: str, patte
     return rows
 
 
+@dataclass(frozen=True)
+class TokenSignals:
+    """Per-token signals of several cells on one sample: float64 arrays ``[cells, m]``."""
+
+    cosine: np.ndarray
+    nll: np.ndarray
+    kl: np.ndarray
+
+    @classmethod
+    def concat(cls, parts: Sequence["TokenSignals"]) -> "TokenSignals":
+        return cls(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("cosine", "nll", "kl")))
+
+
 @torch.no_grad()
 def replay_unit(
     model,
@@ -143,24 +162,23 @@ def replay_unit(
     budgets: Sequence[int],
     *,
     batch_tokens: int = BATCH_TOKENS,
-) -> tuple[list[float], list[float]]:
-    """Cosine and mean NLL of every (pattern, budget) cell of (layer, phase) on one sample.
+) -> TokenSignals:
+    """Per-token cosine, NLL and KL of every (pattern, budget) cell of (layer, phase) on one sample.
 
     ``runtime``: an applied Full strategy on ``model`` (so the ``polykv`` attention is active).
-    Returns two flat lists, pattern-major (``[p * len(budgets) + b]``).
+    Rows are pattern-major (``[p * len(budgets) + b]``).
     """
     with cpu_threads(SMALL_OP_THREADS):
         rows = cell_layers(runtime, record, layer_idx, phase, patterns, budgets)
     per_chunk = max(1, batch_tokens // max(record.continuation_len, 1))
-    cos, nll = [], []
-    for start in range(0, len(rows), per_chunk):
-        c, l = _continue(model, runtime, record, layer_idx, phase, rows[start : start + per_chunk])
-        cos.extend(c.tolist())
-        nll.extend(l.tolist())
-    return cos, nll
+    parts = [
+        _continue(model, runtime, record, layer_idx, phase, rows[start : start + per_chunk])
+        for start in range(0, len(rows), per_chunk)
+    ]
+    return TokenSignals.concat(parts)
 
 
-def _continue(model, runtime, record: FullKVRecord, layer_idx: int, phase: str, rows) -> tuple[torch.Tensor, torch.Tensor]:
+def _continue(model, runtime, record: FullKVRecord, layer_idx: int, phase: str, rows) -> TokenSignals:
     device = record.hidden[0].device
     num_layers = len(record.keys)
     n, m, c = record.context_len, record.continuation_len, len(rows)
@@ -183,11 +201,11 @@ def _continue(model, runtime, record: FullKVRecord, layer_idx: int, phase: str, 
                     )
                 )
         out = torch.cat(steps, dim=1)
-    cosine = cosine_per_row(out, record.hidden[layer_idx + 1]).cpu()
+    cosine = cosine_per_token(out, record.hidden[layer_idx + 1]).cpu()
     hidden = out
     for j in range(layer_idx + 1, num_layers):
         cache.layers[j] = shared_prompt_layer(runtime, record, j, c)
         hidden = model_parts.run_layer(model, j, hidden, pe, pos, cache)
         cache.layers[j] = layers[j]  # free the expanded prompt cache
-    nll = continuation_nll(model, hidden, record.continuation, float(record.nll[0]))
-    return cosine, nll
+    nll, kl = continuation_token_stats(model, hidden, record.continuation, float(record.nll[0]), record.logprobs)
+    return TokenSignals(cosine.numpy(), nll.numpy(), kl.numpy())

@@ -1,29 +1,15 @@
 """The signal table: calibration signals for every (layer, phase, pattern, budget) cell.
 
-One versioned, self-describing JSON file (``schema: polykv-signals``, ``version: 1``)::
-
-    {
-      "schema": "polykv-signals", "version": 1,
-      "num_layers": L,
-      "phases":   ["prefill", "decoding"],          # subset of PHASES, in PHASES order
-      "patterns": ["snapkv", "tova", ...],          # unique names
-      "budgets":  [32, 64, 128, 256],               # the grid: positive ints, strictly increasing
-      "cosine":   [L][phases][patterns][budgets],   # number or null (cell not collected yet)
-      "dppl":     [L][phases][patterns][budgets],   # PPL(cell) - PPL(FullKV); number or null
-      "entropy":  [L][phases],                      # attention entropy under FullKV (normalized)
-      "variance": [L][phases],                      # attention variance over queries (CAKE)
-      "full_ppl": float or null,
-      "provenance": {...}                           # model id, config hash, calibration spec and
-    }                                               # fingerprint, sample counts/lengths, code
-                                                    # version, timings (free-form object)
-
-Missing values are ``NaN`` in memory and ``null`` on disk; ``+inf``/``-inf`` (a ΔPPL that overflowed)
-are written as the strings ``"inf"``/``"-inf"``.
+One versioned, self-describing JSON file (``schema: polykv-signals``, ``version: 2``; the format is
+specified in :mod:`signals.table_json`): per cell cosine, ΔPPL and KL with standard errors and
+per-sample values, per (layer, phase) entropy and variance, the FullKV PPL and provenance. Every
+value is a finite number or missing (``null`` on disk, ``NaN`` in memory). Version-1 files load;
+other versions are refused with one line naming the version.
 
 >>> t = SignalTable.empty(2, ["prefill"], ["snapkv", "tova"], [64, 32], {"model": "tiny"})
 >>> t.budgets
 (32, 64)
->>> t.set_cell(0, "prefill", "snapkv", 32, cosine=0.9, dppl=0.5)
+>>> t.set_cell(0, "prefill", "snapkv", 32, cosine=0.9, dppl=0.5, kl=0.1)
 >>> float(t.cosine_array()[0, 0, 0, 0])
 0.9
 """
@@ -32,32 +18,46 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from polykv_search.io import atomic_write_text
+from signals.table_codec import (
+    PHASES,
+    SignalTableError,
+    as_array,
+    check_budgets,
+    check_full_ppl,
+    check_num_layers,
+    check_patterns,
+    check_phases,
+    check_value,
+    decode,
+    is_int,
+)
+from signals.uncertainty import t_quantile
 
 SCHEMA_NAME = "polykv-signals"
-SCHEMA_VERSION = 1
-PHASES: tuple[str, ...] = ("prefill", "decoding")
-CELL_SIGNALS: tuple[str, ...] = ("cosine", "dppl")
+SCHEMA_VERSION = 2
+#: Versions :meth:`SignalTable.from_json` reads.
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)
+CELL_SIGNALS: tuple[str, ...] = ("cosine", "dppl", "kl")
 LAYER_SIGNALS: tuple[str, ...] = ("entropy", "variance")
-
-
-class SignalTableError(ValueError):
-    """A signal table file or object that breaks the schema; the message names the field."""
+#: Signals where 0 means "as FullKV" (cosine's FullKV value is 1).
+_FULL_VALUE = {"cosine": 1.0, "dppl": 0.0, "kl": 0.0}
 
 
 class SignalTable:
-    """Per-cell cosine and ΔPPL, per-(layer, phase) entropy and variance, FullKV PPL, provenance.
+    """Per-cell cosine, ΔPPL and KL (with standard errors and per-sample values), per-(layer,
+    phase) entropy and variance, FullKV PPL, provenance.
 
     Build an empty table with :meth:`empty` and fill it with :meth:`set_cell` / :meth:`set_layer`
     (what the collector does), or read one with :meth:`load`. Array accessors return copies with
     axes ``(layer, phase, pattern, budget)`` in the order of :attr:`phases`, :attr:`patterns` and
-    :attr:`budgets`.
+    :attr:`budgets`. :attr:`signals` lists the cell signals the table carries (a version-1 table
+    has no ``kl``).
     """
 
     def __init__(
@@ -69,22 +69,39 @@ class SignalTable:
         *,
         cosine: Any = None,
         dppl: Any = None,
+        kl: Any = None,
         entropy: Any = None,
         variance: Any = None,
         full_ppl: float | None = None,
         provenance: Mapping[str, Any] | None = None,
+        signals: Sequence[str] = CELL_SIGNALS,
+        se: Mapping[str, Any] | None = None,
+        per_sample: Mapping[str, Any] | None = None,
+        se_dof: int | None = None,
     ) -> None:
-        self.num_layers = _check_num_layers(num_layers)
-        self.phases = _check_phases(phases)
-        self.patterns = _check_patterns(patterns)
-        self.budgets = _check_budgets(budgets)
-        cell_shape = (self.num_layers, len(self.phases), len(self.patterns), len(self.budgets))
+        self.num_layers = check_num_layers(num_layers)
+        self.phases = check_phases(phases)
+        self.patterns = check_patterns(patterns)
+        self.budgets = check_budgets(budgets)
+        unknown = [s for s in signals if s not in CELL_SIGNALS]
+        if unknown or not {"cosine", "dppl"} <= set(signals):
+            raise SignalTableError(f"signals: must include cosine and dppl, drawn from {list(CELL_SIGNALS)}, got {list(signals)}")
+        self.signals = tuple(s for s in CELL_SIGNALS if s in signals)
+        shape = self.cell_shape
+        self._cosine = as_array("cosine", cosine, shape)
+        self._dppl = as_array("dppl", dppl, shape)
+        self._kl = as_array("kl", kl, shape)
         layer_shape = (self.num_layers, len(self.phases))
-        self._cosine = _array("cosine", cosine, cell_shape)
-        self._dppl = _array("dppl", dppl, cell_shape)
-        self._entropy = _array("entropy", entropy, layer_shape)
-        self._variance = _array("variance", variance, layer_shape)
-        self.full_ppl = _check_full_ppl(full_ppl)
+        self._entropy = as_array("entropy", entropy, layer_shape)
+        self._variance = as_array("variance", variance, layer_shape)
+        self._se = {k: as_array(f"se.{k}", (se or {}).get(k), shape) for k in self.signals}
+        self._per_sample: dict[str, np.ndarray] | None = None
+        if per_sample is not None:
+            arrays = {k: np.asarray(v, dtype=np.float64) for k, v in per_sample.items()}
+            n = next(iter(arrays.values())).shape[-1] if arrays else 0
+            self._per_sample = {k: as_array(f"per_sample.{k}", arrays.get(k), (*shape, n)) for k in self.signals}
+        self.se_dof = _check_dof(se_dof)
+        self.full_ppl = check_full_ppl(full_ppl)
         if provenance is not None and not isinstance(provenance, Mapping):
             raise SignalTableError("provenance: must be an object")
         self.provenance: dict[str, Any] = dict(provenance or {})
@@ -104,37 +121,35 @@ class SignalTable:
         phases = list(phases)
         ordered = [p for p in PHASES if p in phases]
         if len(ordered) != len(phases):
-            _check_phases(phases)  # raises with the offending name
+            check_phases(phases)  # raises with the offending name
         budgets = list(budgets)
-        if all(_is_int(b) for b in budgets):
+        if all(is_int(b) for b in budgets):
             budgets = sorted(budgets)
         return cls(num_layers, ordered, list(patterns), budgets, provenance=provenance)
 
+    @property
+    def cell_shape(self) -> tuple[int, int, int, int]:
+        return (self.num_layers, len(self.phases), len(self.patterns), len(self.budgets))
+
+    shape = cell_shape
+
     # ---------------------------------------------------------------- indexing
     def phase_index(self, phase: str) -> int:
-        try:
-            return self.phases.index(phase)
-        except ValueError:
-            raise SignalTableError(f"phase: {phase!r} is not in this table (phases: {list(self.phases)})") from None
+        return _index(self.phases, phase, "phase", f"is not in this table (phases: {list(self.phases)})")
 
     def pattern_index(self, pattern: str) -> int:
-        try:
-            return self.patterns.index(pattern)
-        except ValueError:
-            raise SignalTableError(
-                f"pattern: {pattern!r} is not in this table (patterns: {list(self.patterns)})"
-            ) from None
+        return _index(self.patterns, pattern, "pattern", f"is not in this table (patterns: {list(self.patterns)})")
 
     def budget_index(self, budget: int) -> int:
-        try:
-            return self.budgets.index(budget)
-        except ValueError:
-            raise SignalTableError(f"budget: {budget!r} is not in this table's grid {list(self.budgets)}") from None
+        return _index(self.budgets, budget, "budget", f"is not in this table's grid {list(self.budgets)}")
 
     def _layer(self, layer: int) -> int:
-        if not _is_int(layer) or not 0 <= layer < self.num_layers:
+        if not is_int(layer) or not 0 <= layer < self.num_layers:
             raise SignalTableError(f"layer: {layer!r} is out of range [0, {self.num_layers})")
         return layer
+
+    def _cell_index(self, layer: int, phase: str, pattern: str, budget: int) -> tuple[int, int, int, int]:
+        return (self._layer(layer), self.phase_index(phase), self.pattern_index(pattern), self.budget_index(budget))
 
     # ----------------------------------------------------------------- filling
     def set_cell(
@@ -146,86 +161,144 @@ class SignalTable:
         *,
         cosine: float | None = None,
         dppl: float | None = None,
+        kl: float | None = None,
+        se: Mapping[str, float] | None = None,
+        per_sample: Mapping[str, Sequence[float]] | None = None,
     ) -> None:
-        """Record one cell's signals (arguments left as ``None`` are not touched)."""
-        idx = (self._layer(layer), self.phase_index(phase), self.pattern_index(pattern), self.budget_index(budget))
-        if cosine is not None:
-            self._cosine[idx] = _value("cosine", cosine)
-        if dppl is not None:
-            self._dppl[idx] = _value("dppl", dppl)
+        """Record one cell's signals (arguments left as ``None`` are not touched); NaN marks a
+        value as missing. ``se`` and ``per_sample`` are keyed by signal name."""
+        idx = self._cell_index(layer, phase, pattern, budget)
+        for name, value in (("cosine", cosine), ("dppl", dppl), ("kl", kl)):
+            if value is not None:
+                self._require_signal(name)
+                getattr(self, f"_{name}")[idx] = check_value(name, value)
+        for name, value in (se or {}).items():
+            self._require_signal(name)
+            self._se[name][idx] = check_value(f"se.{name}", value)
+            if value < 0:
+                raise SignalTableError(f"se.{name}: must be >= 0, got {value!r}")
+        if per_sample:
+            lengths = {len(v) for v in per_sample.values()}
+            if len(lengths) != 1:
+                raise SignalTableError("per_sample: every signal needs the same number of samples")
+            n = lengths.pop()
+            if self._per_sample is None:
+                self._per_sample = {k: np.full((*self.cell_shape, n), np.nan) for k in self.signals}
+            if self.n_samples != n:
+                raise SignalTableError(f"per_sample: {n} values, but this table holds {self.n_samples} per cell")
+            for name, values in per_sample.items():
+                self._require_signal(name)
+                self._per_sample[name][idx] = [check_value(f"per_sample.{name}", v) for v in values]
 
-    def set_layer(
-        self, layer: int, phase: str, *, entropy: float | None = None, variance: float | None = None
-    ) -> None:
+    def _require_signal(self, name: str) -> None:
+        if name not in self.signals:
+            raise SignalTableError(f"{name}: this table does not carry the {name!r} signal (signals: {list(self.signals)})")
+
+    def set_layer(self, layer: int, phase: str, *, entropy: float | None = None, variance: float | None = None) -> None:
         """Record one (layer, phase)'s FullKV attention statistics."""
         idx = (self._layer(layer), self.phase_index(phase))
         if entropy is not None:
-            self._entropy[idx] = _value("entropy", entropy)
+            self._entropy[idx] = check_value("entropy", entropy)
         if variance is not None:
-            self._variance[idx] = _value("variance", variance)
+            self._variance[idx] = check_value("variance", variance)
 
     def set_full_ppl(self, ppl: float) -> None:
-        self.full_ppl = _check_full_ppl(ppl)
+        self.full_ppl = check_full_ppl(ppl)
+
+    def set_se_dof(self, dof: int | None) -> None:
+        """Degrees of freedom of the standard errors (units − 1), or None."""
+        self.se_dof = _check_dof(dof)
 
     # ---------------------------------------------------------------- reading
+    def signal_array(self, name: str) -> np.ndarray:
+        """One cell signal (``cosine``, ``dppl``, ``kl``), shape ``(L, F, P, G)``; NaN = missing."""
+        if name not in CELL_SIGNALS:
+            raise SignalTableError(f"signal: {name!r} is not one of {list(CELL_SIGNALS)}")
+        return getattr(self, f"_{name}").copy()
+
     def cosine_array(self) -> np.ndarray:
-        """Cosine similarity, shape ``(L, n_phases, n_patterns, n_budgets)``; NaN = missing."""
+        """Cosine similarity ``(L, F, P, G)``; NaN = missing."""
         return self._cosine.copy()
 
     def dppl_array(self) -> np.ndarray:
-        """ΔPPL, shape ``(L, n_phases, n_patterns, n_budgets)``; NaN = missing."""
+        """ΔPPL ``(L, F, P, G)``; NaN = missing."""
         return self._dppl.copy()
 
+    def kl_array(self) -> np.ndarray:
+        """Mean per-token KL(FullKV ‖ cell) ``(L, F, P, G)``; all NaN without the KL signal."""
+        return self._kl.copy()
+
     def entropy_array(self) -> np.ndarray:
-        """Normalized attention entropy under FullKV, shape ``(L, n_phases)``."""
+        """Normalized FullKV attention entropy ``(L, F)``."""
         return self._entropy.copy()
 
     def variance_array(self) -> np.ndarray:
-        """Attention variance over queries under FullKV, shape ``(L, n_phases)``."""
+        """FullKV attention variance over queries ``(L, F)``."""
         return self._variance.copy()
+
+    def se_array(self, name: str) -> np.ndarray:
+        """Standard error of a cell signal (NaN where unknown; all NaN in a version-1 table)."""
+        if name not in self.signals:
+            return np.full(self.cell_shape, np.nan)
+        return self._se[name].copy()
+
+    def per_sample_array(self, name: str) -> np.ndarray | None:
+        """Per-sample values ``(L, F, P, G, S)`` of a cell signal, or None when not recorded."""
+        if self._per_sample is None or name not in self._per_sample:
+            return None
+        return self._per_sample[name].copy()
+
+    @property
+    def n_samples(self) -> int | None:
+        """Samples per cell in :meth:`per_sample_array` (None when the table has none)."""
+        if self._per_sample is None:
+            return None
+        return int(next(iter(self._per_sample.values())).shape[-1])
+
+    @property
+    def has_uncertainty(self) -> bool:
+        """True when standard errors (with their degrees of freedom) are recorded."""
+        return self.se_dof is not None and any(np.isfinite(a).any() for a in self._se.values())
+
+    def interval(self, name: str, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+        """``(low, high)`` of each cell's ``level`` interval: value ± t·SE (t with ``se_dof``
+        degrees of freedom); NaN where the value or its SE is unknown."""
+        value = self.signal_array(name)
+        half = t_quantile(level, self.se_dof) * self.se_array(name)
+        return value - half, value + half
+
+    def indistinguishable(self, name: str = "dppl", level: float = 0.95) -> np.ndarray:
+        """Cells whose ``level`` interval of signal ``name`` contains its FullKV value (0 for ΔPPL
+        and KL, 1 for cosine): the calibration cannot tell them from FullKV. False where unknown."""
+        lo, hi = self.interval(name, level)
+        full = _FULL_VALUE[name]
+        with np.errstate(invalid="ignore"):
+            return (lo <= full) & (hi >= full)
 
     def cell(self, layer: int, phase: str, pattern: str, budget: int) -> tuple[float, float]:
         """``(cosine, dppl)`` of one cell (NaN where missing)."""
-        idx = (self._layer(layer), self.phase_index(phase), self.pattern_index(pattern), self.budget_index(budget))
+        idx = self._cell_index(layer, phase, pattern, budget)
         return float(self._cosine[idx]), float(self._dppl[idx])
 
-    @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return self._cosine.shape  # type: ignore[return-value]
-
     def missing_cells(self) -> list[tuple[int, str, str, int]]:
-        """Cells whose cosine or ΔPPL is missing, as ``(layer, phase, pattern, budget)``."""
-        miss = np.isnan(self._cosine) | np.isnan(self._dppl)
-        return [
-            (int(l), self.phases[f], self.patterns[p], self.budgets[b]) for l, f, p, b in zip(*np.nonzero(miss))
-        ]
+        """Cells with a missing value of any carried signal, as ``(layer, phase, pattern, budget)``."""
+        miss = np.zeros(self.cell_shape, dtype=bool)
+        for name in self.signals:
+            miss |= np.isnan(getattr(self, f"_{name}"))
+        return [(int(l), self.phases[f], self.patterns[p], self.budgets[b]) for l, f, p, b in zip(*np.nonzero(miss))]
 
     def is_complete(self) -> bool:
-        """True when every cell and every (layer, phase) statistic is present, and full_ppl is set."""
+        """True when every carried cell signal and every (layer, phase) statistic is present, and
+        full_ppl is set."""
         return not (
-            np.isnan(self._cosine).any()
-            or np.isnan(self._dppl).any()
-            or np.isnan(self._entropy).any()
-            or np.isnan(self._variance).any()
-            or self.full_ppl is None
+            self.missing_cells() or np.isnan(self._entropy).any() or np.isnan(self._variance).any() or self.full_ppl is None
         )
 
     # ------------------------------------------------------------------- JSON
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA_NAME,
-            "version": SCHEMA_VERSION,
-            "num_layers": self.num_layers,
-            "phases": list(self.phases),
-            "patterns": list(self.patterns),
-            "budgets": list(self.budgets),
-            "cosine": _encode(self._cosine),
-            "dppl": _encode(self._dppl),
-            "entropy": _encode(self._entropy),
-            "variance": _encode(self._variance),
-            "full_ppl": self.full_ppl,
-            "provenance": self.provenance,
-        }
+        from signals.table_json import table_to_json
+
+        return table_to_json(self)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), allow_nan=False) + "\n"
@@ -246,41 +319,9 @@ class SignalTable:
 
     @classmethod
     def from_json(cls, data: Any) -> "SignalTable":
-        if not isinstance(data, dict):
-            raise SignalTableError("signals: the top level must be a JSON object")
-        if data.get("schema") != SCHEMA_NAME:
-            raise SignalTableError(f"schema: expected {SCHEMA_NAME!r}, got {data.get('schema')!r}")
-        if data.get("version") != SCHEMA_VERSION:
-            raise SignalTableError(
-                f"version: unsupported schema version {data.get('version')!r} (expected {SCHEMA_VERSION})"
-            )
-        required = ("num_layers", "phases", "patterns", "budgets", *CELL_SIGNALS, *LAYER_SIGNALS)
-        for key in required:
-            if key not in data:
-                raise SignalTableError(f"{key}: missing")
-        known = set(required) | {"schema", "version", "full_ppl", "provenance"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SignalTableError(f"signals: unknown keys {unknown}")
-        num_layers = _check_num_layers(data["num_layers"])
-        phases = _check_phases(data["phases"])
-        if list(phases) != [p for p in PHASES if p in phases]:
-            raise SignalTableError(f"phases: must be in the order {list(PHASES)}, got {list(phases)}")
-        patterns = _check_patterns(data["patterns"])
-        budgets = _check_budgets(data["budgets"])
-        cell_shape = (num_layers, len(phases), len(patterns), len(budgets))
-        layer_shape = (num_layers, len(phases))
-        arrays = {k: _decode(k, data[k], cell_shape) for k in CELL_SIGNALS}
-        arrays.update({k: _decode(k, data[k], layer_shape) for k in LAYER_SIGNALS})
-        return cls(
-            num_layers,
-            phases,
-            patterns,
-            budgets,
-            full_ppl=data.get("full_ppl"),
-            provenance=data.get("provenance", {}),
-            **arrays,
-        )
+        from signals.table_json import table_from_json
+
+        return table_from_json(cls, data)
 
     @classmethod
     def loads(cls, text: str) -> "SignalTable":
@@ -306,15 +347,15 @@ class SignalTable:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SignalTable):
             return NotImplemented
+        same = lambda a, b: np.array_equal(a, b, equal_nan=True)  # noqa: E731
         return (
-            self.num_layers == other.num_layers
-            and self.phases == other.phases
-            and self.patterns == other.patterns
-            and self.budgets == other.budgets
-            and all(
-                np.array_equal(getattr(self, f"_{k}"), getattr(other, f"_{k}"), equal_nan=True)
-                for k in (*CELL_SIGNALS, *LAYER_SIGNALS)
-            )
+            (self.num_layers, self.phases, self.patterns, self.budgets, self.signals)
+            == (other.num_layers, other.phases, other.patterns, other.budgets, other.signals)
+            and all(same(getattr(self, f"_{k}"), getattr(other, f"_{k}")) for k in (*CELL_SIGNALS, *LAYER_SIGNALS))
+            and all(same(self._se[k], other._se[k]) for k in self.signals)
+            and (self.n_samples == other.n_samples)
+            and (self._per_sample is None or all(same(self._per_sample[k], other._per_sample[k]) for k in self.signals))
+            and self.se_dof == other.se_dof
             and self.full_ppl == other.full_ppl
             and self.provenance == other.provenance
         )
@@ -322,170 +363,33 @@ class SignalTable:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        done = int((~(np.isnan(self._cosine) | np.isnan(self._dppl))).sum())
+        total = int(np.prod(self.cell_shape))
         return (
             f"SignalTable(num_layers={self.num_layers}, phases={list(self.phases)}, patterns={list(self.patterns)}, "
-            f"budgets={list(self.budgets)}, cells={done}/{self._cosine.size})"
+            f"budgets={list(self.budgets)}, cells={total - len(self.missing_cells())}/{total})"
         )
 
 
-# ---------------------------------------------------------------------- synthetic
-def random_signal_table(
-    num_layers: int = 8,
-    phases: Sequence[str] = PHASES,
-    patterns: Sequence[str] = ("snapkv", "tova", "h2o", "streaming_llm"),
-    budgets: Sequence[int] = (32, 64, 128, 256),
-    *,
-    seed: int = 0,
-    missing: float = 0.0,
-    provenance: Mapping[str, Any] | None = None,
-) -> SignalTable:
-    """A plausible random table for tests and benchmarks (not calibration data).
-
-    Per layer a random sensitivity, per (layer, pattern) a random affinity; ΔPPL decreases and
-    cosine increases with the budget, with noise. ``missing`` is the fraction of cells left NaN.
-    """
-    rng = np.random.default_rng(seed)
-    table = SignalTable.empty(
-        num_layers, phases, patterns, budgets, provenance or {"model": "synthetic", "seed": seed}
-    )
-    L, F, P, G = table.shape
-    grid = np.asarray(table.budgets, dtype=float)
-    decay = (grid.min() / grid) ** 0.7  # 1 at the smallest budget, decreasing
-    sens = rng.gamma(2.0, 1.0, size=(L, F, 1, 1))
-    affinity = rng.uniform(0.3, 1.5, size=(L, F, P, 1))
-    noise = rng.normal(0.0, 0.05, size=(L, F, P, G))
-    dppl = sens * affinity * decay[None, None, None, :] * (1.0 + noise)
-    cosine = 1.0 - 0.3 * np.tanh(dppl / 2.0) + rng.normal(0.0, 0.01, size=dppl.shape)
-    cosine = np.clip(cosine, -1.0, 1.0)
-    if missing > 0:
-        mask = rng.random(dppl.shape) < missing
-        dppl[mask] = np.nan
-        cosine[mask] = np.nan
-    table._dppl[...] = dppl
-    table._cosine[...] = cosine
-    table._entropy[...] = rng.uniform(0.2, 0.95, size=(L, F))
-    table._variance[...] = rng.uniform(1e-4, 1e-2, size=(L, F))
-    table.full_ppl = float(rng.uniform(10.0, 30.0))
-    return table
-
-
-# ----------------------------------------------------------------------- helpers
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _check_num_layers(n: Any) -> int:
-    if not _is_int(n) or n < 1:
-        raise SignalTableError(f"num_layers: must be a positive integer, got {n!r}")
-    return int(n)
-
-
-def _check_phases(phases: Any) -> tuple[str, ...]:
-    if isinstance(phases, str) or not isinstance(phases, (list, tuple)) or len(phases) == 0:
-        raise SignalTableError(f"phases: must be a non-empty list drawn from {list(PHASES)}, got {phases!r}")
-    for p in phases:
-        if p not in PHASES:
-            raise SignalTableError(f"phases: {p!r} is not one of {list(PHASES)}")
-    if len(set(phases)) != len(phases):
-        raise SignalTableError(f"phases: duplicates in {list(phases)}")
-    return tuple(phases)
-
-
-def _check_patterns(patterns: Any) -> tuple[str, ...]:
-    if isinstance(patterns, str) or not isinstance(patterns, (list, tuple)) or len(patterns) == 0:
-        raise SignalTableError(f"patterns: must be a non-empty list of names, got {patterns!r}")
-    for p in patterns:
-        if not isinstance(p, str) or not p:
-            raise SignalTableError(f"patterns: {p!r} is not a pattern name")
-    if len(set(patterns)) != len(patterns):
-        raise SignalTableError(f"patterns: duplicates in {list(patterns)}")
-    return tuple(patterns)
-
-
-def _check_budgets(budgets: Any) -> tuple[int, ...]:
-    if isinstance(budgets, str) or not isinstance(budgets, (list, tuple)) or len(budgets) == 0:
-        raise SignalTableError(f"budgets: must be a non-empty list of positive integers, got {budgets!r}")
-    for b in budgets:
-        if not _is_int(b) or b < 1:
-            raise SignalTableError(f"budgets: {b!r} is not a positive integer")
-    if any(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:])):
-        raise SignalTableError(f"budgets: must be strictly increasing, got {list(budgets)}")
-    return tuple(int(b) for b in budgets)
-
-
-def _check_full_ppl(x: Any) -> float | None:
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer)) or not math.isfinite(x) or x <= 0:
-        raise SignalTableError(f"full_ppl: must be a positive finite number or null, got {x!r}")
-    return float(x)
-
-
-def _value(name: str, x: Any) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer)):
-        raise SignalTableError(f"{name}: must be a number, got {x!r}")
-    return float(x)
-
-
-def _array(name: str, values: Any, shape: tuple[int, ...]) -> np.ndarray:
-    if values is None:
-        return np.full(shape, np.nan, dtype=np.float64)
+def _index(items: tuple, item: Any, field: str, why: str) -> int:
     try:
-        arr = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise SignalTableError(f"{name}: not a numeric array ({err})") from None
-    if arr.shape != shape:
-        raise SignalTableError(f"{name}: expected shape {shape}, got {arr.shape}")
-    return arr
+        return items.index(item)
+    except ValueError:
+        raise SignalTableError(f"{field}: {item!r} {why}") from None
 
 
-def _encode(arr: np.ndarray) -> Any:
-    def enc(x: float) -> Any:
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
-
-    return np.vectorize(enc, otypes=[object])(arr).tolist() if arr.size else arr.tolist()
-
-
-_DIM_NAMES = ("layers", "phases", "patterns", "budgets")
-
-
-def _decode(name: str, data: Any, shape: tuple[int, ...]) -> np.ndarray:
-    out = np.empty(shape, dtype=np.float64)
-
-    def walk(node: Any, depth: int, where: str, index: tuple[int, ...]) -> None:
-        if depth == len(shape):
-            if node is None:
-                out[index] = np.nan
-            elif node == "inf" or node == "-inf":
-                out[index] = math.inf if node == "inf" else -math.inf
-            elif isinstance(node, bool) or not isinstance(node, (int, float)):
-                raise SignalTableError(f"{where}: expected a number or null, got {node!r}")
-            else:
-                out[index] = float(node)
-            return
-        if not isinstance(node, list):
-            raise SignalTableError(f"{where}: expected a list of {shape[depth]} {_DIM_NAMES[depth]}, got {type(node).__name__}")
-        if len(node) != shape[depth]:
-            raise SignalTableError(f"{where}: expected {shape[depth]} {_DIM_NAMES[depth]}, got {len(node)}")
-        for i, child in enumerate(node):
-            walk(child, depth + 1, f"{where}[{i}]", index + (i,))
-
-    walk(data, 0, name, ())
-    return out
+def _check_dof(dof: Any) -> int | None:
+    if dof is not None and (not is_int(dof) or dof < 1):
+        raise SignalTableError(f"se_dof: must be a positive integer or null, got {dof!r}")
+    return None if dof is None else int(dof)
 
 
 __all__ = [
     "CELL_SIGNALS",
     "LAYER_SIGNALS",
     "PHASES",
+    "READABLE_VERSIONS",
     "SCHEMA_NAME",
     "SCHEMA_VERSION",
     "SignalTable",
     "SignalTableError",
-    "random_signal_table",
 ]

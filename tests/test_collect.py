@@ -45,6 +45,11 @@ def assert_tables_close(a: SignalTable, b: SignalTable, tol=1e-4):
     np.testing.assert_allclose(a.full_ppl, b.full_ppl, rtol=tol)
     np.testing.assert_allclose(a.entropy_array(), b.entropy_array(), atol=tol)
     np.testing.assert_allclose(a.variance_array(), b.variance_array(), atol=tol)
+    np.testing.assert_allclose(a.kl_array(), b.kl_array(), atol=tol)
+    assert a.se_dof == b.se_dof and a.n_samples == b.n_samples
+    for name, atol in (("cosine", tol), ("dppl", tol * scale), ("kl", tol)):
+        np.testing.assert_allclose(a.se_array(name), b.se_array(name), atol=atol, rtol=0)
+        np.testing.assert_allclose(a.per_sample_array(name), b.per_sample_array(name), atol=atol, rtol=0)
 
 
 # --------------------------------------------------------------------------- replay == naive
@@ -58,6 +63,9 @@ def test_replay_equals_naive_on_every_pattern():
     # evicting a layer changes something, and the values are sane
     cos = fast.cosine_array()[[0, 2]]
     assert (cos <= 1 + 1e-9).all() and (cos < 1 - 1e-6).any()
+    kl = fast.kl_array()[[0, 2]]
+    assert (kl >= 0).all() and (kl > 1e-6).any()  # KL(FullKV || cell): non-negative, and evictions cost some
+    assert fast.se_dof == 2 * 4 - 1 and np.isfinite(fast.se_array("kl")[[0, 2]]).all()
     ent = fast.entropy_array()
     assert ((ent > 0) & (ent <= 1)).all()
     assert (fast.variance_array() >= 0).all()
@@ -79,6 +87,8 @@ def test_keep_all_budget_is_lossless_and_layers_subset_leaves_the_rest_missing()
     cos, dppl = table.cosine_array(), table.dppl_array()
     np.testing.assert_allclose(cos[1, :, :, 1], 1.0, atol=1e-6)  # budget 64 > 16+4 tokens: nothing evicted
     np.testing.assert_allclose(dppl[1, :, :, 1], 0.0, atol=1e-3)
+    np.testing.assert_allclose(table.kl_array()[1, :, :, 1], 0.0, atol=1e-6)
+    assert table.indistinguishable("dppl")[1, :, :, 1].all()  # the lossless cell cannot be told from FullKV
     assert np.isnan(cos[[0, 2]]).all() and not np.isnan(cos[1]).any()
     assert np.isfinite(table.entropy_array()).all()  # entropy is collected for every layer
     assert table.provenance["layers"] == [1]

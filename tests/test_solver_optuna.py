@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from signals.table import random_signal_table
+from signals import random_signal_table
 from solvers import Problem, SolverError, get_solver, get_solver_class, list_methods
 from solvers.base import predict_degradation
 from solvers.optuna_search import OptunaSolver, best_uniform_pattern, front_strategies

@@ -1,0 +1,115 @@
+"""Collection settings: the grid, the method, the signal definitions, and their validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from signals.table import PHASES
+from signals.uncertainty import DEFAULT_BLOCKS
+
+DEFAULT_PATTERNS: tuple[str, ...] = ("snapkv", "tova", "h2o", "streaming_llm", "knorm", "random")
+DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128, 256)
+
+#: Bumped whenever what a cell's numbers mean changes; part of the journal key.
+DEFINITIONS_VERSION = 2
+DEFINITIONS = {
+    "cosine": "mean over continuation positions of cos(layer-l output with the cell, with FullKV); mean over samples",
+    "dppl": "exp(mean NLL of the m continuation tokens with the cell) - exp(same under FullKV); NLL pooled over samples",
+    "kl": "mean over continuation positions of KL(FullKV || cell) of the next-token distributions (0 at the first "
+    "position, which the context predicts); mean over samples; >= 0",
+    "se": "cluster-robust standard error over (sample, token block) units: each continuation cut into `blocks` "
+    "contiguous blocks; dPPL by the delta method, PPL(cell) * SE(paired mean NLL difference); t with se_dof = units - 1",
+    "entropy": "FullKV attention entropy / log(#visible keys), mean over heads and the phase's queries "
+    "(prefill: prompt queries; decoding: continuation queries, teacher-forced)",
+    "variance": "sum over keys of the variance over queries of FullKV attention, mean over heads "
+    "(prefill: last 32 prompt queries; decoding: continuation queries)",
+    "cells": "only layer l evicts; prefill: prompt cache compressed to b after the prompt's attention, continuation "
+    "teacher-forced in one call; decoding: FullKV prompt, capacity b kept while the continuation is teacher-forced "
+    "one token per step",
+}
+
+
+class CollectError(ValueError):
+    """Bad collection input, or a journal that cannot be continued (one line)."""
+
+
+@dataclass(frozen=True)
+class CollectSettings:
+    """The grid and method (picklable: sent to workers)."""
+
+    patterns: tuple[str, ...]
+    budgets: tuple[int, ...]
+    phases: tuple[str, ...]
+    layers: tuple[int, ...]
+    naive: bool = False
+    batch_tokens: int = 8192
+    blocks: int = DEFAULT_BLOCKS
+
+    @property
+    def cells_per_unit(self) -> int:
+        return len(self.patterns) * len(self.budgets)
+
+
+@dataclass(frozen=True)
+class Unit:
+    sample: int
+    layer: int
+    phase: str
+
+
+def parse_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
+    """``None``/``"all"`` → every layer; else ``"0,5,10-12"`` (ranges inclusive)."""
+    if text is None or str(text).strip() in ("", "all"):
+        return tuple(range(num_layers))
+    layers: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                layers.update(range(lo, hi + 1))
+            else:
+                layers.add(int(part))
+        except ValueError:
+            raise CollectError(f"layers: cannot read {part!r} (expected e.g. 0,5,10-12)") from None
+    bad = sorted(x for x in layers if not 0 <= x < num_layers)
+    if bad or not layers:
+        raise CollectError(f"layers: {bad or text!r} out of range [0, {num_layers})")
+    return tuple(sorted(layers))
+
+
+def make_settings(
+    num_layers: int, *, patterns, budgets, phases, layers, naive: bool, batch_tokens: int, blocks: int = DEFAULT_BLOCKS
+) -> CollectSettings:
+    from polykv_search.patterns import PATTERNS
+
+    patterns = tuple(patterns)
+    if not patterns:
+        raise CollectError("patterns: give at least one")
+    unknown = [p for p in patterns if p not in PATTERNS]
+    if unknown:
+        raise CollectError(f"patterns: unknown {', '.join(map(repr, unknown))} (known: {', '.join(PATTERNS)})")
+    if len(set(patterns)) != len(patterns):
+        raise CollectError(f"patterns: duplicates in {list(patterns)}")
+    try:
+        budgets = tuple(sorted(int(b) for b in budgets))
+    except (TypeError, ValueError):
+        raise CollectError(f"budgets: not integers: {budgets!r}") from None
+    if not budgets or budgets[0] < 1 or len(set(budgets)) != len(budgets):
+        raise CollectError(f"budgets: need distinct positive integers, got {list(budgets)}")
+    phases = tuple(phases)
+    bad = [p for p in phases if p not in PHASES]
+    if not phases or bad or len(set(phases)) != len(phases):
+        raise CollectError(f"phases: choose distinct values from {', '.join(PHASES)}, got {list(phases)}")
+    phases = tuple(p for p in PHASES if p in phases)
+    if isinstance(layers, str) or layers is None:
+        layers = parse_layers(layers, num_layers)
+    else:
+        layers = parse_layers(",".join(str(int(x)) for x in layers), num_layers)
+    if batch_tokens < 1:
+        raise CollectError("batch_tokens must be positive")
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise CollectError(f"blocks: token blocks per continuation must be a positive integer, got {blocks!r}")
+    return CollectSettings(patterns, budgets, phases, layers, bool(naive), int(batch_tokens), int(blocks))
