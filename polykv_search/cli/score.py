@@ -11,6 +11,7 @@ from rich.table import Table
 from polykv_search.cli.common import (
     CLIError,
     add_model_args,
+    check_output_path,
     console,
     load_model_from_args,
     out,
@@ -39,7 +40,12 @@ def add_parser(sub) -> None:
     p.add_argument("--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)")
     p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
     p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
-    p.add_argument("--decode-interval", type=positive_int, default=1)
+    p.add_argument("--decode-interval", type=positive_int, default=1,
+                   help="decoding evicts every k steps (a layer holds up to budget + k - 1 tokens; default 1)")
+    p.add_argument("--batch-entries", type=positive_int, default=16, metavar="N",
+                   help="entries decoded together in one batch at most (memory cap; default 16)")
+    p.add_argument("--no-shared-prefill", action="store_true",
+                   help="run every entry on every sample alone (the per-entry reference path; same results, slower)")
     p.add_argument("--out", help="results JSON to write")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and suites, then exit")
     p.set_defaults(func=run)
@@ -57,10 +63,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("nothing to score: give --strategy files and/or --baseline specs")
     if not args.out:
         raise CLIError("--out is required")
+    check_output_path(args.out)
     tasks = scoring.resolve_tasks(args.suite, args.longbench_source)
+    for spec in args.baseline:
+        scoring.check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
     model, tok = load_model_from_args(args)
-    L = model.config.num_hidden_layers
+    L = model.config.get_text_config(decoder=True).num_hidden_layers
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
     for s in entries:
         s.strategy.check_model(L)
@@ -74,29 +83,30 @@ def run(args: argparse.Namespace) -> int:
         task_samples = scoring.make_task_samples(
             tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
         )
+    engine = "per-entry" if args.no_shared_prefill else "shared"
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
-    records = []
+    timing: dict[str, float] = {}
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=console) as bar:
-        job = bar.add_task("scoring", total=total)
-        for entry in entries:
-            bar.update(job, description=f"scoring {entry.name}")
-            records.append(
-                scoring.score_entry(
-                    model, tok, entry, task_samples,
-                    decode_interval=args.decode_interval,
-                    max_new_tokens=args.max_new_tokens,
-                    progress=lambda: bar.advance(job),
-                )
-            )
+        job = bar.add_task(f"scoring {len(entries)} entries ({engine})", total=total)
+        records = scoring.score_entries(
+            model, tok, entries, task_samples,
+            engine=engine,
+            batch_entries=args.batch_entries,
+            decode_interval=args.decode_interval,
+            max_new_tokens=args.max_new_tokens,
+            progress=lambda n: bar.advance(job, n),
+            timing=timing,
+        )
     settings = {
         "suite": args.suite, "samples": args.samples, "context_len": args.context_len, "seed": args.seed,
         "budget": args.budget, "corpus": args.corpus, "decode_interval": args.decode_interval,
         "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype, "attn": args.attn,
+        "batch_entries": args.batch_entries,
     }
     doc = scoring.results_document(
         records, model_name=args.model, model_fp=model_fingerprint(model), task_samples=task_samples,
-        settings=settings, split=split,
+        settings=settings, split=split, engine=engine, timing=timing,
     )
     write_json(args.out, doc)
     print_results(doc)

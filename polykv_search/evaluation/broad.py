@@ -138,7 +138,12 @@ class Continuation(Task):
 
     def extra_metrics(self, predictions, samples) -> dict[str, float]:
         _, total, nll = self._totals(predictions)
-        return {"ppl": math.exp(nll / total) if total else float("nan"), "tokens": float(total)}
+        extra = {"ppl": math.exp(nll / total) if total else float("nan"), "tokens": float(total)}
+        for key in ("kl", "dnll"):  # fidelity to FullKV, mean over samples (all have the same length)
+            values = [float(p[key]) for p in predictions if key in p]
+            if values and len(values) == len(predictions):
+                extra[key] = sum(values) / len(values)
+        return extra
 
 
 # ================================================================================== manyshot

@@ -17,7 +17,6 @@ Batch size is 1, so no call needs padding; only the first call passes an attenti
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from polykv_search.evaluation.base import Task
+from polykv_search.evaluation.fidelity import continuation_outcome
 from polykv_search.evaluation.samples import Sample, encode_prompt, samples_fingerprint
 
 
@@ -133,30 +133,38 @@ def greedy_generate(
 
 
 @torch.no_grad()
-def teacher_forced(
+def teacher_forced_logits(
     model, context_ids: Sequence[int], target_ids: Sequence[int], caller: _Caller | None = None
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """Context call, then the continuation in one call; next-token hits and summed NLL."""
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Context call, then the continuation (all but its last token) in one call: logits ``[m, V]``."""
     caller = caller or _Caller(model)
     dev = caller.device
     t0 = time.perf_counter()
     out = caller.prefill(context_ids)
-    first = out.logits[:, -1:]
+    first = out.logits[0, -1:]
     _sync(dev)
     t1 = time.perf_counter()
     if len(target_ids) > 1:
-        rest = caller.extend(target_ids[:-1], out.cache, last_only=False).logits
-        logits = torch.cat([first, rest], dim=1)
+        rest = caller.extend(target_ids[:-1], out.cache, last_only=False).logits[0]
+        logits = torch.cat([first, rest], dim=0)
     else:
         logits = first
     _sync(dev)
     t2 = time.perf_counter()
-    target = torch.tensor([list(target_ids)], dtype=torch.long, device=logits.device)
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    nll = -logp.gather(-1, target[..., None])[..., 0]
-    correct = int((logits.argmax(dim=-1) == target).sum())
-    pred = {"correct": correct, "total": len(target_ids), "nll": float(nll.sum())}
-    return pred, {"context_s": t1 - t0, "question_s": 0.0, "decode_s": t2 - t1}
+    return logits, {"context_s": t1 - t0, "question_s": 0.0, "decode_s": t2 - t1}
+
+
+def teacher_forced(
+    model,
+    context_ids: Sequence[int],
+    target_ids: Sequence[int],
+    caller: _Caller | None = None,
+    reference: torch.Tensor | None = None,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Context call, then the continuation in one call; next-token hits and summed NLL (and, given the
+    FullKV ``reference`` log-probs, the fidelity ``kl`` / ``dnll``: see :mod:`~polykv_search.evaluation.fidelity`)."""
+    logits, timing = teacher_forced_logits(model, context_ids, target_ids, caller)
+    return continuation_outcome(logits, target_ids, reference), timing
 
 
 def run_task(
@@ -191,11 +199,7 @@ def run_task(
     """
     caller = _Caller(model)
     eos = eos_token_ids(model, tokenizer)
-    predictions: list[Any] = []
-    records: list[dict[str, Any]] = []
-    totals = {"context_s": 0.0, "question_s": 0.0, "decode_s": 0.0}
-    new_tokens = 0
-    prompt_tokens = 0
+    acc = TaskAccumulator(task)
     start = time.perf_counter()
     was_training = model.training
     model.eval()
@@ -204,57 +208,94 @@ def run_task(
             context_ids, question_ids = encode_prompt(tokenizer, sample, chat)
             with (runner() if runner is not None else nullcontext()) as entered:
                 if task.kind == "teacher_forced":
-                    if not sample.target_ids:
-                        raise ValueError(f"sample {sample.id!r} has no continuation to score")
-                    pred, timing = teacher_forced(model, context_ids, sample.target_ids, caller)
+                    pred, timing = teacher_forced(model, context_ids, continuation_ids(sample), caller)
                     n_new = 0
                 else:
-                    limit = max_new_tokens if max_new_tokens is not None else sample.max_new_tokens
-                    limit = task.max_new_tokens if limit is None else limit
+                    limit = generation_limit(task, sample, max_new_tokens)
                     ids, timing = greedy_generate(model, context_ids, question_ids, limit, eos, caller)
                     pred = tokenizer.decode(ids, skip_special_tokens=True)
                     n_new = len(ids)
-                record = {
-                    "id": sample.id,
-                    "prediction": pred,
-                    "answers": list(sample.answers),
-                    "score": task.score([pred], [sample]),
-                    "context_tokens": len(context_ids),
-                    "question_tokens": len(question_ids),
-                    "new_tokens": n_new,
-                    **timing,
-                }
+                record = sample_record(task, sample, pred, context_ids, question_ids, n_new, timing)
                 if on_sample is not None:
                     on_sample(entered, sample, record)
-            predictions.append(pred)
-            records.append(record)
-            for key in totals:
-                totals[key] += timing[key]
-            new_tokens += n_new
-            prompt_tokens += len(context_ids) + len(question_ids)
+            acc.add(pred, record)
             if progress is not None:
                 progress(i + 1, len(samples))
     finally:
         model.train(was_training)
-    wall = time.perf_counter() - start
-    prefill_s = totals["context_s"] + totals["question_s"]
-    timing = {
-        "total_s": wall,
-        **totals,
-        "prefill_tokens_per_s": prompt_tokens / prefill_s if prefill_s > 0 else math.nan,
-        "decode_tokens_per_s": new_tokens / totals["decode_s"] if totals["decode_s"] > 0 and new_tokens else math.nan,
+    return acc.result(samples, time.perf_counter() - start)
+
+
+def continuation_ids(sample: Sample) -> list[int]:
+    if not sample.target_ids:
+        raise ValueError(f"sample {sample.id!r} has no continuation to score")
+    return list(sample.target_ids)
+
+
+def generation_limit(task: Task, sample: Sample, max_new_tokens: int | None) -> int:
+    """New tokens to generate: the override, else the sample's, else the task's."""
+    limit = max_new_tokens if max_new_tokens is not None else sample.max_new_tokens
+    return task.max_new_tokens if limit is None else limit
+
+
+def sample_record(task: Task, sample: Sample, pred: Any, context_ids, question_ids, n_new: int, timing: dict) -> dict[str, Any]:
+    """The per-sample record of a results file (fidelity ``kl``/``dnll`` lifted to the top level)."""
+    record = {
+        "id": sample.id,
+        "prediction": pred,
+        "answers": list(sample.answers),
+        "score": task.score([pred], [sample]),
+        "context_tokens": len(context_ids),
+        "question_tokens": len(question_ids),
+        "new_tokens": n_new,
+        **timing,
     }
-    return TaskResult(
-        task=task.name,
-        suite=task.suite,
-        score=float(task.score(predictions, list(samples))) if samples else 0.0,
-        n_samples=len(samples),
-        predictions=predictions,
-        per_sample=records,
-        extra=task.extra_metrics(predictions, list(samples)) if samples else {},
-        timing=timing,
-        meta={**task.info(), "samples_fingerprint": samples_fingerprint(samples), "prompt_tokens": prompt_tokens},
-    )
+    if isinstance(pred, dict):
+        record.update({k: pred[k] for k in ("kl", "dnll") if k in pred})
+    return record
+
+
+class TaskAccumulator:
+    """Collects one task's predictions and per-sample records, then builds its :class:`TaskResult`."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.predictions: list[Any] = []
+        self.records: list[dict[str, Any]] = []
+        self.totals = {"context_s": 0.0, "question_s": 0.0, "decode_s": 0.0}
+        self.new_tokens = 0
+        self.prompt_tokens = 0
+
+    def add(self, pred: Any, record: dict[str, Any]) -> None:
+        self.predictions.append(pred)
+        self.records.append(record)
+        for key in self.totals:
+            self.totals[key] += record[key]
+        self.new_tokens += record["new_tokens"]
+        self.prompt_tokens += record["context_tokens"] + record["question_tokens"]
+
+    def result(self, samples: Sequence[Sample], wall: float) -> TaskResult:
+        task, totals, samples = self.task, self.totals, list(samples)
+        prefill_s = totals["context_s"] + totals["question_s"]
+        timing = {
+            "total_s": wall,
+            **totals,
+            "prefill_tokens_per_s": self.prompt_tokens / prefill_s if prefill_s > 0 else None,
+            "decode_tokens_per_s": self.new_tokens / totals["decode_s"]
+            if totals["decode_s"] > 0 and self.new_tokens
+            else None,
+        }
+        return TaskResult(
+            task=task.name,
+            suite=task.suite,
+            score=float(task.score(self.predictions, samples)) if samples else 0.0,
+            n_samples=len(samples),
+            predictions=self.predictions,
+            per_sample=self.records,
+            extra=task.extra_metrics(self.predictions, samples) if samples else {},
+            timing=timing,
+            meta={**task.info(), "samples_fingerprint": samples_fingerprint(samples), "prompt_tokens": self.prompt_tokens},
+        )
 
 
 def suite_scores(results: Sequence[TaskResult]) -> dict[str, float]:

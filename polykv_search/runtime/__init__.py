@@ -2,8 +2,8 @@
 
 from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError, model_spec
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
-from polykv_search.runtime.report import CacheReport, LayerReport
-from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy
+from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
+from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy, strategy_plans
 from polykv_search.runtime.stacked import FanoutLayer, StackedLayer
 
 __all__ = [
@@ -19,5 +19,7 @@ __all__ = [
     "StackedLayer",
     "UnsupportedModelError",
     "apply_strategy",
+    "cache_report",
     "model_spec",
+    "strategy_plans",
 ]

@@ -39,3 +39,29 @@ class CacheReport:
             "ratio": self.kv_bytes / self.full_kv_bytes if self.full_kv_bytes else None,
             "layers": [asdict(r) for r in self.layers],
         }
+
+
+def layer_report(layer) -> LayerReport:
+    """What one cache layer (an :class:`~polykv_search.runtime.layer.EvictingLayer`) holds now."""
+    return LayerReport(
+        layer=layer.layer_idx,
+        seen=layer.seen,
+        kept=layer.length,
+        kv_bytes=layer.kv_bytes(),
+        full_kv_bytes=_full_bytes(layer),
+        prefill_budget=layer.plans["prefill"].budget,
+        decoding_budget=layer.plans["decoding"].budget,
+    )
+
+
+def cache_report(layers) -> CacheReport:
+    """Per-layer lengths and KV bytes of a sequence of cache layers (one per model layer)."""
+    return CacheReport([layer_report(layer) for layer in layers])
+
+
+def _full_bytes(layer) -> int:
+    """Bytes the layer would hold under FullKV: every token seen, for every batch row and KV head."""
+    if layer.keys is None:
+        return 0
+    b, h, _, d = layer.keys.shape
+    return 2 * b * h * layer.seen * d * layer.keys.element_size()

@@ -23,8 +23,19 @@ from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.layer import EvictingLayer, PhasePlan
-from polykv_search.runtime.report import CacheReport, LayerReport
+from polykv_search.runtime.report import CacheReport, cache_report
 from strategies import Strategy
+
+
+def strategy_plans(strategy: Strategy) -> list[tuple[PhasePlan, PhasePlan]]:
+    """The (prefill, decoding) plan of every layer of ``strategy``."""
+    return [
+        (
+            PhasePlan(make_pattern(p.pattern, **p.params), p.budget),
+            PhasePlan(make_pattern(d.pattern, **d.params), d.budget),
+        )
+        for p, d in zip(strategy.prefill, strategy.decoding)
+    ]
 
 
 class PolyKVCache(Cache):
@@ -57,13 +68,7 @@ class PolyKVRuntime:
         strategy.check_model(self.spec.num_layers)
         self.strategy = strategy
         self.decode_interval = decode_interval
-        self.plans = [
-            (
-                PhasePlan(make_pattern(p.pattern, **p.params), p.budget),
-                PhasePlan(make_pattern(d.pattern, **d.params), d.budget),
-            )
-            for p, d in zip(strategy.prefill, strategy.decoding)
-        ]
+        self.plans = strategy_plans(strategy)
         self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
         self._pending: dict[int, EvictingLayer] = {}
         self.last_cache: PolyKVCache | None = None
@@ -148,27 +153,7 @@ class PolyKVRuntime:
         cache = cache or self.last_cache
         if cache is None:
             raise RuntimeError("no cache yet: run the model first")
-        rows = []
-        for layer in cache.layers:
-            rows.append(
-                LayerReport(
-                    layer=layer.layer_idx,
-                    seen=layer.seen,
-                    kept=layer.length,
-                    kv_bytes=layer.kv_bytes(),
-                    full_kv_bytes=_full_bytes(layer),
-                    prefill_budget=layer.plans["prefill"].budget,
-                    decoding_budget=layer.plans["decoding"].budget,
-                )
-            )
-        return CacheReport(rows)
-
-
-def _full_bytes(layer: EvictingLayer) -> int:
-    if layer.keys is None:
-        return 0
-    b, h, n, d = layer.keys.shape
-    return 2 * b * h * layer.seen * d * layer.keys.element_size()
+        return cache_report(cache.layers)
 
 
 @contextmanager

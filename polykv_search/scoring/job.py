@@ -1,0 +1,35 @@
+"""One sample as every entry runs it, and what one entry's run of it leaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    """The token ids of one sample and how to run them (``kind`` as in :class:`~polykv_search.evaluation.Task`)."""
+
+    kind: str  # "teacher_forced" or "generate"
+    context_ids: list[int]
+    question_ids: list[int]
+    target_ids: list[int] | None = None
+    limit: int = 0  # new tokens at most (generate)
+    eos: frozenset[int] = frozenset()
+
+    @property
+    def teacher_forced(self) -> bool:
+        return self.kind == "teacher_forced"
+
+
+@dataclass
+class SampleOutcome:
+    """One entry's result on one sample: the continuation outcome dict (teacher-forced) or the
+    generated ids, the timing of the calls and the KV bytes held at the end."""
+
+    pred: Any
+    timing: dict[str, float]
+    kv_bytes: int
+    full_kv_bytes: int
+    new_ids: list[int] = field(default_factory=list)
+    logits: Any = None  #: teacher-forced: the continuation's next-token logits ``[m, V]``

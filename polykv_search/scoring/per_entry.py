@@ -1,0 +1,44 @@
+"""The per-entry path (the reference): every entry runs every sample alone, from scratch.
+
+Kept as the reference the shared engine is proven equal to (``score --no-shared-prefill``), and as
+the plain use of the runtime: ``apply_strategy`` around the evaluation runner's own calls.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from polykv_search.evaluation.fidelity import continuation_outcome, log_probs
+from polykv_search.evaluation.runner import _Caller, greedy_generate, teacher_forced_logits
+from polykv_search.runtime import apply_strategy
+from polykv_search.scoring.entries import Entry
+from polykv_search.scoring.job import SampleJob, SampleOutcome
+from strategies import Strategy
+
+
+def run_sample(
+    model, entries: Sequence[Entry], job: SampleJob, *, decode_interval: int = 1, fidelity: bool = True, caller=None
+) -> list[SampleOutcome]:
+    """Run ``job`` once per entry, each inside its own ``apply_strategy``."""
+    caller = caller or _Caller(model)
+    order = sorted(range(len(entries)), key=lambda i: not entries[i].strategy.is_full)  # FullKV first: the reference
+    reference = None
+    if job.teacher_forced and fidelity and not entries[order[0]].strategy.is_full:
+        with apply_strategy(model, Strategy.full(entries[0].strategy.num_layers), decode_interval=decode_interval):
+            logits, _ = teacher_forced_logits(model, job.context_ids, job.target_ids, caller)
+        reference = log_probs(logits)
+    outcomes: list[SampleOutcome | None] = [None] * len(entries)
+    for i in order:
+        with apply_strategy(model, entries[i].strategy, decode_interval=decode_interval) as rt:
+            if job.teacher_forced:
+                logits, timing = teacher_forced_logits(model, job.context_ids, job.target_ids, caller)
+                if fidelity and reference is None:  # the FullKV entry, run first
+                    reference = log_probs(logits)
+                pred, new = continuation_outcome(logits, job.target_ids, reference if fidelity else None), []
+            else:
+                logits = None
+                new, timing = greedy_generate(model, job.context_ids, job.question_ids, job.limit, job.eos, caller)
+                pred = new
+            report = rt.report()
+        outcomes[i] = SampleOutcome(pred, timing, report.kv_bytes, report.full_kv_bytes, list(new), logits)
+    return outcomes  # type: ignore[return-value]

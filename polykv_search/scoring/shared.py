@@ -1,0 +1,192 @@
+"""The shared engine: one FullKV context pass per sample, then the entries batched (DESIGN.md §6b).
+
+Compression happens after each layer's kernel, so the context call's hidden states, logits and
+per-layer prompt K/V are the same for every entry. One context call therefore serves them all: a
+:class:`~polykv_search.runtime.FanoutLayer` per layer hands every entry's row the prompt's keys and
+values, runs each distinct pattern's hooks once, and compresses each row with its own prefill plan.
+The question call and greedy decoding (or the teacher-forced continuation) of the entries then run as
+one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtime.StackedLayer`: rows
+hold different per-layer lengths, and each row's decoding pattern evicts on its own layer. Rows that
+emit EOS leave the batch. Every row keeps exactly the tokens the per-entry path keeps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from polykv_search.evaluation.fidelity import continuation_outcome, log_probs
+from polykv_search.evaluation.runner import _Caller, _sync
+from polykv_search.runtime import (
+    FULL_PLAN,
+    EvictingLayer,
+    FanoutLayer,
+    PhasePlan,
+    PolyKVCache,
+    StackedLayer,
+    cache_report,
+)
+from polykv_search.scoring.job import SampleJob, SampleOutcome
+
+Plans = Sequence[tuple[PhasePlan, PhasePlan]]
+
+
+def plan_groups(lengths: Sequence[Sequence[int]], max_rows: int, fixed_cost: float) -> list[list[int]]:
+    """Split rows into decoding batches by a cost model, deterministically.
+
+    ``lengths[r][l]``: tokens row r holds in layer l. A batch costs ``fixed_cost`` (reading the
+    weights, in token-layer units) plus, for every layer, its longest row times its row count (rows
+    are right-padded to the longest). Rows are taken from the shortest; a row joins the current batch
+    when that is no dearer than a batch of its own, and while the batch has fewer than ``max_rows``.
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be positive, got {max_rows!r}")
+
+    def cost(n: int, longest: Sequence[int]) -> float:
+        return fixed_cost + n * sum(longest)
+
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest: list[int] = []
+    for r in sorted(range(len(lengths)), key=lambda r: (sum(lengths[r]), r)):
+        if current and len(current) < max_rows:
+            merged = [max(a, b) for a, b in zip(longest, lengths[r])]
+            if cost(len(current) + 1, merged) <= cost(len(current), longest) + cost(1, lengths[r]):
+                current.append(r)
+                longest = merged
+                continue
+        if current:
+            groups.append(current)
+        current, longest = [r], list(lengths[r])
+    if current:
+        groups.append(current)
+    return groups
+
+
+class SharedScorer:
+    """Runs samples for a fixed list of entries' plans under an applied runtime (any strategy: only
+    its ``polykv`` attention and layer settings are used).
+
+    Parameters
+    ----------
+    plans
+        Per entry, the ``(prefill, decoding)`` plan of every layer (:func:`~polykv_search.runtime.strategy_plans`).
+    batch_entries
+        Rows per decoding batch at most (memory cap).
+    """
+
+    def __init__(self, model, runtime, plans: Sequence[Plans], *, batch_entries: int = 16):
+        self.model = model
+        self.runtime = runtime
+        self.plans = [list(p) for p in plans]
+        self.batch_entries = batch_entries
+        self.caller = _Caller(model)
+        self.num_layers = runtime.spec.num_layers
+        self.full_rows = [all(not p.evicts and not d.evicts for p, d in plan) for plan in self.plans]
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        dtype_bytes = next(model.parameters()).element_size()
+        self.fixed_cost = param_bytes / runtime.spec.bytes_per_token(dtype_bytes)
+
+    def _row(self, plan: Plans) -> list[EvictingLayer]:
+        return [
+            EvictingLayer(l, p, d, **{**self.runtime.layer_kwargs(l), "on_update": None})
+            for l, (p, d) in enumerate(plan)
+        ]
+
+    def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:
+        return PolyKVCache(
+            [StackedLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
+        )
+
+    @torch.no_grad()
+    def run(self, job: SampleJob, *, fidelity: bool = True) -> list[SampleOutcome]:
+        """Every entry's outcome on ``job`` (same order as ``plans``)."""
+        plans = list(self.plans)
+        ref = next((i for i, full in enumerate(self.full_rows) if full), None)
+        if job.teacher_forced and fidelity and ref is None:  # a hidden FullKV row for the reference
+            plans.append([(FULL_PLAN, FULL_PLAN)] * self.num_layers)
+            ref = len(plans) - 1
+        rows = [self._row(plan) for plan in plans]
+        dev = self.caller.device
+        t0 = time.perf_counter()
+        first = self._context_call(job.context_ids, rows)
+        _sync(dev)
+        context_s = time.perf_counter() - t0
+        lengths = [[layer.length for layer in row] for row in rows]
+        groups = plan_groups(lengths, self.batch_entries, self.fixed_cost)
+        timings: list[dict[str, float]] = [{} for _ in rows]
+        results: list = [None] * len(rows)
+        for group in groups:
+            if job.teacher_forced:
+                out, timing = self._teacher_forced(job, [rows[i] for i in group], first)
+            else:
+                out, timing = self._generate(job, [rows[i] for i in group], first)
+            for i, value in zip(group, out):
+                results[i] = value
+                timings[i] = {"context_s": context_s, **timing}
+        outcomes = []
+        reference = log_probs(results[ref]) if job.teacher_forced and fidelity else None
+        for i in range(len(self.plans)):
+            report = cache_report(rows[i])
+            if job.teacher_forced:
+                pred, new, logits = continuation_outcome(results[i], job.target_ids, reference), [], results[i]
+            else:
+                pred = new = results[i]
+                logits = None
+            outcomes.append(SampleOutcome(pred, timings[i], report.kv_bytes, report.full_kv_bytes, list(new), logits))
+        return outcomes
+
+    def _context_call(self, context_ids: Sequence[int], rows) -> torch.Tensor:
+        cache = PolyKVCache(
+            [FanoutLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
+        )
+        x = torch.tensor([list(context_ids)], dtype=torch.long, device=self.caller.device)
+        out = self.model(input_ids=x, attention_mask=torch.ones_like(x), cache=cache, use_cache=True, **self.caller.last_only)
+        return out.logits[0, -1:]  # [1, V]: the same first prediction for every entry
+
+    def _call(self, ids: list[list[int]], cache, *, last_only: bool = True) -> torch.Tensor:
+        x = torch.tensor(ids, dtype=torch.long, device=self.caller.device)
+        return self.model(input_ids=x, cache=cache, use_cache=True, **(self.caller.last_only if last_only else {})).logits
+
+    def _teacher_forced(self, job: SampleJob, rows, first: torch.Tensor):
+        t0 = time.perf_counter()
+        target = list(job.target_ids)
+        if len(target) > 1:
+            rest = self._call([target[:-1]] * len(rows), self._stacked(rows), last_only=False)
+            logits = [torch.cat([first, rest[i]], dim=0) for i in range(len(rows))]
+        else:
+            logits = [first] * len(rows)
+        _sync(self.caller.device)
+        return logits, {"question_s": 0.0, "decode_s": time.perf_counter() - t0}
+
+    def _generate(self, job: SampleJob, rows, first: torch.Tensor):
+        """Question call, then greedy decoding of every row; a row stops at EOS or at ``job.limit``."""
+        t0 = time.perf_counter()
+        active = list(range(len(rows)))
+        new: list[list[int]] = [[] for _ in rows]
+        cache = self._stacked(rows)
+        if job.question_ids:
+            logits = self._call([list(job.question_ids)] * len(rows), cache)[:, -1]
+        else:
+            logits = first.expand(len(rows), -1)
+        _sync(self.caller.device)
+        t1 = time.perf_counter()
+        for step in range(job.limit):
+            tokens = logits.argmax(dim=-1).tolist()
+            going = []
+            for j, i in enumerate(active):
+                if tokens[j] in job.eos:
+                    continue
+                new[i].append(tokens[j])
+                if step + 1 < job.limit:
+                    going.append((i, tokens[j]))
+            if not going:
+                break
+            if len(going) < len(active):  # finished rows leave the batch
+                active = [i for i, _ in going]
+                cache = self._stacked([rows[i] for i in active])
+            logits = self._call([[t] for _, t in going], cache)[:, -1]
+        _sync(self.caller.device)
+        return new, {"question_s": t1 - t0, "decode_s": time.perf_counter() - t1}

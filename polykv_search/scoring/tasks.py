@@ -1,0 +1,42 @@
+"""The samples every entry of a score run sees: tasks resolved from specs, generated once from the
+evaluation split of a corpus."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from polykv_search.data import describe_split, load_corpus, split_corpus
+from polykv_search.evaluation import tasks_for
+from polykv_search.scoring.entries import ScoreError
+
+
+def eval_texts(corpus_spec: str) -> tuple[list[str], dict[str, Any]]:
+    """Haystack texts from the evaluation split (never the calibration documents)."""
+    corpus = load_corpus(corpus_spec)
+    return [d.text for d in split_corpus(corpus, "eval")], describe_split(corpus, "eval")
+
+
+def make_task_samples(
+    tokenizer, tasks: Sequence[Any], texts: Sequence[str], *, n_samples: int, context_len: int, seed: int
+) -> dict[str, tuple[Any, list]]:
+    """``{task name: (task, samples)}``, generated once and shared by every entry.
+
+    A request the task cannot meet (a context too short for its fixed text, too little held-out text)
+    is a :class:`ScoreError` naming the task.
+    """
+    out = {}
+    for i, task in enumerate(tasks):
+        try:
+            out[task.name] = (task, task.generate(tokenizer, texts, n_samples, context_len, seed + i))
+        except ValueError as err:
+            raise ScoreError(f"{task.name}: {err}") from None
+    return out
+
+
+def resolve_tasks(spec: str, longbench_source: str | None = None) -> list[Any]:
+    """Task objects from ``broad,ruler`` or explicit task names (``ruler/vt``)."""
+    options = {"longbench": {"source": longbench_source}} if longbench_source else {}
+    try:
+        return tasks_for(spec, **options)
+    except (KeyError, ValueError, TypeError) as err:
+        raise ScoreError(str(err).strip("'\"")) from None

@@ -1,0 +1,66 @@
+"""`polykv-search score` end to end on a tiny local checkpoint: the shared engine (default) and the
+per-entry reference path write the same scores; the results file is version 2 with fidelity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polykv_search.cli import main
+from tests.test_eval_support import haystack_texts
+from tests.tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from tests.test_eval_support import char_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    tiny_model("qwen2", layers=2).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    corpus = path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(haystack_texts()[:40])))
+    return path, corpus
+
+
+def score(checkpoint, out, *extra):
+    ckpt, corpus = checkpoint
+    argv = ["score", "--model", str(ckpt), "--corpus", str(corpus), "--baseline", "full",
+            "--baseline", "uniform:snapkv", "--baseline", "uniform:h2o", "--budget", "16",
+            "--suite", "broad/continuation,ruler/niah_single", "--samples", "3", "--context-len", "300",
+            "--max-new-tokens", "5", "--out", str(out), *extra]  # fmt: skip
+    assert main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_shared_and_per_entry_paths_write_the_same_scores(checkpoint, tmp_path):
+    shared = score(checkpoint, tmp_path / "shared.json")
+    per = score(checkpoint, tmp_path / "per.json", "--no-shared-prefill", "--batch-entries", "2")
+    assert shared["version"] == 2 and shared["provenance"]["engine"] == "shared"
+    assert per["provenance"]["engine"] == "per-entry"
+    for a, b in zip(shared["entries"], per["entries"]):
+        assert a["name"] == b["name"] and a["scores"] == b["scores"] and a["kv_bytes"] == b["kv_bytes"]
+        for task, result in a["tasks"].items():
+            assert [r["score"] for r in result["per_sample"]] == [r["score"] for r in b["tasks"][task]["per_sample"]]
+        kl = a["extra"]["broad/continuation"]["kl"]
+        assert kl == pytest.approx(b["extra"]["broad/continuation"]["kl"], abs=1e-6)
+        assert (kl == 0.0) == (a["name"] == "full")
+    assert shared["provenance"]["timing"]["total_s"] > 0
+
+
+def test_bad_baselines_and_outputs_are_refused_before_the_model_loads(checkpoint, tmp_path, capsys):
+    ckpt, corpus = checkpoint
+    base = ["score", "--model", str(tmp_path / "no-such-model"), "--corpus", str(corpus)]
+    cases = [
+        (["--baseline", "bogus", "--out", str(tmp_path / "r.json")], "unknown baseline"),
+        (["--baseline", "uniform:snapkv", "--out", str(tmp_path / "r.json")], "needs --budget"),
+        (["--baseline", "full", "--out", str(tmp_path)], "is a directory"),
+        (["--baseline", "full", "--suite", "nosuch", "--out", str(tmp_path / "r.json")], "nosuch"),
+    ]
+    for extra, message in cases:
+        capsys.readouterr()
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert message in " ".join(err.split()) and "Traceback" not in err
+        assert not (tmp_path / "r.json").exists()
