@@ -478,7 +478,37 @@ def model_path(name: str | os.PathLike | ModelSource = DEFAULT_MODEL) -> str:
     source = name if isinstance(name, ModelSource) else resolve_model(name)
     if source.kind in ("builtin", "gguf"):
         return str(_gguf_checkpoint(source))
+    if source.kind == "hub":
+        _check_hub(source.location)
     return source.location
+
+
+def _check_hub(repo_id: str, timeout: float = 10.0) -> None:
+    """Fail in a second, in one line, for a hub id that is neither cached nor reachable.
+
+    transformers retries an unreachable hub for about a minute per file; one metadata request
+    without retries says as much. A cached ``config.json`` skips the request."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    try:
+        HfApi().model_info(repo_id, timeout=timeout)
+    except GatedRepoError:
+        return  # from_pretrained explains access (a token may be configured)
+    except RepositoryNotFoundError:
+        raise ModelError(
+            f"model {repo_id!r}: no such model on the Hugging Face hub (and not a built-in name "
+            f"[{', '.join(BUILTIN_MODELS)}] or a local path)"
+        ) from None
+    except HfHubHTTPError:
+        return  # reachable; from_pretrained reports what is wrong
+    except Exception as exc:  # noqa: BLE001 - connection, DNS, timeout, offline mode: the hub is unreachable
+        raise ModelError(
+            f"model {repo_id!r}: not in the local Hugging Face cache and the hub is unreachable "
+            f"({_first_line(exc)}); pass a local path or {DEFAULT_MODEL!r}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,17 +541,24 @@ def load_model(
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local = source.kind != "hub"
-    kwargs: dict[str, Any] = {"local_files_only": True} if local else {}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    def load(local_files_only: bool):
+        tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=local_files_only)
         model = AutoModelForCausalLM.from_pretrained(
             location,
             dtype=torch_dtype,
             attn_implementation=attn,
             device_map=None if dev.type == "cpu" else {"": str(dev)},
-            **kwargs,
+            local_files_only=local_files_only,
         )
+        return tokenizer, model
+
+    try:
+        try:  # a cached hub model loads without network round trips (each retried for a minute offline)
+            tokenizer, model = load(local_files_only=True)
+        except OSError:
+            if source.kind != "hub":
+                raise
+            tokenizer, model = load(local_files_only=False)
     except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError, ImportError, HTTP errors...

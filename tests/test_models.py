@@ -24,6 +24,7 @@ from polykv_search.models import (
     ModelError,
     load_model,
     model_fingerprint,
+    model_path,
     parse_device,
     parse_dtype,
     resolve_model,
@@ -513,8 +514,44 @@ def test_load_errors_are_one_line(monkeypatch, cache):
         raise OSError("We couldn't connect to 'https://huggingface.co'.\nCheck your connection.")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    monkeypatch.setattr("polykv_search.models._check_hub", lambda repo_id: None)  # as if the hub answered
     with pytest.raises(ModelError, match="not a built-in name .*smollm2-135m.*couldn't connect") as exc_info:
         load_model("some-org/some-model")
+    assert_one_line(exc_info)
+
+
+def test_unreachable_hub_id_fails_at_once_in_one_line(monkeypatch):
+    """One metadata request without retries (transformers alone retries for about a minute)."""
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    calls = []
+
+    def no_network(self, repo_id, **kwargs):
+        calls.append((repo_id, kwargs.get("timeout")))
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    def from_pretrained(*args, **kwargs):
+        raise AssertionError("from_pretrained must not run for an unreachable hub id")
+
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo_id, filename: None)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_network)
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache and the hub is unreachable") as exc_info:
+        load_model("some-org/some-model")
+    assert_one_line(exc_info)
+    assert calls == [("some-org/some-model", 10.0)]
+
+    def not_found(self, repo_id, **kwargs):
+        err = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its __init__ wants a real HTTP response
+        Exception.__init__(err, "404 Client Error: Repository Not Found")
+        raise err
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", not_found)
+    with pytest.raises(ModelError, match="no such model on the Hugging Face hub") as exc_info:
+        model_path("some-org/some-model")
     assert_one_line(exc_info)
 
 

@@ -19,9 +19,17 @@ workers have polykv-search installed and can load the model by the same name.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-from polykv_search.cli.common import CLIError, add_model_args, console, load_model_from_args, positive_int
+from polykv_search.cli.common import (
+    CLIError,
+    add_model_args,
+    check_model_args,
+    check_output_path,
+    comma_list,
+    console,
+    load_model_from_args,
+    non_negative_int,
+    positive_int,
+)
 
 DEFAULT_SAMPLES = 2
 DEFAULT_CONTEXT = 512
@@ -44,12 +52,12 @@ def add_parser(sub) -> None:
     g.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help=f"calibration samples (default {DEFAULT_SAMPLES})")
     g.add_argument("--context-len", type=positive_int, default=DEFAULT_CONTEXT, help=f"context tokens n (default {DEFAULT_CONTEXT})")
     g.add_argument("--continuation-len", type=positive_int, default=DEFAULT_CONTINUATION, help=f"continuation tokens m, >= 2 (default {DEFAULT_CONTINUATION})")
-    g.add_argument("--seed", type=int, default=0, help="sample placement seed (default 0)")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="sample placement seed (default 0)")
     g = p.add_argument_group("grid")
-    g.add_argument("--patterns", default=",".join(DEFAULT_PATTERNS), help=f"comma separated (default {','.join(DEFAULT_PATTERNS)})")
-    g.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)), help=f"comma separated (default {','.join(map(str, DEFAULT_BUDGETS))})")
-    g.add_argument("--phases", default="prefill,decoding", help="comma separated (default prefill,decoding)")
-    g.add_argument("--layers", default="all", help="layers to collect, e.g. 0-3,10 (default all; others stay missing)")
+    g.add_argument("--patterns", type=comma_list(str, "pattern"), default=",".join(DEFAULT_PATTERNS), help=f"comma separated (default {','.join(DEFAULT_PATTERNS)})")
+    g.add_argument("--budgets", type=comma_list(positive_int, "budget"), default=",".join(map(str, DEFAULT_BUDGETS)), help=f"comma separated (default {','.join(map(str, DEFAULT_BUDGETS))})")
+    g.add_argument("--phases", type=comma_list(str, "phase"), default="prefill,decoding", help="comma separated (default prefill,decoding)")
+    g.add_argument("--layers", type=_layers_spec, default="all", help="layers to collect, e.g. 0-3,10 (default all; others stay missing)")
     g = p.add_argument_group("run")
     g.add_argument("--out", required=True, help="where to write the signal table (JSON)")
     g.add_argument("--resume", action="store_true", help="continue the partial run in OUT.journal (the default when one matches); error if there is none")
@@ -63,14 +71,17 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _csv(text: str, what: str, cast=str) -> list:
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
-        raise CLIError(f"--{what}: empty list")
-    try:
-        return [cast(x) for x in items]
-    except ValueError:
-        raise CLIError(f"--{what}: not a comma-separated list of integers: {text!r}") from None
+def _layers_spec(text: str) -> str:
+    """``all`` or ``0,5,10-12``: the syntax is checked here, the range once the model's layer count is known."""
+    if text.strip() == "all":
+        return "all"
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not (lo.isdigit() and (not dash or hi.isdigit())):
+            raise argparse.ArgumentTypeError(f"expected 'all' or layers like 0,5,10-12, got {text!r}")
+        if dash and int(hi) < int(lo):
+            raise argparse.ArgumentTypeError(f"empty layer range {part.strip()!r} in {text!r}")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,27 +89,37 @@ def run(args: argparse.Namespace) -> int:
     from signals.collect import CollectError, ModelLoader, collect_signals, make_settings
     from signals.journal import journal_path
 
-    out = Path(args.out)
-    if out.is_dir():
-        raise CLIError(f"--out {out} is a directory")
+    out = check_output_path(args.out)
     if args.resume and args.fresh:
         raise CLIError("--resume and --fresh contradict each other")
     if args.continuation_len < 2:
         raise CLIError("--continuation-len must be at least 2 (the continuation's own tokens are scored)")
-    patterns = _csv(args.patterns, "patterns")
-    budgets = _csv(args.budgets, "budgets", int)
-    phases = _csv(args.phases, "phases")
+    patterns, budgets, phases = args.patterns, args.budgets, args.phases
+    if args.context_len <= max(budgets):
+        raise CLIError(
+            f"--context-len {args.context_len} must exceed the largest of --budgets ({max(budgets)}): "
+            "a cell whose budget holds the whole context evicts nothing and measures nothing"
+        )
+    if args.address and not args.backend:
+        raise CLIError("--address applies to --backend dask or ray; give --backend")
+    if args.address and args.backend == "loky":
+        raise CLIError("--address does not apply to --backend loky (local processes)")
+    if args.backend == "loky" and args.jobs == 1:
+        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
     try:
         make_settings(1, patterns=patterns, budgets=budgets, phases=phases, layers=[0], naive=args.naive, batch_tokens=args.batch_tokens)
     except CollectError as err:  # grid errors before the (slow) model load
         raise CLIError(str(err)) from None
     if args.resume and not journal_path(out).exists():
         raise CLIError(f"--resume: nothing to resume, {journal_path(out)} does not exist")
+    check_output_path(journal_path(out), "--out")
+    check_model_args(args)
+    spec = args.calib or DEFAULT_CORPUS
+    with console.status(f"reading the calibration corpus {spec} ..."):
+        corpus = load_corpus(spec)  # a bad --calib is refused before the (slow) model load
 
     model, tokenizer = load_model_from_args(args)
-    spec = args.calib or DEFAULT_CORPUS
     with console.status(f"preparing {args.samples} calibration samples from {spec} ..."):
-        corpus = load_corpus(spec)
         samples = make_samples(
             tokenizer,
             corpus,

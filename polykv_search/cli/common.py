@@ -31,34 +31,41 @@ class CLIError(Exception):
     """Bad input: printed as one line, exit code 2."""
 
 
-#: (module, class) of every exception the library raises for bad input; shown as one line, exit 2.
-USER_ERROR_TYPES = (
-    ("strategies", "StrategyError"),
-    ("strategies.exporters", "ExportError"),
-    ("polykv_search.runtime", "UnsupportedModelError"),
-    ("polykv_search.models", "ModelError"),
-    ("polykv_search.data", "DataError"),
-    ("polykv_search.scoring", "ScoreError"),
-    ("polykv_search.compare", "CompareError"),
-    ("polykv_search.evaluation.longbench", "LongBenchDataError"),
-    ("signals", "SignalTableError"),
-    ("signals.collect", "CollectError"),
-    ("signals.journal", "JournalError"),
-    ("solvers", "SolverError"),
+#: The exception types the library raises for bad input, by class name; shown as one line, exit 2.
+USER_ERROR_NAMES = frozenset(
+    {
+        "StrategyError",  # strategies: schema, budgets
+        "ExportError",  # strategies.exporters
+        "UnsupportedModelError",  # polykv_search.runtime
+        "ModelError",  # polykv_search.models
+        "DataError",  # polykv_search.data
+        "ScoreError",  # polykv_search.scoring
+        "CompareError",  # polykv_search.compare
+        "LongBenchDataError",  # polykv_search.evaluation.longbench
+        "SignalTableError",  # signals
+        "CollectError",  # signals.collect
+        "JournalError",  # signals.journal
+        "SolverError",  # solvers
+    }
 )
+#: the packages whose modules may define them
+_PACKAGES = ("polykv_search", "strategies", "signals", "solvers")
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that mean "the user gave us something wrong" (imported lazily).
+    """The exception types that mean "the user gave us something wrong".
 
-    Only modules already imported are consulted: an error type of a module that never ran cannot
-    have been raised, and importing it here would only slow down (or break) the error path."""
-    errors: list[type[BaseException]] = [CLIError]
-    for module, name in USER_ERROR_TYPES:
-        mod = sys.modules.get(module)
-        cls = getattr(mod, name, None) if mod is not None else None
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            errors.append(cls)
+    Looked up by name in the project's modules already imported (one that never ran cannot have
+    raised), so an error type may move between modules without this list changing."""
+    errors: dict[type[BaseException], None] = {CLIError: None}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".", 1)[0] not in _PACKAGES:
+            continue
+        namespace = getattr(module, "__dict__", {})  # not getattr(): lazy module __getattr__ would import
+        for name in USER_ERROR_NAMES:
+            cls = namespace.get(name)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                errors[cls] = None
     return tuple(errors)
 
 

@@ -15,8 +15,10 @@ SUFFIXES = (".txt", ".jsonl", ".parquet")
 def _read_text(path: Path) -> str:
     try:
         return path.read_text("utf-8")
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read: {err.strerror or err}") from None
 
 
 def _document(row: dict[str, Any], default_id: str, where: str) -> Document | None:
