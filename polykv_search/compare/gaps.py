@@ -59,7 +59,7 @@ def best_uniform_kl(rows: Sequence[Row], suite: str) -> Row | None:
 
 
 def aligned(rows: Sequence[Row], tasks: Sequence[str], measure: str = "score") -> tuple[list[list[np.ndarray]] | None, str | None]:
-    """Per row, per task, the per-sample ``measure`` in one common sample order (pairing).
+    """Per row, per task, the per-sample ``measure`` (in the records' common id order: pairing).
 
     Returns ``(arrays, None)``, or ``(None, reason)`` when a row lacks the task's records or the
     rows were scored on different sample ids.
@@ -75,16 +75,10 @@ def aligned(rows: Sequence[Row], tasks: Sequence[str], measure: str = "score") -
             if values is None:
                 what = "per-sample scores" if measure == "score" else f"per-sample {measure}"
                 return None, f"{row.name} has no {what} on {task}"
-            if first is None:
-                first = ts.ids
-                out[i].append(np.asarray(values, dtype=float))
-            elif ts.ids == first:
-                out[i].append(np.asarray(values, dtype=float))
-            elif sorted(ts.ids) == sorted(first):
-                by_id = dict(zip(ts.ids, values))
-                out[i].append(np.asarray([by_id[j] for j in first], dtype=float))
-            else:
+            if first is not None and ts.ids != first:
                 return None, f"{rows[0].name} and {row.name} were scored on different samples of {task}"
+            first = ts.ids
+            out[i].append(np.asarray(values, dtype=float))
     return out, None
 
 

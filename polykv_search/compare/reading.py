@@ -21,12 +21,12 @@ class CompareError(ValueError):
 
 @dataclass(frozen=True)
 class TaskSamples:
-    """Per-sample records of one entry on one task, in the results file's order.
+    """Per-sample records of one entry on one task, sorted by sample id.
 
     Attributes
     ----------
     ids : tuple of str
-        Sample ids (the same, in the same order, for every entry of a run).
+        Sample ids, sorted (every entry of a run has the same ones).
     score : tuple of float
         Per-sample scores (0-100).
     kl, dnll : tuple of float or None
@@ -110,11 +110,10 @@ def entry_samples(e: dict[str, Any], where: str = "entry") -> dict[str, TaskSamp
             dnll.append(_number(rec.get("dnll")))
         if len(set(ids)) != len(ids):
             raise CompareError(f"{where}: tasks[{task}].per_sample has repeated sample ids")
-        out[task] = TaskSamples(
-            tuple(ids), tuple(scores),
-            tuple(kl) if all(v is not None for v in kl) else None,  # type: ignore[arg-type]
-            tuple(dnll) if all(v is not None for v in dnll) else None,  # type: ignore[arg-type]
-        )
+        # one canonical order (by id): the same samples give the same resamples whatever a file's order
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        pick = lambda vs: tuple(vs[i] for i in order) if all(v is not None for v in vs) else None  # noqa: E731
+        out[task] = TaskSamples(tuple(ids[i] for i in order), pick(scores), pick(kl), pick(dnll))
     return out
 
 
