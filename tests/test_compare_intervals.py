@@ -309,3 +309,36 @@ def test_plot_across_budgets_with_error_bars_via_cli(tmp_path, capsys):
     assert _is_png(tmp_path / "sweep.png")
     out = capsys.readouterr().out
     assert "proportional-B64" in out and "±" in out
+
+
+def test_a_narrow_terminal_folds_long_names_and_never_cuts_numbers(v1):
+    console = Console(width=62, record=True, color_system=None)
+    console.print(cmp.to_rich(v1))
+    shown = console.export_text()
+    assert "…" not in shown and max(len(line) for line in shown.splitlines()) <= 62
+    assert "uniform-stream" in shown and "ing_llm" in shown  # folded onto a second line
+    for r in v1.rows:
+        assert cmp.tables.text(v1, r, cmp.Column("suite:ruler", "", "high"), details=False) in shown
+
+
+def test_cli_details_print_every_column_and_bad_settings_are_refused(capsys):
+    assert main(["compare", str(V2), "--details", "--resamples", "300"]) == 0
+    shown = capsys.readouterr().out
+    assert "…" not in shown and "uniform-streaming_llm" in shown and "KL gap" in shown and "MiB" in shown
+    assert main(["compare", str(V2), "--resamples", "300"]) == 0
+    captured = capsys.readouterr()
+    assert "KL" not in captured.out and "--details: differences to the best uniform, KL" in captured.err
+    for bad in (["--resamples", "0"], ["--seed", "-1"]):
+        assert main(["compare", str(V2), *bad]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_unresolved_warning_is_one_line_naming_the_first_few(v2):
+    line = cmp.unresolved_warning(v2)
+    n_open, n_all = len(cmp.unresolved(v2)), sum(d is not None for r in v2.rows for d in r.diff.values())
+    assert "\n" not in line and line.startswith(f"{n_open} of {n_all} differences to the best uniform are not resolved")
+    assert line.endswith(", …")
+    doc = json.loads(V1.read_text())
+    doc["entries"] = [e for e in doc["entries"] if e["name"] in ("full", "uniform-streaming_llm", "uniform-snapkv")]
+    c = cmp.compare([doc], resamples=300)
+    assert cmp.unresolved_warning(c) is None  # streaming_llm is clearly worse on both suites

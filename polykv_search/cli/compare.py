@@ -65,12 +65,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
         sys.stdout.write("".join(f"\n- {line}" for line in cmp.notes(comparison)) + "\n")
     else:
-        table = cmp.to_rich(comparison, tasks=args.tasks, details=args.details)
-        if args.tasks or args.details:
-            _print_wide(table)
-        else:
-            out.print(table)
-        for line in _legend(comparison) + cmp.notes(comparison):
+        _print_uncut(cmp.to_rich(comparison, tasks=args.tasks, details=args.details), fold=not (args.tasks or args.details))
+        for line in _legend(comparison, args.details) + cmp.notes(comparison):
             console.print(line, style="dim", highlight=False)
     if args.json_out:
         write_json(args.json_out, comparison.to_json())
@@ -82,14 +78,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _legend(comparison) -> list[str]:
-    return ["gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; n/a without FullKV or a "
-            "uniform baseline, or when FullKV - best uniform is not clearly positive"]
+def _legend(comparison, details: bool) -> list[str]:
+    lines = ["gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; n/a without FullKV or a "
+             "uniform baseline, or when FullKV - best uniform is not clearly positive"]
+    if not details and comparison.has_intervals:
+        more = ", KL(FullKV‖entry) fidelity" if comparison.fidelity_suites else ""
+        lines.append(f"--details: differences to the best uniform{more} and gap intervals")
+    return lines
 
 
-def _print_wide(table) -> None:
-    """Print a table at its natural width: numbers are never cut, even in a narrow terminal."""
+def _print_uncut(table, fold: bool) -> None:
+    """Print a table so that no cell is cut: in the compact table long entry names may fold onto
+    a second line; a table that does not fit the terminal otherwise is printed at its natural width."""
     from rich.measure import Measurement
 
-    natural = Measurement.get(out, out.options.update_width(10_000), table).maximum
-    out.print(table, width=max(out.width, natural), crop=False)
+    from rich.console import Console
+
+    needed = Measurement.get(out, out.options.update_width(10_000), table)
+    if needed.maximum <= out.width or (fold and needed.minimum <= out.width):
+        out.print(table)
+    else:  # Console.print caps width= at the console's width: a wider console of the same kind
+        Console(width=needed.maximum, force_terminal=out.is_terminal, color_system=out.color_system,
+                no_color=out.no_color).print(table, crop=False)

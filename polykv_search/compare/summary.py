@@ -70,13 +70,34 @@ def unresolved(c: Comparison) -> list[str]:
     return lines
 
 
-def summary_table(doc: dict[str, Any], *, title: str | None = None, **options: Any):
+def unresolved_warning(c: Comparison, shown: int = 3) -> str | None:
+    """One line saying how many differences to the best uniform are not resolved (None if all are).
+
+    Names the first ``shown`` of them, e.g. ``"4 of 22 differences to the best uniform are not
+    resolved (their 95% intervals contain 0): pyramid on broad, ilp-B64 on ruler, ... "``.
+    """
+    diffs = [(r.name, s, d) for r in c.rows for s, d in r.diff.items() if d is not None]
+    open_ = [(n, s) for n, s, d in diffs if not d.excludes_zero]
+    refs = [r for r in c.references if r.full_minus_uniform is not None and not r.full_minus_uniform.excludes_zero]
+    if not open_ and not refs:
+        return None
+    level = f"{100 * c.statistics.get('level', stats.LEVEL):.0f}%"
+    names = [f"{n} on {s}" for n, s in open_[:shown]] + ["…"] * (len(open_) > shown)
+    line = (f"{len(open_)} of {len(diffs)} differences to the best uniform are not resolved (their {level} intervals "
+            f"contain 0)" + (": " + ", ".join(names) if names else ""))
+    if refs:
+        line += f"; FullKV − best uniform is not resolved on {', '.join(sorted({r.suite for r in refs}))} (gap n/a)"
+    return line
+
+
+def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None, **options: Any):
     """The compact table (and its notes) of one results document, for ``polykv-search score``.
 
     Parameters
     ----------
-    doc : dict
-        A results document as written by ``score`` (schema ``polykv-results``).
+    doc : dict or Comparison
+        A results document as written by ``score`` (schema ``polykv-results``), or its
+        comparison when already made (e.g. to pass it to :func:`unresolved_warning` as well).
     title : str, optional
         Table title (default: :func:`describe`).
     **options
@@ -93,7 +114,7 @@ def summary_table(doc: dict[str, Any], *, title: str | None = None, **options: A
     from polykv_search.compare.merging import compare
     from polykv_search.compare.tables import to_rich
 
-    c = compare([doc], **options)
+    c = doc if isinstance(doc, Comparison) else compare([doc], **options)
     return Group(to_rich(c, title=title), *(Text(line, style="dim") for line in notes(c)))
 
 

@@ -16,6 +16,8 @@ from polykv_search.compare.model import Comparison, Row, finite, fmt_budget
 from polykv_search.stats import GAP_CLIP, Gap, Interval
 
 UP, DOWN = "▲", "▼"
+#: the entry column of the terminal table folds longer names rather than cutting numbers
+NAME_MIN_WIDTH = 14
 
 
 @dataclass(frozen=True)
@@ -233,8 +235,9 @@ def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, detail
         header = col.header.split("/")[-1] if col.kind == "task" else col.header
         if col.kind in RICH_HEADERS:
             header = RICH_HEADERS[col.kind].format(col.arg)
-        if col.kind == "name":
-            table.add_column(header, justify="left", overflow="fold", ratio=None)
+        if col.kind == "name":  # may fold onto two lines in a narrow terminal, never vanish
+            longest = max([len(r.name) for r in c.rows] + [len(header)])
+            table.add_column(header, justify="left", overflow="fold", min_width=min(longest, NAME_MIN_WIDTH))
             continue
         width = max([len(text(c, r, col, details)) for r in c.rows] + [len(w) for w in header.split("\n")])
         table.add_column(header, justify="left" if col.kind == "run" else "right", no_wrap=True, min_width=width)
