@@ -77,6 +77,8 @@ def one_line(text: str) -> str:
 def describe_os_error(err: OSError) -> str:
     """``cannot use PATH: reason`` for an :class:`OSError` that names a file."""
     reason = err.strerror or one_line(str(err)) or type(err).__name__
+    if isinstance(err, FileExistsError):  # os.makedirs met a file where a folder must go
+        reason = "exists and is not a directory"
     target = f"{err.filename} -> {err.filename2}" if err.filename2 else str(err.filename)
     return f"cannot use {target}: {reason}"
 

@@ -10,7 +10,10 @@ from polykv_search.cli.common import (
     CLIError,
     add_model_args,
     console,
+    check_model_args,
     load_model_from_args,
+    non_negative_float,
+    non_negative_int,
     out,
     positive_int,
     print_json,
@@ -33,9 +36,9 @@ def add_parser(sub) -> None:
     src.add_argument("--prompt", help=f"the prompt text (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the model's chat template")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--decode-interval", type=positive_int, default=1, help="evict every k decoding steps (default 1)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=non_negative_int, default=None, help="sampling seed, with --temperature > 0 (default 0)")
+    p.add_argument("--decode-interval", type=positive_int, default=None, help="with --strategy: evict every k decoding steps (default 1)")
     p.add_argument("--json", action="store_true", help="print a JSON record instead of text and a table")
     p.set_defaults(func=run)
 
@@ -44,10 +47,15 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.generation import encode_prompt, generate
     from strategies import Strategy
 
-    prompt = read_text(args.prompt_file) if args.prompt_file else (args.prompt or DEFAULT_PROMPT)
+    if args.seed is not None and args.temperature == 0:
+        raise CLIError("--seed applies to sampling; give --temperature > 0 (0 is greedy)")
+    if args.decode_interval is not None and not args.strategy:
+        raise CLIError("--decode-interval applies with --strategy (FullKV never evicts)")
+    prompt = read_text(args.prompt_file, "--prompt-file") if args.prompt_file else (args.prompt if args.prompt is not None else DEFAULT_PROMPT)
     if not prompt.strip():
         raise CLIError("the prompt is empty")
     strategy = Strategy.load(args.strategy) if args.strategy else None
+    check_model_args(args)
     model, tokenizer = load_model_from_args(args)
     if strategy is None:
         strategy = Strategy.full(model.config.num_hidden_layers, model=args.model)
@@ -58,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
         ids,
         strategy,
         max_new_tokens=args.max_new_tokens,
-        decode_interval=args.decode_interval,
+        decode_interval=args.decode_interval or 1,
         temperature=args.temperature,
-        seed=args.seed,
+        seed=args.seed or 0,
     )
     if args.json:
         record = result.to_json()

@@ -7,7 +7,7 @@ import json
 
 from rich.table import Table
 
-from polykv_search.cli.common import CLIError, out, read_text
+from polykv_search.cli.common import CLIError, check_output_path, out, read_text
 
 
 def add_parser(sub) -> None:
@@ -24,14 +24,25 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     text = read_text(args.file)
     try:
-        kind = json.loads(text).get("schema")
-    except (json.JSONDecodeError, AttributeError):
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
         raise CLIError(f"{args.file}: not a JSON object") from None
+    if not isinstance(doc, dict):
+        raise CLIError(f"{args.file}: not a JSON object")
+    kind = doc.get("schema")
     if kind == "polykv-strategy":
-        from strategies import Strategy
+        from strategies import Strategy, StrategyError
 
-        show_strategy(Strategy.loads(text), args.file)
+        if args.plot:
+            raise CLIError(f"--plot draws signal tables; {args.file} is a strategy")
+        try:
+            strategy = Strategy.loads(text)
+        except StrategyError as err:
+            raise CLIError(f"{args.file}: {err}") from None
+        show_strategy(strategy, args.file)
         return 0
+    if args.plot:
+        check_output_path(args.plot, "--plot")
     if kind == "polykv-signals":
         from polykv_search.cli.show_signals import show_signals
 
