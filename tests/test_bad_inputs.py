@@ -348,6 +348,33 @@ def test_ctrl_c_exits_130_with_one_line(where, tmp_path, monkeypatch, capsys):
     assert err == "interrupted\n" and out == ""
 
 
+def test_ctrl_c_says_where_the_finished_work_is_in_the_same_line(tmp_path, monkeypatch, capsys):
+    import polykv_search.cli.show as show
+    from polykv_search.cli.common import Interrupted
+
+    def interrupt(args):
+        raise Interrupted("finished cells are kept in o.json.journal; rerun the same command to continue")
+
+    monkeypatch.setattr(show, "run", interrupt)
+    make("strategy", tmp_path / "s.json")
+    assert main(["show", str(tmp_path / "s.json")]) == 130
+    assert capsys.readouterr().err == "interrupted: finished cells are kept in o.json.journal; rerun the same command to continue\n"
+
+
+def test_a_command_run_by_another_raises_for_its_caller(tmp_path, capsys):
+    """``invoke`` has no boundary: quickstart can name its step in the one line ``main`` prints."""
+    from polykv_search.cli import UsageError, invoke, is_user_error
+    from polykv_search.cli.common import CLIError
+
+    with pytest.raises(CLIError, match="cannot read") as err:
+        invoke(["show", str(tmp_path / "missing.json")])
+    assert is_user_error(err.value)
+    with pytest.raises(UsageError, match="empty budget") as err:
+        invoke(["collect", "--budgets", "32,,64", "--out", str(tmp_path / "o.json")])
+    assert is_user_error(err.value) and not is_user_error(ZeroDivisionError())
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.skipif(not LINUX, reason="POSIX signals")
 @pytest.mark.parametrize("delay", [0.3, 4.0])
 def test_ctrl_c_in_a_real_process_during_imports_or_work(delay, tmp_path):
@@ -402,3 +429,56 @@ def test_malformed_strategy_documents_are_refused_as_strategy_errors(text):
         return
     # a mutation that happens to be valid must round-trip exactly
     assert Strategy.loads(strategy.dumps()).digest() == strategy.digest()
+
+
+# --------------------------------------------------------------------------------------------
+# The helpers command modules call
+
+
+def test_comma_lists_refuse_empty_and_repeated_items():
+    import argparse
+
+    from polykv_search.cli.common import comma_list, positive_int
+
+    budgets = comma_list(positive_int, "budget")
+    assert budgets(" 32, 64 ,128") == [32, 64, 128]
+    for text, message in [("32,,64", "empty budget"), ("", "comma-separated list"), ("32,32", "repeated budget"),
+                          ("32,-1", "'-1' in '32,-1': expected a positive integer")]:  # fmt: skip
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            budgets(text)
+
+
+def test_number_types_refuse_nan_infinities_and_out_of_range_values():
+    import argparse
+
+    from polykv_search.cli.common import finite_float, non_negative_float, non_negative_int, positive_float
+
+    assert (finite_float("-2.5"), non_negative_float("0"), positive_float("1"), non_negative_int("0")) == (-2.5, 0.0, 1.0, 0)
+    for parse, text in [(finite_float, "nan"), (finite_float, "-inf"), (non_negative_float, "-0.1"),
+                        (positive_float, "0.5"), (positive_float, "inf"), (non_negative_int, "-1"), (non_negative_int, "1.5")]:  # fmt: skip
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+def test_output_checks_create_nothing(tmp_path):
+    from polykv_search.cli.common import CLIError, check_output_dir, check_output_path
+
+    assert check_output_path(tmp_path / "new" / "deeper" / "o.json") == tmp_path / "new" / "deeper" / "o.json"
+    assert check_output_dir(tmp_path / "folder") == tmp_path / "folder"
+    assert list(tmp_path.iterdir()) == []  # the missing folders can be made, but were not
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CLIError, match="--out .*file: exists and is not a directory"):
+        check_output_dir(tmp_path / "file")
+    with pytest.raises(CLIError, match="--json .*: is a directory"):
+        check_output_path(tmp_path, "--json")
+
+
+def test_read_json_names_the_file_and_refuses_nan(tmp_path):
+    from polykv_search.cli.common import CLIError, read_json
+
+    path = tmp_path / "r.json"
+    path.write_text('{"score": NaN}')
+    with pytest.raises(CLIError, match=r"--results .*r.json: NaN is not a valid JSON number"):
+        read_json(path, "--results")
+    path.write_text('{"score": 1.5}')
+    assert read_json(path) == {"score": 1.5}

@@ -79,22 +79,35 @@ def main(argv: list[str] | None = None) -> int:
     _depth += 1
     try:
         return _run(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if _depth > 1:  # a nested command: the outer one reports the interruption once
             raise
-        _print("yellow", "interrupted", "")
+        _print("yellow", "interrupted", f": {stop}" if str(stop) else "")
         return 130
     finally:
         _depth -= 1
 
 
+def invoke(argv: list[str]) -> int:
+    """Run one command *without* the error boundary: for commands that run other commands.
+
+    Bad input raises (argparse refusals as :class:`UsageError`), so the caller can add context
+    to the one line :func:`main` will print, e.g. ``raise CLIError(f"step collect: {err}")``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        raise UsageError(parser.prog, "choose a command: " + ", ".join(COMMANDS))
+    return int(args.func(args) or 0)
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether :func:`main` would show ``err`` as one line (exit 2) rather than a traceback."""
+    return _error_line(err) is not None
+
+
 def _run(argv: list[str] | None) -> int:
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if not getattr(args, "func", None):
-            raise UsageError(parser.prog, "choose a command: " + ", ".join(COMMANDS))
-        return int(args.func(args) or 0)
+        return invoke(argv)  # type: ignore[arg-type]
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     except Exception as err:

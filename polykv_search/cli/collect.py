@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 from polykv_search.cli.common import (
     CLIError,
+    Interrupted,
     add_model_args,
     check_model_args,
     check_output_path,
@@ -158,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
     except CollectError as err:
         raise CLIError(str(err)) from None
     except KeyboardInterrupt:
-        console.print(f"[yellow]stopped[/yellow]: finished cells are kept in {journal_path(out)}; rerun the same command to continue")
-        raise
+        raise Interrupted(f"finished cells are kept in {journal_path(out)}; rerun the same command to continue") from None
     cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())
     t = table.provenance["timings"]
     console.print(

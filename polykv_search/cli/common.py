@@ -31,6 +31,10 @@ class CLIError(Exception):
     """Bad input: printed as one line, exit code 2."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C with something to say (where the finished work is): ``interrupted: MESSAGE``, exit 130."""
+
+
 #: The exception types the library raises for bad input, by class name; shown as one line, exit 2.
 USER_ERROR_NAMES = frozenset(
     {
