@@ -93,7 +93,7 @@ class Interval:
         """True when the whole interval lies on one side of 0 (a resolved difference)."""
         return self.low > 0.0 or self.high < 0.0
 
-    def scaled(self, factor: float) -> "Interval":
+    def scaled(self, factor: float) -> Interval:
         """The same interval in other units (e.g. ×100 for percent); ``factor`` > 0."""
         return Interval(self.estimate * factor, self.low * factor, self.high * factor, self.level, self.method, self.n)
 
@@ -303,7 +303,7 @@ def bootstrap_interval(
     n = int(sum(s.shape[1] for s in strata))
     if min(s.shape[1] for s in strata) < 2:
         return Interval(estimate, -math.inf, math.inf, level, "too-few-samples", n)
-    kwargs = dict(axis=-1, vectorized=True, paired=False, confidence_level=level, batch=_BATCH)
+    kwargs = {"axis": -1, "vectorized": True, "paired": False, "confidence_level": level, "batch": _BATCH}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate-data and divide warnings: handled below
         result = _stats.bootstrap(tuple(strata), statistic, n_resamples=resamples, method=method,

@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _legend(comparison, details: bool) -> list[str]:
-    lines = ["gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; n/a without FullKV or a "
-             "uniform baseline, or when FullKV - best uniform is not clearly positive"]
+    lines = [("gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; n/a without FullKV or a "
+              "uniform baseline, or when FullKV - best uniform is not clearly positive")]
     if not details and comparison.has_intervals:
         more = ", KL(FullKV‖entry) fidelity" if comparison.fidelity_suites else ""
         lines.append(f"--details: differences to the best uniform{more} and gap intervals")
@@ -90,9 +90,8 @@ def _legend(comparison, details: bool) -> list[str]:
 def _print_uncut(table, fold: bool) -> None:
     """Print a table so that no cell is cut: in the compact table long entry names may fold onto
     a second line; a table that does not fit the terminal otherwise is printed at its natural width."""
-    from rich.measure import Measurement
-
     from rich.console import Console
+    from rich.measure import Measurement
 
     needed = Measurement.get(out, out.options.update_width(10_000), table)
     if needed.maximum <= out.width or (fold and needed.minimum <= out.width):

@@ -129,7 +129,7 @@ def _reference(run, budget, suite, tasks, group, full, options) -> Reference:
     elif bu is None:
         ref.gap_note = f"no uniform baseline at B={fmt_budget(budget)} on {suite}"
     else:
-        arrays, why = aligned([full, bu], tasks)
+        arrays, _ = aligned([full, bu], tasks)
         if arrays is not None:
             ref.full_minus_uniform = stats.paired_difference_interval(arrays[0], arrays[1], **options)
             if not ref.full_minus_uniform.low > 0:

@@ -112,9 +112,15 @@ def entry_samples(e: dict[str, Any], where: str = "entry") -> dict[str, TaskSamp
             raise CompareError(f"{where}: tasks[{task}].per_sample has repeated sample ids")
         # one canonical order (by id): the same samples give the same resamples whatever a file's order
         order = sorted(range(len(ids)), key=ids.__getitem__)
-        pick = lambda vs: tuple(vs[i] for i in order) if all(v is not None for v in vs) else None  # noqa: E731
-        out[task] = TaskSamples(tuple(ids[i] for i in order), pick(scores), pick(kl), pick(dnll))
+        out[task] = TaskSamples(tuple(ids[i] for i in order), *(_in_order(v, order) for v in (scores, kl, dnll)))
     return out
+
+
+def _in_order(values: list[float | None], order: list[int]) -> tuple[float, ...] | None:
+    """``values`` permuted by ``order``; None unless every sample has a value."""
+    if any(v is None for v in values):
+        return None
+    return tuple(values[i] for i in order)  # type: ignore[misc]
 
 
 def _number(v: Any) -> float | None:
