@@ -342,3 +342,13 @@ def test_unresolved_warning_is_one_line_naming_the_first_few(v2):
     doc["entries"] = [e for e in doc["entries"] if e["name"] in ("full", "uniform-streaming_llm", "uniform-snapkv")]
     c = cmp.compare([doc], resamples=300)
     assert cmp.unresolved_warning(c) is None  # streaming_llm is clearly worse on both suites
+
+
+@pytest.mark.parametrize("value", ["high", None, float("nan"), float("inf")])
+def test_a_score_that_is_not_a_finite_number_is_refused_naming_the_entry(value, tmp_path):
+    doc = json.loads(V1.read_text())
+    doc["entries"][2]["suites"]["ruler"] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))  # NaN / Infinity are written as JSON's non-standard constants
+    with pytest.raises(cmp.CompareError, match=r"entries\[2\] \(uniform-h2o\) suites.ruler must be a finite number"):
+        cmp.load_results(path)

@@ -88,6 +88,10 @@ def check_results(doc: Any, where: str = "results") -> None:
         for key in ("scores", "suites", "extra", "tasks"):
             if not isinstance(e.get(key) or {}, dict):
                 raise CompareError(f"{where}: entries[{i}].{key} must be an object")
+        for key in ("scores", "suites"):
+            for name, v in (e.get(key) or {}).items():
+                if _number(v) is None:
+                    raise CompareError(f"{where}: entries[{i}] ({e['name']}) {key}.{name} must be a finite number, got {v!r}")
         entry_samples(e, f"{where}: entries[{i}] ({e['name']})")
 
 
