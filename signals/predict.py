@@ -13,7 +13,12 @@ cell is rewarded for looking better than FullKV by chance:
 * ``"clip"``: ``max(value, 0)``; nothing costs less than FullKV;
 * ``"interval"``: ``max(value, 0)``, and 0 for a cell whose ``level`` interval contains FullKV's
   value (:meth:`~signals.table.SignalTable.indistinguishable`): what the calibration cannot tell
-  from FullKV costs what FullKV costs. Needs standard errors (a version-2 table).
+  from FullKV costs what FullKV costs;
+* ``"upper"``: ``max(value + t·SE, 0)``, the pessimistic end of the ``level`` interval (Student t
+  with the table's ``se_dof``): a cell must be *confidently* cheap to be chosen, so a noisy cell
+  that looks better than FullKV costs more than a well-measured one that is slightly worse.
+
+``interval`` and ``upper`` need standard errors (a version-2 table).
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from typing import Sequence
 import numpy as np
 
 from signals.table import SignalTable, SignalTableError
+from signals.uncertainty import t_quantile
 from strategies.strategy import Strategy
 
 OBJECTIVES: tuple[str, ...] = ("dppl", "1-cosine", "kl")
-NOISE_RULES: tuple[str, ...] = ("none", "clip", "interval")
+NOISE_RULES: tuple[str, ...] = ("none", "clip", "interval", "upper")
 _SIGNAL = {"dppl": "dppl", "1-cosine": "cosine", "kl": "kl"}
 
 
@@ -46,13 +52,15 @@ def cell_costs(table: SignalTable, objective: str, noise: str = "none", level: f
     cost = 1.0 - raw if objective == "1-cosine" else raw.copy()
     if noise == "none":
         return cost
+    if noise in ("interval", "upper") and not table.has_uncertainty:
+        raise SignalTableError(
+            f"noise: {noise!r} needs standard errors, and this signal table has none (version 1); recollect it or use noise=clip"
+        )
+    if noise == "upper":
+        cost = cost + t_quantile(level, table.se_dof) * table.se_array(signal)
     with np.errstate(invalid="ignore"):
         cost = np.where(np.isnan(cost), np.nan, np.maximum(cost, 0.0))
     if noise == "interval":
-        if not table.has_uncertainty:
-            raise SignalTableError(
-                "noise: 'interval' needs standard errors, and this signal table has none (version 1); recollect it or use noise=clip"
-            )
         cost = np.where(table.indistinguishable(signal, level), 0.0, cost)
     return cost
 

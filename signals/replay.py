@@ -181,7 +181,7 @@ def replay_unit(
 def _continue(model, runtime, record: FullKVRecord, layer_idx: int, phase: str, rows) -> TokenSignals:
     device = record.hidden[0].device
     num_layers = len(record.keys)
-    n, m, c = record.context_len, record.continuation_len, len(rows)
+    m, c = record.continuation_len, len(rows)
     layers: list[EvictingLayer] = [_detached(runtime, j, FULL_PLAN, FULL_PLAN) for j in range(num_layers)]
     stacked = StackedLayer(layer_idx, rows, **runtime.layer_kwargs(layer_idx))
     layers[layer_idx] = stacked

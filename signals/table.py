@@ -34,7 +34,6 @@ from signals.table_codec import (
     check_patterns,
     check_phases,
     check_value,
-    decode,
     is_int,
 )
 from signals.uncertainty import t_quantile

@@ -4,11 +4,14 @@ Per optimized phase: a layer's best pattern at each grid budget does not depend 
 layers, so first ``c[l, b] = min_r cost[l, r, b]`` (ties to the pattern listed first), then a
 knapsack over layers with the state "budget used so far"::
 
-    f_0(0) = 0;   f_l(s) = min_b  f_{l-1}(s − w_b) + c[l, b];   answer = min_{s <= S} f_L(s)
+    f_0(0) = 0;   f_l(s) = min_b  f_{l-1}(s − w_b) + c[l, b];   f* = min_{s <= S} f_L(s)
 
 with ``w_b = (b − b_lo)/g`` (``b_lo`` = smallest usable grid value, ``g`` = gcd of the offsets) and
 ``S = (floor(L·B) − L·b_lo)/g``, so the table has ``L × (S+1)`` entries, vectorized over ``s``.
-Time ``O(L · G · S)``; ties go to the smaller budget and the smaller total.
+Time ``O(L · G · S)``. ``f_L(s)`` is the least cost of using *exactly* ``s``, so the tie-break
+(:mod:`solvers.exact`) is exact: among the totals with ``f_L(s) <= f* + slack``, ``spend`` takes
+the largest and ``save`` the smallest, and the path to it is the cheapest at that total (ties to
+the smaller budget per layer).
 
 ``max_distinct_budgets=k`` (at most k distinct budget values per phase) is handled exactly by
 running the DP on every k-subset of the usable grid (a restriction to fewer values is covered by a
@@ -24,24 +27,40 @@ from itertools import combinations
 
 import numpy as np
 
-from solvers.base import OBJECTIVES, Plan, Problem, Settings, Solver, SolverError, cost_tensor, setting
+from solvers.base import Plan, Problem, Solver, SolverError, setting
+from solvers.exact import ExactSettings, cost_provenance, describe, phase_costs, tie_slack
 
 
 @dataclass(frozen=True)
-class DPSettings(Settings):
-    objective: str = setting("dppl", "predicted degradation to minimize", OBJECTIVES)
-    max_distinct_budgets: int | None = setting(None, "at most k distinct budget values per phase (exact, by subsets)")
+class DPSettings(ExactSettings):
     max_subsets: int = setting(20000, "refuse max_distinct_budgets when C(grid, k) exceeds this (use ilp)")
 
     def check(self) -> None:
-        if self.max_distinct_budgets is not None and self.max_distinct_budgets < 1:
-            raise SolverError(f"max_distinct_budgets: must be >= 1, got {self.max_distinct_budgets}")
+        super().check()
         if self.max_subsets < 1:
             raise SolverError(f"max_subsets: must be >= 1, got {self.max_subsets}")
 
 
-def _knapsack(best: np.ndarray, values: np.ndarray, total: int) -> tuple[float, list[int]] | None:
-    """Min Σ_l best[l, j_l] s.t. Σ values[j_l] <= total; returns (objective, j per layer) or None."""
+@dataclass
+class _Table:
+    """One knapsack: least cost ``f[s]`` of using exactly ``totals[s]`` tokens, and the choices."""
+
+    f: np.ndarray
+    totals: np.ndarray
+    choice: np.ndarray
+    w: np.ndarray
+
+    def picks(self, s: int) -> list[int]:
+        out = [0] * self.choice.shape[0]
+        for layer in range(self.choice.shape[0] - 1, -1, -1):
+            j = int(self.choice[layer, s])
+            out[layer] = j
+            s -= int(self.w[j])
+        return out
+
+
+def _knapsack(best: np.ndarray, values: np.ndarray, total: int) -> _Table | None:
+    """The DP table of ``min Σ_l best[l, j_l]`` over exact totals ``Σ values[j_l] <= total``."""
     L, G = best.shape
     v0 = int(values.min())
     cap = total - L * v0
@@ -70,15 +89,9 @@ def _knapsack(best: np.ndarray, values: np.ndarray, total: int) -> tuple[float, 
             seg[better] = cand[better]
             ch[wj:][better] = j
         f = new
-    s = int(np.argmin(f))
-    if not np.isfinite(f[s]):
+    if not np.isfinite(f).any():
         return None
-    picks = [0] * L
-    for layer in range(L - 1, -1, -1):
-        j = int(choice[layer, s])
-        picks[layer] = j
-        s -= int(w[j])
-    return float(f.min()), picks
+    return _Table(f, L * v0 + g * np.arange(S), choice, w)
 
 
 @dataclass
@@ -90,9 +103,17 @@ class PhaseSolution:
 
 
 def solve_phase_dp(
-    cost: np.ndarray, patterns: list[str], grid: tuple[int, ...], total: int, k: int | None = None, max_subsets: int = 20000
+    cost: np.ndarray,
+    patterns: list[str],
+    grid: tuple[int, ...],
+    total: int,
+    k: int | None = None,
+    max_subsets: int = 20000,
+    tie_break: str | None = None,
+    tie_tolerance: float = 0.0,
 ) -> PhaseSolution:
-    """One phase: ``cost`` is ``(L, P, G)`` with ``inf`` for unavailable cells."""
+    """One phase: ``cost`` is ``(L, P, G)`` with ``inf`` for unavailable cells. ``tie_break``:
+    None (the optimum with the smallest total), ``"spend"`` or ``"save"``."""
     L, P, G = cost.shape
     for layer in range(L):
         if not np.isfinite(cost[layer]).any():
@@ -107,16 +128,25 @@ def solve_phase_dp(
         if n > max_subsets:
             raise SolverError(f"dp: C({G}, {k}) = {n} budget subsets exceeds max_subsets={max_subsets}; use ilp")
         subsets = list(combinations(range(G), k))
-    found: tuple[float, tuple[int, ...], list[int]] | None = None
+    tables = []
     for sub in subsets:
         idx = np.asarray(sub)
-        res = _knapsack(best[:, idx], values[idx], total)
-        if res is not None and (found is None or res[0] < found[0]):
-            found = (res[0], sub, res[1])
-    if found is None:
+        table = _knapsack(best[:, idx], values[idx], total)
+        if table is not None:
+            tables.append((sub, table))
+    if not tables:
         raise SolverError("dp: no feasible assignment (every layer needs a usable cell within L*B)")
-    _, sub, picks = found
-    gs = [sub[j] for j in picks]
+    optimum = min(float(t.f.min()) for _, t in tables)
+    # without a tie-break: the exact optimum with the smallest total (as the DP always did)
+    limit = optimum + tie_slack(optimum, tie_tolerance) if tie_break is not None else optimum
+    sign = -1 if tie_break == "spend" else 1
+    candidates = [
+        ((sign * int(t.totals[s]), float(t.f[s]), i), sub, t, int(s))
+        for i, (sub, t) in enumerate(tables)
+        for s in np.flatnonzero(t.f <= limit)
+    ]
+    _, sub, table, s = min(candidates, key=lambda c: c[0])
+    gs = [sub[j] for j in table.picks(s)]
     pats = [patterns[int(arg[l, g])] for l, g in enumerate(gs)]
     buds = [int(grid[g]) for g in gs]
     obj = float(sum(best[l, g] for l, g in enumerate(gs)))
@@ -130,16 +160,16 @@ class DPSolver(Solver):
     Settings = DPSettings
 
     def _solve(self, problem: Problem) -> Plan:
-        table = problem.require_table(self.name)
-        grid = problem.selection_grid()
-        pidx = problem.pattern_indices()
-        names = [table.patterns[i] for i in pidx]
-        gidx = [table.budget_index(b) for b in grid]
-        choices, info, objective = {}, {}, 0.0
+        s = self.settings
+        choices, info, objective, unused = {}, {}, 0.0, {}
         for phase in problem.phases:
-            cost = cost_tensor(table, phase, self.settings.objective, pidx, gidx)
-            sol = solve_phase_dp(cost, names, grid, problem.total, self.settings.max_distinct_budgets, self.settings.max_subsets)
+            cost, names, grid = phase_costs(problem, phase, s)
+            sol = solve_phase_dp(
+                cost, names, grid, problem.total, s.max_distinct_budgets, s.max_subsets, s.tie_break, s.tie_tolerance
+            )
             choices[phase] = list(zip(sol.patterns, sol.budgets))
+            unused[phase] = problem.total - sum(sol.budgets)
             info[phase] = {"objective": sol.objective, "subsets": sol.subsets}
             objective += sol.objective
-        return Plan(choices, objective=objective, message=f"optimal {self.settings.objective} = {objective:.6g}", info=info)
+        message = describe(s, problem, objective, unused)
+        return Plan(choices, objective=objective, message=message, info=info, provenance=cost_provenance(s, problem))

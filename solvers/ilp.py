@@ -3,14 +3,17 @@
 Per optimized phase φ, binary ``x[l, r, b]`` for every available cell (allowed pattern r, grid
 budget b in [b_min, max_budget], finite table value)::
 
-    minimize   Σ c[l, r, b] · x[l, r, b]          c = ΔPPL (objective="dppl") or 1 − cosine
+    minimize   Σ c[l, r, b] · x[l, r, b]          c = cost of the cell (solvers.exact: objective, noise rule)
     subject to Σ_{r,b} x[l, r, b] = 1              for every layer l
                Σ b · x[l, r, b] <= floor(L·B)
     optional   Σ_r x[l, r, b] <= y[b],  Σ_b y[b] <= k      (at most k distinct budget values)
 
 The phases share no constraint, so each is its own MILP, solved by HiGHS with a zero relative gap
 (HiGHS's absolute gap is 1e-6); the reported objective is recomputed from the chosen cells.
-``dp`` solves the same problem and must agree.
+``dp`` solves the same problem and must agree. The tie-break (:mod:`solvers.exact`) adds two MILPs
+per phase on the pattern-dominated cells: ``min ∓Σ b·x`` subject to ``Σ c·x <= optimum + slack``,
+then ``min Σ c·x`` at that ``Σ b`` (the second only when ``tie_tolerance > 0``; both skipped when the
+first solution already spends all it can, or saves all it can).
 
 Exact presolve (``reduce=True``, the default; ``reduce=False`` makes every available cell a
 variable), see :func:`reduce_cells`:
@@ -35,19 +38,17 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from solvers.base import OBJECTIVES, Plan, Problem, Settings, Solver, SolverError, cost_tensor, setting
+from solvers.base import Plan, Problem, Solver, SolverError, setting
+from solvers.exact import ExactSettings, cost_provenance, describe, phase_costs, tie_slack
 
 
 @dataclass(frozen=True)
-class ILPSettings(Settings):
-    objective: str = setting("dppl", "predicted degradation to minimize", OBJECTIVES)
-    max_distinct_budgets: int | None = setting(None, "at most k distinct budget values per phase (memory pools)")
+class ILPSettings(ExactSettings):
     time_limit: float = setting(60.0, "HiGHS time limit per phase in seconds")
     reduce: bool = setting(True, "exact presolve (dominance, reduced-cost fixing) before the MILP")
 
     def check(self) -> None:
-        if self.max_distinct_budgets is not None and self.max_distinct_budgets < 1:
-            raise SolverError(f"max_distinct_budgets: must be >= 1, got {self.max_distinct_budgets}")
+        super().check()
         if self.time_limit <= 0:
             raise SolverError(f"time_limit: must be > 0, got {self.time_limit:g}")
 
@@ -149,51 +150,41 @@ def reduce_cells(cost: np.ndarray, grid: tuple[int, ...], total: int, k: int | N
 
 
 # ---------------------------------------------------------------------------- MILP
-def solve_phase_ilp(
-    cost: np.ndarray,
-    patterns: list[str],
-    grid: tuple[int, ...],
-    total: int,
-    k: int | None,
-    time_limit: float,
-    reduce: bool = True,
-    seed: int = 0,
-) -> PhaseSolution:
-    """One phase: ``cost`` is ``(L, P, G)`` with ``inf`` for unavailable cells."""
+def _run_milp(cost, avail, grid, total, k, time_limit, seed, *, objective="cost", cost_cap=None, spend_bound=None):
+    """One MILP over the cells in ``avail``: minimize the cost (``objective="cost"``), −Σ b
+    (``"spend"``) or Σ b (``"save"``), with the optional rows ``Σ c·x <= cost_cap`` and, for
+    ``spend_bound=("spend", s)`` / ``("save", s)``, ``Σ b·x >= s`` / ``Σ b·x <= s``."""
     L, P, G = cost.shape
-    avail = np.isfinite(cost)
-    for layer in range(L):
-        if not avail[layer].any():
-            raise SolverError(f"signals: layer {layer} has no usable cell (all missing for the allowed patterns/grid)")
-    incumbent = None
-    if reduce:
-        keep, incumbent = reduce_cells(cost, grid, total, k)
-        avail &= keep
     cells = np.argwhere(avail)  # rows (l, p, g), C order: deterministic
     n = len(cells)
     values = np.asarray(grid, dtype=np.float64)
     use_k = k is not None and k < G
     n_var = n + (G if use_k else 0)
-    c = np.zeros(n_var)
-    c[:n] = cost[avail]
+    cvec = cost[avail]
+    vvec = values[cells[:, 2]]
+    obj = np.zeros(n_var)
+    obj[:n] = {"cost": cvec, "spend": -vvec, "save": vvec}[objective]
     rows: list = [cells[:, 0].tolist()]
     cols: list = [list(range(n))]
     data: list = [[1.0] * n]
     lb, ub = [1.0] * L, [1.0] * L  # one cell per layer
     r = L
-    rows.append([r] * n)  # the budget
-    cols.append(list(range(n)))
-    data.append(values[cells[:, 2]].tolist())
-    lb.append(-np.inf)
-    ub.append(float(total))
-    r += 1
-    if incumbent is not None:  # cutoff: the optimum is no worse than the incumbent
+
+    def add_row(coef, low, high):
+        nonlocal r
         rows.append([r] * n)
         cols.append(list(range(n)))
-        data.append(c[:n].tolist())
-        lb.append(-np.inf)
-        ub.append(incumbent + 1e-9 * max(1.0, abs(incumbent)))
+        data.append(list(coef))
+        lb.append(low)
+        ub.append(high)
         r += 1
+
+    add_row(vvec, -np.inf, float(total))  # the budget
+    if cost_cap is not None:
+        add_row(cvec, -np.inf, cost_cap)
+    if spend_bound is not None:
+        kind, bound = spend_bound
+        add_row(vvec, bound, np.inf) if kind == "spend" else add_row(vvec, -np.inf, bound)
     if use_k:  # Σ_p x[l,p,g] - y[g] <= 0 for every used (l, g); Σ y <= k
         lg = cells[:, 0] * G + cells[:, 2]
         uniq, inv = np.unique(lg, return_inverse=True)
@@ -213,7 +204,7 @@ def solve_phase_ilp(
     with warnings.catch_warnings():  # random_seed is passed to HiGHS verbatim (scipy warns about that)
         warnings.simplefilter("ignore", RuntimeWarning)
         res = milp(
-            c,
+            obj,
             constraints=LinearConstraint(A, lb, ub),
             integrality=np.ones(n_var),
             bounds=Bounds(0, 1),
@@ -221,15 +212,68 @@ def solve_phase_ilp(
         )
     if res.x is None:
         raise SolverError(f"ilp: no feasible assignment ({res.message.strip()})")
-    x = res.x[:n] > 0.5
-    picked = cells[x]
+    picked = cells[res.x[:n] > 0.5]
     if len(picked) != L or sorted(picked[:, 0].tolist()) != list(range(L)):
         raise SolverError("ilp: HiGHS returned a solution that does not pick one cell per layer")
-    picked = picked[np.argsort(picked[:, 0])]
+    return picked[np.argsort(picked[:, 0])], res.status == 0, res.message.strip(), n_var
+
+
+def _pattern_dominated(cost: np.ndarray) -> np.ndarray:
+    """Mask keeping, per (layer, budget), only the first cheapest usable pattern."""
+    L, P, G = cost.shape
+    keep = np.zeros(cost.shape, dtype=bool)
+    keep[np.arange(L)[:, None], cost.argmin(axis=1), np.arange(G)[None, :]] = np.isfinite(cost.min(axis=1))
+    return keep
+
+
+def solve_phase_ilp(
+    cost: np.ndarray,
+    patterns: list[str],
+    grid: tuple[int, ...],
+    total: int,
+    k: int | None,
+    time_limit: float,
+    reduce: bool = True,
+    seed: int = 0,
+    tie_break: str | None = None,
+    tie_tolerance: float = 0.0,
+) -> PhaseSolution:
+    """One phase: ``cost`` is ``(L, P, G)`` with ``inf`` for unavailable cells. ``tie_break``:
+    None (any optimum), ``"spend"`` or ``"save"`` (module docstring of :mod:`solvers.exact`)."""
+    L, P, G = cost.shape
+    avail = np.isfinite(cost)
+    for layer in range(L):
+        if not avail[layer].any():
+            raise SolverError(f"signals: layer {layer} has no usable cell (all missing for the allowed patterns/grid)")
+    first = avail
+    incumbent = None
+    if reduce:
+        keep, incumbent = reduce_cells(cost, grid, total, k)
+        first = avail & keep
+    cap = None if incumbent is None else incumbent + 1e-9 * max(1.0, abs(incumbent))
+    picked, optimal, message, n_var = _run_milp(cost, first, grid, total, k, time_limit, seed, cost_cap=cap)
+    optimum = float(sum(cost[l, p, g] for l, p, g in picked))
+    if tie_break is not None and optimal:
+        values = np.asarray(grid)
+        usable = np.isfinite(cost.min(axis=1))  # (L, G)
+        spent = int(values[picked[:, 2]].sum())
+        bound = [values[usable[l]].max() if tie_break == "spend" else values[usable[l]].min() for l in range(L)]
+        done = spent == (min(total, int(sum(bound))) if tie_break == "spend" else int(sum(bound)))
+        if not done:
+            dominated = _pattern_dominated(cost)
+            slack = optimum + tie_slack(optimum, tie_tolerance)
+            picked, optimal, message, _ = _run_milp(
+                cost, dominated, grid, total, k, time_limit, seed, objective=tie_break, cost_cap=slack
+            )
+            if tie_tolerance > 0 and optimal:
+                spent = int(values[picked[:, 2]].sum())
+                picked, optimal, message, _ = _run_milp(
+                    cost, dominated, grid, total, k, time_limit, seed, cost_cap=slack, spend_bound=(tie_break, spent)
+                )
     pats = [patterns[p] for p in picked[:, 1]]
     buds = [int(grid[g]) for g in picked[:, 2]]
     obj = float(sum(cost[l, p, g] for l, p, g in picked))
-    return PhaseSolution(pats, buds, obj, res.status == 0, res.message.strip(), n_var)
+    return PhaseSolution(pats, buds, obj, optimal, message, n_var)
 
 
 class ILPSolver(Solver):
@@ -239,23 +283,21 @@ class ILPSolver(Solver):
     Settings = ILPSettings
 
     def _solve(self, problem: Problem) -> Plan:
-        table = problem.require_table(self.name)
-        grid = problem.selection_grid()
-        pidx = problem.pattern_indices()
-        names = [table.patterns[i] for i in pidx]
-        gidx = [table.budget_index(b) for b in grid]
         s = self.settings
-        choices, info, objective, optimal, msgs = {}, {}, 0.0, True, []
+        choices, info, objective, optimal, msgs, unused = {}, {}, 0.0, True, [], {}
         for phase in problem.phases:
-            cost = cost_tensor(table, phase, s.objective, pidx, gidx)
+            cost, names, grid = phase_costs(problem, phase, s)
             sol = solve_phase_ilp(
-                cost, names, grid, problem.total, s.max_distinct_budgets, s.time_limit, s.reduce, problem.seed
-            )
+                cost, names, grid, problem.total, s.max_distinct_budgets, s.time_limit, s.reduce, problem.seed,
+                s.tie_break, s.tie_tolerance,
+            )  # fmt: skip
             choices[phase] = list(zip(sol.patterns, sol.budgets))
+            unused[phase] = problem.total - sum(sol.budgets)
             info[phase] = {"objective": sol.objective, "optimal": sol.optimal, "variables": sol.variables, "highs": sol.message}
             objective += sol.objective
             optimal &= sol.optimal
             if not sol.optimal:
                 msgs.append(f"{phase}: {sol.message}")
-        message = f"optimal {s.objective} = {objective:.6g}" if optimal else "not proven optimal: " + "; ".join(msgs)
-        return Plan(choices, objective=objective, message=message, success=optimal, info=info)
+        message = describe(s, problem, objective, unused) if optimal else "not proven optimal: " + "; ".join(msgs)
+        provenance = cost_provenance(s, problem)
+        return Plan(choices, objective=objective, message=message, success=optimal, info=info, provenance=provenance)

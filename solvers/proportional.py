@@ -4,12 +4,13 @@ For every optimized phase φ and layer l, with the reference budget ``b_ref`` (d
 value closest to B, ties to the smaller):
 
 * **pattern** ``r_{l,φ}`` = the allowed pattern with the best preference signal at ``b_ref``:
-  highest cosine (``preference="cosine"``) or lowest ΔPPL (``preference="ppl"``); missing cells
-  are skipped, ties go to the pattern listed first in the table.
+  highest cosine (``preference="cosine"``), lowest ΔPPL (``"ppl"``) or lowest KL(FullKV ‖ cell)
+  (``"kl"``); missing cells are skipped, ties go to the pattern listed first in the table.
 * **budget** ``b_{l,φ} = b_min + (L·B − L·b_min) · s_l / Σ_k s_k`` with the sensitivity ``s``:
-  attention entropy of (l, φ) (``sensitivity="entropy"``) or the worst-case ΔPPL over the allowed
-  patterns at ``b_ref`` (``sensitivity="ppl"``), raised to ``exponent`` (1 in the paper). Negative
-  sensitivities count as 0; if every ``s_l`` is 0 the split is even.
+  attention entropy of (l, φ) (``sensitivity="entropy"``), or the worst case over the allowed
+  patterns at ``b_ref`` of ΔPPL (``"ppl"``) or of KL (``"kl"``), raised to ``exponent`` (1 in the
+  paper). Negative sensitivities (a ΔPPL below 0 by noise) count as 0; if every ``s_l`` is 0 the
+  split is even. The KL settings need a table with the KL signal (version 2).
 
 ``L·B`` is taken as ``T = floor(L·B)``; integers by largest remainder (ties to the lower layer), so
 ``Σ_l b_l = T`` exactly. A layer above ``max_budget`` (it cannot use more, e.g. the context length)
@@ -28,8 +29,12 @@ from solvers.base import Plan, Problem, Settings, Solver, SolverError, allocate,
 
 @dataclass(frozen=True)
 class ProportionalSettings(Settings):
-    preference: str = setting("cosine", "pattern per layer: highest cosine or lowest dPPL at the reference budget", ("cosine", "ppl"))
-    sensitivity: str = setting("entropy", "budget share: attention entropy, or worst-case dPPL over patterns", ("entropy", "ppl"))
+    preference: str = setting(
+        "cosine", "pattern per layer: highest cosine, lowest dPPL or lowest KL at the reference budget", ("cosine", "ppl", "kl")
+    )
+    sensitivity: str = setting(
+        "entropy", "budget share: attention entropy, or worst-case dPPL or KL over patterns", ("entropy", "ppl", "kl")
+    )
     reference_budget: int | None = setting(None, "grid budget where signals are read (default: grid value closest to B)")
     exponent: float = setting(1.0, "budget share is proportional to sensitivity**exponent (paper: 1)")
 
@@ -47,6 +52,8 @@ class ProportionalSolver(Solver):
     def _solve(self, problem: Problem) -> Plan:
         table = problem.require_table(self.name)
         s = self.settings
+        if "kl" in (s.preference, s.sensitivity) and "kl" not in table.signals:
+            raise SolverError("signals: the table has no KL signal (version 1); recollect it or use preference/sensitivity ppl")
         ref = problem.reference_budget(s.reference_budget)
         g = table.budget_index(ref)
         pidx = problem.pattern_indices()
@@ -55,9 +62,9 @@ class ProportionalSolver(Solver):
         info: dict[str, dict] = {"reference_budget": ref}  # type: ignore[dict-item]
         for phase in problem.phases:
             f = table.phase_index(phase)
-            cos = table._cosine[:, f][:, pidx, g]  # noqa: SLF001  (L, P)
-            dppl = table._dppl[:, f][:, pidx, g]  # noqa: SLF001
-            pref = np.where(np.isfinite(cos), cos, -np.inf) if s.preference == "cosine" else np.where(np.isfinite(dppl), -dppl, -np.inf)
+            read = {k: table.signal_array(k)[:, f][:, pidx, g] for k in ("cosine", "dppl", "kl")}  # (L, P) each
+            signal = {"cosine": read["cosine"], "ppl": -read["dppl"], "kl": -read["kl"]}[s.preference]
+            pref = np.where(np.isfinite(signal), signal, -np.inf)
             patterns = []
             for layer in range(problem.num_layers):
                 row = pref[layer]
@@ -72,11 +79,12 @@ class ProportionalSolver(Solver):
                 if missing:
                     raise SolverError(f"signals: entropy missing for {phase} layers {missing}")
             else:
-                masked = np.where(np.isfinite(dppl), dppl, -np.inf)
-                sens = masked.max(axis=1)
+                values = read["dppl" if s.sensitivity == "ppl" else "kl"]
+                sens = np.where(np.isfinite(values), values, -np.inf).max(axis=1)
                 missing = [l for l in range(problem.num_layers) if not np.isfinite(sens[l])]
                 if missing:
-                    raise SolverError(f"signals: dPPL at budget {ref} missing for {phase} layers {missing}")
+                    name = "dPPL" if s.sensitivity == "ppl" else "KL"
+                    raise SolverError(f"signals: {name} at budget {ref} missing for {phase} layers {missing}")
             weights = np.maximum(sens, 0.0) ** s.exponent if s.exponent != 0 else np.ones_like(sens)
             budgets = allocate(problem.total, weights=weights, base=float(problem.b_min), lo=problem.b_min, hi=problem.max_budget)
             choices[phase] = [(p, int(b)) for p, b in zip(patterns, budgets)]

@@ -369,3 +369,28 @@ def test_replay_equals_naive_on_smollm2():
     slow = collect_signals(model, samples, naive=True, **kw)
     assert_tables_close(fast, slow)
     assert math.isfinite(fast.full_ppl) and fast.full_ppl < 200
+
+
+def test_show_marks_the_cells_indistinguishable_from_fullkv(tmp_path, capsys):
+    from signals import random_signal_table
+
+    table = random_signal_table(num_layers=5, samples=3, noise=0.5, seed=4)
+    path = table.save(tmp_path / "t.json")
+    png = tmp_path / "t.png"
+    assert run_cli(["show", str(path), "--plot", str(png)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    same = table.indistinguishable("dppl")
+    for f, phase in enumerate(table.phases):
+        n = int(same[:, f].sum())
+        assert 0 < n < same[:, f].size
+        assert f"{phase}: {n} of {same[:, f].size} cells are indistinguishable from FullKV" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = table.to_json()
+    doc["version"] = 1
+    for key in ("kl", "uncertainty"):
+        doc.pop(key)
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps(doc))
+    assert run_cli(["show", str(old)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "no standard errors in this table" in text and "indistinguishable" not in text

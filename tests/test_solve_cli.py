@@ -31,7 +31,7 @@ def test_solve_writes_a_valid_strategy_with_its_provenance(tmp_path, signals):
     assert sum(s.budgets("prefill")) == sum(s.budgets("decoding")) == 6 * 64
     assert s.provenance["solver"] == "proportional"
     assert s.provenance["ablation"] == {"uniform_budgets": False, "fixed_pattern": None}
-    assert set(s.provenance["predicted"]) == {"dppl", "1-cosine"}
+    assert set(s.provenance["predicted"]) == {"dppl", "1-cosine", "kl"}
 
 
 def test_uniform_budgets_flag_gives_patterns_only(tmp_path, signals):
@@ -90,3 +90,16 @@ def test_list_methods_names_every_solver(capsys):
     text = capsys.readouterr().out
     for name in ("proportional", "ilp", "dp", "optuna", "uniform", "pyramid", "squeeze", "cake"):
         assert name in text
+
+
+def test_solve_reports_the_unused_budget_and_takes_the_new_settings(tmp_path, signals, capsys):
+    rc, out = solve(tmp_path, "--method", "dp", "--signals", signals, "--budget", 64, "--objective", "kl",
+                    "--noise", "clip", "--tie-break", "save")  # fmt: skip
+    assert rc == 0
+    s = Strategy.load(out)
+    unused = s.provenance["unused_budget"]
+    assert s.provenance["budget_total"] == 6 * 64 and unused["prefill"] == 6 * 64 - sum(s.budgets("prefill"))
+    assert s.provenance["objective_cost"] == {"objective": "kl", "noise": "clip", "confidence": 0.95, "tie_break": "save", "tie_tolerance": 0.0}
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"unused budget (of 384 tokens per phase): prefill {unused['prefill']}" in err
+    assert "optimal kl (noise=clip)" in err

@@ -176,7 +176,7 @@ def test_table_free_solvers_need_no_table():
     u = solve("uniform", p, pattern="tova")
     assert u.strategy.budgets("prefill") == u.strategy.budgets("decoding") == [64] * 6
     assert u.strategy.patterns("decoding") == ["tova"] * 6
-    assert u.predicted == {"dppl": None, "1-cosine": None}
+    assert u.predicted == {"dppl": None, "1-cosine": None, "kl": None}
     py = solve("pyramid", p)
     assert sum(py.strategy.budgets("prefill")) == math.floor(6 * 64.5)
     assert py.strategy.patterns("prefill") == ["pyramidkv"] * 6
@@ -458,7 +458,7 @@ def test_registry_lists_every_method_with_a_description():
 
 def test_settings_describe_themselves_for_a_cli():
     info = {i.name: i for i in get_solver_class("proportional").Settings.fields_info()}
-    assert info["preference"].choices == ("cosine", "ppl") and info["preference"].flag == "--preference"
+    assert info["preference"].choices == ("cosine", "ppl", "kl") and info["preference"].flag == "--preference"
     assert info["reference_budget"].type == "int|None" and info["reference_budget"].default is None
     assert all(i.help for i in info.values())
     settings = get_solver_class("pyramid").Settings.from_strings({"--beta": "10", "window": "none"})

@@ -1,9 +1,12 @@
 """`polykv-search show signals.json [--plot out.png]`: a readable summary of a signal table.
 
 Per phase, a table of every layer: FullKV attention entropy and variance, the best pattern by cosine
-(mean over the budget grid) and by ΔPPL (mean over the grid), and the layer's sensitivity (worst-case
-ΔPPL over patterns at the smallest budget); then the most sensitive layers. ``--plot`` draws heatmaps
-(layers × patterns, per phase: mean cosine and mean ΔPPL over the grid) and entropy per layer.
+(mean over the budget grid), by ΔPPL and by KL (means over the grid), the layer's sensitivity
+(worst-case ΔPPL over patterns at the smallest budget) and how many of its cells the calibration
+cannot tell from FullKV (their 95 % ΔPPL interval, value ± t·SE, contains 0; tables with standard
+errors only); then the most sensitive layers. ``--plot`` draws heatmaps (per phase: mean cosine over
+the grid per layer × pattern, ΔPPL of every cell with a dot on the cells indistinguishable from
+FullKV) and entropy per layer.
 """
 
 from __future__ import annotations
@@ -30,13 +33,19 @@ def _fmt(x: float, spec: str = ".3f") -> str:
     return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
+LEVEL = 0.95
+
+
 def summarize(table) -> dict:
-    """The numbers ``show`` prints: per phase, per layer best patterns and sensitivity."""
-    cos, dppl = table.cosine_array(), table.dppl_array()
+    """The numbers ``show`` prints: per phase, per layer best patterns, sensitivity and the count of
+    cells indistinguishable from FullKV (None without standard errors)."""
+    cos, dppl, kl = table.cosine_array(), table.dppl_array(), table.kl_array()
+    same = table.indistinguishable("dppl", LEVEL) if table.has_uncertainty else None
     result = {}
     for f, phase in enumerate(table.phases):
         mean_cos = _nanmean(cos[:, f], axis=-1)  # (L, P)
         mean_dppl = _nanmean(dppl[:, f], axis=-1)
+        mean_kl = _nanmean(kl[:, f], axis=-1)
         smallest = dppl[:, f, :, 0]  # (L, P)
         rows = []
         for layer in range(table.num_layers):
@@ -48,6 +57,13 @@ def summarize(table) -> dict:
             if np.isfinite(d).any():
                 i = int(np.nanargmin(np.where(np.isfinite(d), d, np.inf)))
                 row["best_dppl"] = (table.patterns[i], float(d[i]))
+            k = mean_kl[layer]
+            if np.isfinite(k).any():
+                i = int(np.nanargmin(np.where(np.isfinite(k), k, np.inf)))
+                row["best_kl"] = (table.patterns[i], float(k[i]))
+            if same is not None:
+                known = np.isfinite(table.se_array("dppl")[layer, f]) & np.isfinite(dppl[layer, f])
+                row["indistinguishable"] = (int(same[layer, f].sum()), int(known.sum()))
             s = smallest[layer]
             row["sensitivity"] = float(np.max(s[np.isfinite(s)])) if np.isfinite(s).any() else math.nan
             rows.append(row)
@@ -75,26 +91,42 @@ def show_signals(path: str, plot: str | None = None) -> int:
         highlight=False,
     )
     summary = summarize(table)
+    has_kl = "kl" in table.signals
+    if not table.has_uncertainty:
+        out.print(
+            "no standard errors in this table (version 1 or a single sample-block unit): cells cannot be compared "
+            "with FullKV; recollect it with polykv-search collect",
+            highlight=False,
+        )
     ent, var = table.entropy_array(), table.variance_array()
     b0 = table.budgets[0]
     for f, phase in enumerate(table.phases):
-        t = Table(title=f"{phase}: best pattern per layer (cosine and dPPL: mean over budgets)")
-        for col in ("layer", "entropy", "variance", "best by cosine", "cosine", "best by dPPL", "dPPL", f"worst dPPL @{b0}"):
+        t = Table(title=f"{phase}: best pattern per layer (cosine, dPPL, KL: mean over budgets)")
+        cols = ["layer", "entropy", "variance", "best by cosine", "cosine", "best by dPPL", "dPPL"]
+        cols += ["best by KL", "KL"] if has_kl else []
+        cols += [f"worst dPPL @{b0}"] + (["≈FullKV cells"] if table.has_uncertainty else [])
+        for col in cols:
             t.add_column(col, justify="left" if col.startswith("best") else "right")
         for row in summary[phase]:
             l = row["layer"]
-            bc, bd = row.get("best_cosine"), row.get("best_dppl")
-            t.add_row(
-                str(l),
-                _fmt(ent[l, f]),
-                _fmt(var[l, f], ".4f"),
-                bc[0] if bc else "-",
-                _fmt(bc[1], ".4f") if bc else "-",
-                bd[0] if bd else "-",
-                _fmt(bd[1], "+.3f") if bd else "-",
-                _fmt(row["sensitivity"], "+.3f"),
-            )
+            bc, bd, bk = row.get("best_cosine"), row.get("best_dppl"), row.get("best_kl")
+            cells = [str(l), _fmt(ent[l, f]), _fmt(var[l, f], ".4f"), bc[0] if bc else "-", _fmt(bc[1], ".4f") if bc else "-"]
+            cells += [bd[0] if bd else "-", _fmt(bd[1], "+.3f") if bd else "-"]
+            if has_kl:
+                cells += [bk[0] if bk else "-", _fmt(bk[1], ".4f") if bk else "-"]
+            cells.append(_fmt(row["sensitivity"], "+.3f"))
+            if "indistinguishable" in row:
+                cells.append("{}/{}".format(*row["indistinguishable"]))
+            t.add_row(*cells)
         out.print(t)
+        if table.has_uncertainty:
+            counts = [r["indistinguishable"] for r in summary[phase] if "indistinguishable" in r]
+            n_same, n_known = sum(c[0] for c in counts), sum(c[1] for c in counts)
+            out.print(
+                f"{phase}: {n_same} of {n_known} cells are indistinguishable from FullKV (their {LEVEL:.0%} dPPL interval, "
+                f"value ± t·SE with {table.se_dof} degrees of freedom, contains 0)",
+                highlight=False,
+            )
         sens = [(r["sensitivity"], r["layer"]) for r in summary[phase] if math.isfinite(r["sensitivity"])]
         if sens:
             top = sorted(sens, reverse=True)[:TOP_SENSITIVE]
@@ -126,7 +158,8 @@ def show_signals(path: str, plot: str | None = None) -> int:
 
 
 def write_plot(table, path: str) -> None:
-    """Heatmaps (layers × patterns per phase: mean cosine, mean ΔPPL) and entropy per layer, as PNG."""
+    """Heatmaps per phase (mean cosine per layer × pattern; ΔPPL of every cell, dots where it is
+    indistinguishable from FullKV) and entropy per layer, as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,27 +169,38 @@ def write_plot(table, path: str) -> None:
 
     L, F, P, G = table.shape
     cos, dppl, ent = table.cosine_array(), table.dppl_array(), table.entropy_array()
+    same = table.indistinguishable("dppl", LEVEL) if table.has_uncertainty else None
     height = max(4.0, 0.22 * L + 1.5)
-    fig, axes = plt.subplots(1, 2 * F + 1, figsize=(3.2 * (2 * F) + 3.0, height), squeeze=False)
+    fig, axes = plt.subplots(1, 2 * F + 1, figsize=(3.2 * F + 0.12 * P * G * F + 4.0, height), squeeze=False)
     axes = axes[0]
     finite = dppl[np.isfinite(dppl)]
     lim = float(np.percentile(np.abs(finite), 95)) if finite.size else 1.0
     lim = lim if lim > 0 else 1.0
     for f, phase in enumerate(table.phases):
-        for k, (name, data, cmap, vmin, vmax) in enumerate(
-            [
-                ("cosine", _nanmean(cos[:, f], -1), "viridis", None, None),
-                ("dPPL", _nanmean(dppl[:, f], -1), "RdBu_r", -lim, lim),
-            ]
-        ):
-            ax = axes[2 * f + k]
-            im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-            ax.set_title(f"{phase}: {name}\n(mean over budgets)", fontsize=9)
-            ax.set_xticks(range(P))
-            ax.set_xticklabels(table.patterns, rotation=60, ha="right", fontsize=7)
-            ax.set_ylabel("layer")
-            ax.set_yticks(range(0, L, max(1, L // 15)))
-            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        ax = axes[2 * f]
+        im = ax.imshow(np.ma.masked_invalid(_nanmean(cos[:, f], -1)), aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_title(f"{phase}: cosine\n(mean over budgets)", fontsize=9)
+        ax.set_xticks(range(P))
+        ax.set_xticklabels(table.patterns, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("layer")
+        ax.set_yticks(range(0, L, max(1, L // 15)))
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        # every cell: columns pattern-major, one per (pattern, budget)
+        ax = axes[2 * f + 1]
+        cells = dppl[:, f].reshape(L, P * G)
+        im = ax.imshow(np.ma.masked_invalid(cells), aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+        if same is not None:
+            ys, xs = np.nonzero(same[:, f].reshape(L, P * G))
+            ax.scatter(xs, ys, s=6, c="black", marker="o", label=f"{LEVEL:.0%} interval contains 0")
+            ax.legend(fontsize=6, loc="lower right", framealpha=0.8)
+        title = "dPPL per cell" + ("\n(dots: indistinguishable from FullKV)" if same is not None else "\n(no standard errors)")
+        ax.set_title(f"{phase}: {title}", fontsize=9)
+        ax.set_xticks([p * G + (G - 1) / 2 for p in range(P)])
+        ax.set_xticklabels(table.patterns, rotation=60, ha="right", fontsize=7)
+        for p in range(1, P):
+            ax.axvline(p * G - 0.5, color="white", linewidth=1)
+        ax.set_yticks(range(0, L, max(1, L // 15)))
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     ax = axes[-1]
     layers = np.arange(L)
     for f, phase in enumerate(table.phases):

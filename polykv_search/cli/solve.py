@@ -143,8 +143,13 @@ def run(args: argparse.Namespace) -> int:
     pred = ", ".join(f"{k} {v:.4g}" for k, v in result.predicted.items() if v is not None)
     if pred:
         console.print(f"predicted degradation (sum over optimized layers and phases): {pred}")
+    unused = result.strategy.provenance.get("unused_budget", result.unused_budget)
+    total = result.strategy.provenance.get("budget_total", problem.total)
+    if unused:
+        spare = ", ".join(f"{p} {n} ({n / total:.1%})" for p, n in unused.items()) if total else ""
+        console.print(f"unused budget (of {total} tokens per phase): {spare}", highlight=False)
     if result.message:
-        console.print(result.message)
+        console.print(result.message, highlight=False)
     return 0
 
 

@@ -1,0 +1,70 @@
+"""Settings of the ``optuna`` solver and the constants of its search space."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from solvers.base import Settings, SolverError, setting
+
+FAMILIES_RULE = ("rule", "ilp", "uniform")
+FAMILIES_LAYERS = ("per-layer", "ilp", "uniform")
+ILP_OBJECTIVES = ("dppl", "1-cosine", "kl")
+#: Signals the rule ranks patterns by, the ilp anchor minimizes and uniform-best is chosen by.
+DEGRADATIONS = ("dppl", "kl")
+GAMMA_MAX = 3.0
+FLOOR_SHARE_MAX = 0.9
+#: The proportional anchor's rule parameters.
+#: A study stops after MAX_TRIALS_FACTOR * trials finished trials even if repeats kept it short of
+#: ``trials`` scored strategies.
+MAX_TRIALS_FACTOR = 4
+PROPORTIONAL_POINT = {"alpha": 1.0, "beta": 1.0, "gamma": 1.0, "floor_share": 0.0}
+
+
+@dataclass(frozen=True)
+class OptunaSettings(Settings):
+    trials: int = setting(40, "strategies the study should score (anchors and earlier runs count; repeats are free)")
+    storage: str | None = setting(
+        None, "optuna storage: journal file path, 'memory', or an RDB URL (default: <cache>/optuna/<study>.journal)"
+    )
+    jobs: int = setting(1, "trials run in parallel threads (n_jobs); each thread uses its own model copy")
+    study_name: str | None = setting(None, "study name (default: a hash of the problem and settings, so a rerun resumes)")
+    seed: int = setting(0, "sampler seed and calibration sample seed")
+    objectives: str = setting("quality", "objectives: quality, or quality,memory for a Pareto front", ("quality", "quality,memory"))
+    space: str = setting("rule", "search space: allocation-rule parameters, or per-layer patterns (ablation)", ("rule", "per-layer"))
+    model: str | None = setting(None, "model that scores trials (default: the signal table's model)")
+    device: str = setting("cpu", "device of the scoring model")
+    dtype: str = setting("float32", "dtype of the scoring model")
+    samples: int = setting(8, "calibration samples per task")
+    context_len: int = setting(1024, "prompt length in tokens of the calibration samples")
+    corpus: str = setting("austen", "corpus spec; its calibration split is used")
+    tasks: str = setting("broad/continuation", "tasks scored per trial, comma separated (suite or task names)")
+    metric: str = setting("score", "quality: mean task score, or -mean log perplexity of teacher-forced tasks", ("score", "log-ppl"))
+    startup_trials: int = setting(10, "random trials before TPE models the space (anchors count)")
+    mo_sampler: str = setting("tpe", "sampler for quality,memory: multi-objective TPE or NSGA-II", ("tpe", "nsga2"))
+    population: int = setting(16, "NSGA-II population size")
+    min_budget_share: float = setting(0.25, "quality,memory: the smallest budget tried, as a share of B")
+    degradation: str = setting(
+        "dppl", "signal of the rule's degradation rank and worst-case sensitivity, the ilp anchor and uniform-best", DEGRADATIONS
+    )
+    verbose: bool = setting(False, "show optuna's per-trial log")
+
+    def check(self) -> None:
+        for name, low in (("trials", 1), ("jobs", 1), ("samples", 1), ("context_len", 8), ("startup_trials", 0), ("population", 2)):
+            value = getattr(self, name)
+            if value < low:
+                raise SolverError(f"{name}: must be >= {low}, got {value}")
+        if not 0 < self.min_budget_share <= 1:
+            raise SolverError(f"min_budget_share: must be in (0, 1], got {self.min_budget_share:g}")
+        if self.storage is not None and not self.storage.strip():
+            raise SolverError("storage: empty; give a journal file path, 'memory' or an RDB URL")
+        if self.study_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.study_name):
+            raise SolverError(f"study_name: use letters, digits, '.', '_' and '-' only, got {self.study_name!r}")
+        if not [t for t in self.tasks.split(",") if t.strip()]:
+            raise SolverError("tasks: no task given")
+        if self.model is not None and not self.model.strip():
+            raise SolverError("model: empty")
+
+    @property
+    def two_objectives(self) -> bool:
+        return self.objectives == "quality,memory"

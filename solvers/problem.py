@@ -1,0 +1,243 @@
+"""The :class:`Problem` a solver solves: table, layers, B, b_min, phases, grid, patterns, ablations."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from signals.table import SignalTable
+from solvers.settings import SolverError, is_int
+from strategies.strategy import PHASES
+
+#: What the phases that are not optimized get (recorded in every strategy's provenance).
+UNOPTIMIZED_RULE = "uniform default: default_pattern at floor(B) in every layer (capped at max_budget)"
+
+
+@dataclass(kw_only=True)
+class Problem:
+    """What to solve: table (or None), layers, B, b_min, phases, grid, allowed patterns, seed.
+
+    Parameters
+    ----------
+    global_budget
+        B, the average budget per layer; per optimized phase ``Σ_l b_l <= floor(L·B)``.
+    table
+        The signal table; required by table-driven solvers (proportional, ilp, dp, squeeze, cake).
+    num_layers
+        L; taken from the table when omitted (and must match it when both are given).
+    b_min
+        Smallest budget any layer may get (integer >= 1).
+    phases
+        Phases to optimize; default: the table's phases, or both phases without a table. The other
+        phases get the uniform default (see :data:`UNOPTIMIZED_RULE`).
+    budgets
+        The budget grid the selecting solvers (ilp, dp) choose from and the reference budget is taken
+        from; default: the table's grid. With a table it must be a subset of the table's grid.
+    patterns
+        Patterns the table-driven solvers may choose; default: the table's patterns except ``full``.
+    seed
+        Recorded in provenance; every built-in solver is deterministic (ties break to the lower
+        layer / pattern / budget index).
+    max_budget
+        The most a layer can use (e.g. the context length); allocators cap at it and redistribute.
+    default_pattern
+        The pattern of the phases that are not optimized.
+    uniform_budgets
+        Ablation "patterns only": every optimized layer gets ``floor(B)`` (capped at ``max_budget``);
+        the solver still chooses the patterns. Selecting solvers choose them at that budget when it is
+        on the grid.
+    fixed_pattern
+        Ablation "budgets only": every optimized layer uses this pattern (the allowed patterns become
+        just this one); the solver still chooses the budgets.
+    """
+
+    global_budget: float
+    table: SignalTable | None = None
+    num_layers: int | None = None
+    b_min: int = 1
+    phases: Sequence[str] | None = None
+    budgets: Sequence[int] | None = None
+    patterns: Sequence[str] | None = None
+    seed: int = 0
+    max_budget: int | None = None
+    default_pattern: str = "snapkv"
+    uniform_budgets: bool = False
+    fixed_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        from polykv_search.patterns import PATTERNS
+
+        t = self.table
+        if t is not None and not isinstance(t, SignalTable):
+            raise SolverError(f"table: must be a SignalTable or None, got {type(t).__name__}")
+        if self.num_layers is None:
+            if t is None:
+                raise SolverError("num_layers: required when no signal table is given")
+            self.num_layers = t.num_layers
+        if not is_int(self.num_layers) or self.num_layers < 1:
+            raise SolverError(f"num_layers: must be a positive integer, got {self.num_layers!r}")
+        if t is not None and t.num_layers != self.num_layers:
+            raise SolverError(f"num_layers: {self.num_layers} but the signal table has {t.num_layers} layers")
+        B = self.global_budget
+        if isinstance(B, bool) or not isinstance(B, (int, float, np.integer, np.floating)) or not math.isfinite(B):
+            raise SolverError(f"global budget B: must be a finite number, got {B!r}")
+        if B < 1:
+            raise SolverError(f"global budget B: must be >= 1, got {B:g}")
+        self.global_budget = float(B)
+        if not is_int(self.b_min) or self.b_min < 1:
+            raise SolverError(f"b_min: must be a positive integer, got {self.b_min!r}")
+        L = self.num_layers
+        if L * self.b_min > self.total:
+            raise SolverError(
+                f"infeasible: L*b_min = {L}*{self.b_min} = {L * self.b_min} exceeds L*B = {L}*{B:g} = {L * B:g}"
+            )
+        if self.max_budget is not None:
+            if not is_int(self.max_budget) or self.max_budget < self.b_min:
+                raise SolverError(f"max_budget: must be an integer >= b_min={self.b_min}, got {self.max_budget!r}")
+        # phases
+        if self.phases is None:
+            self.phases = tuple(t.phases) if t is not None else PHASES
+        phases = list(self.phases) if not isinstance(self.phases, str) else [self.phases]
+        if not phases:
+            raise SolverError("phases: at least one phase must be optimized")
+        for p in phases:
+            if p not in PHASES:
+                raise SolverError(f"phases: {p!r} is not one of {list(PHASES)}")
+        if len(set(phases)) != len(phases):
+            raise SolverError(f"phases: duplicates in {phases}")
+        self.phases = tuple(p for p in PHASES if p in phases)
+        # grid
+        if self.budgets is None:
+            self.budgets = tuple(t.budgets) if t is not None else None
+        else:
+            grid = list(self.budgets) if not isinstance(self.budgets, (int, np.integer)) else [self.budgets]
+            if not grid:
+                raise SolverError("budgets: the budget grid is empty")
+            for b in grid:
+                if not is_int(b) or b < 1:
+                    raise SolverError(f"budgets: {b!r} is not a positive integer")
+            grid = sorted(set(int(b) for b in grid))
+            if t is not None:
+                extra = [b for b in grid if b not in t.budgets]
+                if extra:
+                    raise SolverError(f"budgets: {extra} not in the signal table's grid {list(t.budgets)}")
+            self.budgets = tuple(grid)
+        # patterns
+        if self.patterns is None:
+            self.patterns = tuple(p for p in t.patterns if p != "full") if t is not None else None
+            if self.patterns == ():
+                raise SolverError("patterns: the signal table has no pattern other than 'full'")
+        else:
+            pats = [self.patterns] if isinstance(self.patterns, str) else list(self.patterns)
+            if not pats:
+                raise SolverError("patterns: the list of allowed patterns is empty")
+            for p in pats:
+                if p not in PATTERNS:
+                    raise SolverError(f"patterns: unknown pattern {p!r}; known: {', '.join(PATTERNS)}")
+                if p == "full":
+                    raise SolverError("patterns: 'full' keeps every token and cannot be given a budget")
+                if t is not None and p not in t.patterns:
+                    raise SolverError(f"patterns: {p!r} is not in the signal table ({list(t.patterns)})")
+            self.patterns = tuple(dict.fromkeys(pats))
+        if self.fixed_pattern is not None:
+            fp = self.fixed_pattern
+            if fp not in PATTERNS or fp == "full":
+                raise SolverError(f"fixed_pattern: {fp!r} is not a budgeted pattern; known: {', '.join(PATTERNS)}")
+            if t is not None and fp not in t.patterns:
+                raise SolverError(f"fixed_pattern: {fp!r} is not in the signal table ({list(t.patterns)})")
+            if self.patterns is not None and fp not in self.patterns:
+                raise SolverError(f"fixed_pattern: {fp!r} is not among the allowed patterns {list(self.patterns)}")
+            self.patterns = (fp,)
+        if not isinstance(self.uniform_budgets, bool):
+            raise SolverError(f"uniform_budgets: must be true or false, got {self.uniform_budgets!r}")
+        if self.default_pattern not in PATTERNS or self.default_pattern == "full":
+            raise SolverError(f"default_pattern: {self.default_pattern!r} is not a budgeted pattern")
+        if not is_int(self.seed):
+            raise SolverError(f"seed: must be an integer, got {self.seed!r}")
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def total(self) -> int:
+        """T = floor(L·B): the integer budget total allowed per phase."""
+        return int(math.floor(self.num_layers * self.global_budget + 1e-9))
+
+    @property
+    def uniform_budget(self) -> int:
+        """floor(B), capped at max_budget: what every layer gets under a uniform strategy."""
+        b = int(math.floor(self.global_budget + 1e-9))
+        return min(b, self.max_budget) if self.max_budget is not None else b
+
+    def require_table(self, solver: str) -> SignalTable:
+        if self.table is None:
+            raise SolverError(f"solver {solver!r} needs a signal table (collect one, then pass --signals)")
+        for phase in self.phases:
+            if phase not in self.table.phases:
+                raise SolverError(
+                    f"phases: {phase!r} is not in the signal table (it has {list(self.table.phases)}); "
+                    f"optimize only {list(self.table.phases)}"
+                )
+        return self.table
+
+    def selection_grid(self) -> tuple[int, ...]:
+        """Grid values a selecting solver may give a layer: the grid entries in [b_min, max_budget]."""
+        if not self.budgets:
+            raise SolverError("budgets: no budget grid (give --budgets or a signal table)")
+        grid = tuple(b for b in self.budgets if b >= self.b_min)
+        if not grid:
+            raise SolverError(f"budgets: no grid value is >= b_min={self.b_min} (grid {list(self.budgets)})")
+        if self.max_budget is not None:
+            grid = tuple(b for b in grid if b <= self.max_budget)
+            if not grid:
+                raise SolverError(
+                    f"budgets: no grid value is within [b_min, max_budget] = [{self.b_min}, {self.max_budget}] "
+                    f"(grid {list(self.budgets)})"
+                )
+        if self.num_layers * grid[0] > self.total:
+            raise SolverError(
+                f"infeasible: the smallest usable grid value {grid[0]} in every layer needs "
+                f"{self.num_layers * grid[0]} > L*B = {self.total}"
+            )
+        return grid
+
+    def reference_budget(self, explicit: int | None = None) -> int:
+        """The grid value where preferences and sensitivities are read: ``explicit`` if given (it
+        must be on the grid), else the grid value closest to B (ties go to the smaller one)."""
+        grid = self.budgets
+        if not grid:
+            raise SolverError("budgets: no budget grid to take the reference budget from")
+        if explicit is not None:
+            if explicit not in grid:
+                raise SolverError(f"reference_budget: {explicit} is not on the grid {list(grid)}")
+            return explicit
+        return min(grid, key=lambda b: (abs(b - self.global_budget), b))
+
+    def pattern_indices(self) -> list[int]:
+        table = self.require_table("this solver")
+        return [table.pattern_index(p) for p in self.patterns]  # type: ignore[union-attr]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "num_layers": self.num_layers,
+            "global_budget": self.global_budget,
+            "b_min": self.b_min,
+            "phases": list(self.phases),  # type: ignore[arg-type]
+            "budgets": list(self.budgets) if self.budgets is not None else None,
+            "patterns": list(self.patterns) if self.patterns is not None else None,
+            "seed": self.seed,
+            "max_budget": self.max_budget,
+            "default_pattern": self.default_pattern,
+            "uniform_budgets": self.uniform_budgets,
+            "fixed_pattern": self.fixed_pattern,
+        }
+
+    def for_solver(self) -> "Problem":
+        """The problem a solver sees: with ``uniform_budgets`` and ``floor(B)`` on the grid, the grid
+        narrows to that one value so selecting solvers pick the best pattern at it."""
+        b = self.uniform_budget
+        if self.uniform_budgets and self.budgets and b in self.budgets:
+            return dataclasses.replace(self, budgets=(b,))
+        return self
