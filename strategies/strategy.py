@@ -296,10 +296,17 @@ def _first_non_finite(node: Any, where: str = "strategy") -> tuple[str, float] |
         if isinstance(value, float) and not math.isfinite(value):
             return path, value
         if isinstance(value, dict):
-            stack.extend((f"{path}.{k}" if path != "strategy" else str(k), v) for k, v in reversed(value.items()))
+            stack.extend((_child(path, k), v) for k, v in reversed(value.items()))
         elif isinstance(value, list):
             stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
     return None
+
+
+def _child(path: str, key: str) -> str:
+    """``layers[1].prefill`` style paths; odd keys are quoted so a message stays one line."""
+    if not key.isidentifier():
+        return f"{path}[{key!r}]"
+    return key if path == "strategy" else f"{path}.{key}"
 
 
 def _is_int(x: Any) -> bool:
