@@ -100,10 +100,10 @@ def entry_samples(e: dict[str, Any], where: str = "entry") -> dict[str, TaskSamp
     out: dict[str, TaskSamples] = {}
     for task, result in (e.get("tasks") or {}).items():
         records = result.get("per_sample") if isinstance(result, dict) else None
-        if records is None:
-            continue
-        if not isinstance(records, list) or not records:
-            raise CompareError(f"{where}: tasks[{task}].per_sample must be a non-empty list")
+        if records is None or records == []:
+            continue  # no records (a task without samples): its scores have no interval
+        if not isinstance(records, list):
+            raise CompareError(f"{where}: tasks[{task}].per_sample must be a list")
         ids, scores, kl, dnll = [], [], [], []
         for j, rec in enumerate(records):
             if not isinstance(rec, dict) or "id" not in rec or _number(rec.get("score")) is None:
