@@ -59,17 +59,16 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
 def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):
     """Exact attention; ``mask`` is bool ``[B, Hkv or 1, q, n]`` (True = attend) or None."""
     groups = query.shape[1] // key.shape[1]
-    if mask is not None and groups > 1 and mask.shape[1] > 1:
-        mask = mask.repeat_interleave(groups, dim=1)
     if impl == "sdpa":
+        if groups > 1 and mask is not None and mask.shape[1] > 1:
+            return _grouped_sdpa(query, key, value, mask, scaling, groups)
         # Without a per-head mask, SDPA's native GQA avoids copying K/V per query head.
-        gqa = groups > 1 and (mask is None or mask.shape[1] == 1)
-        if groups > 1 and not gqa:
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=is_causal and mask is None, scale=scaling, enable_gqa=gqa
+            query, key, value, attn_mask=mask, is_causal=is_causal and mask is None, scale=scaling, enable_gqa=groups > 1
         )
         return out.transpose(1, 2).contiguous()
+    if mask is not None and groups > 1 and mask.shape[1] > 1:
+        mask = mask.repeat_interleave(groups, dim=1)
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -79,6 +78,17 @@ def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = Fal
         weights = weights.masked_fill(~mask, torch.finfo(weights.dtype).min)
     weights = weights.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
     return torch.matmul(weights, value).transpose(1, 2).contiguous()
+
+
+def _grouped_sdpa(query, key, value, mask, scaling, groups: int) -> torch.Tensor:
+    """SDPA with a per-KV-head mask without copying K/V per query head: the query heads of each KV
+    head are folded into its query axis (``[B, Hkv, g*q, D]``) and the mask is repeated over them."""
+    b, hq, q, d = query.shape
+    h, n = key.shape[1], key.shape[-2]
+    folded = query.reshape(b, h, groups * q, d)
+    mask = mask[:, :, None].expand(b, h, groups, q, n).reshape(b, h, groups * q, n)
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, hq, q, d).transpose(1, 2).contiguous()
 
 
 def _layer_mask(layer, q_len: int) -> tuple[torch.Tensor | None, bool]:

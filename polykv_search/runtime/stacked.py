@@ -14,7 +14,6 @@ import copy
 from typing import Sequence
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
 
@@ -86,30 +85,54 @@ class StackedLayer(EvictingLayer):
         self.calls += 1
 
     def _restack(self) -> None:
+        """Bring the padded batch tensors up to date with the rows.
+
+        The batch lives in buffers with headroom (``[R, H, capacity, ...]``; the exposed tensors are
+        views of the first ``max length`` slots). A row that only grew since the last call gets its new
+        tokens written; a row that evicted (or shrank) is rewritten and its stale tail marked invalid.
+        So a decoding step costs the new tokens plus the rows that evicted, not the whole batch.
+        """
         rows = self.rows
         self.num_evictions = max(row.num_evictions for row in rows)
         if len(rows) == 1:  # no copy: the row's own tensors
             row = rows[0]
             self.keys, self.values, self.positions, self.valid = row.keys, row.values, row.positions, row.valid
             return
-        lengths = {row.length for row in rows}
-        if len(lengths) == 1:
-            self.keys = torch.cat([row.keys for row in rows])
-            self.values = torch.cat([row.values for row in rows])
-            self.positions = torch.cat([row.positions for row in rows])
-            self.valid = torch.cat([row.valid for row in rows])
-            return
+        n_max = max(row.length for row in rows)
+        if getattr(self, "_buffers", None) is None or n_max > self._buffers[0].shape[-2]:
+            self._allocate(n_max + self.HEADROOM)
+        k, v, pos, valid = self._buffers
+        for i, row in enumerate(rows):
+            n, old = row.length, self._lengths[i]
+            start = 0 if (row.num_evictions != self._evictions[i] or n < old) else old
+            if start < n:
+                k[i, :, start:n] = row.keys[0, :, start:]
+                v[i, :, start:n] = row.values[0, :, start:]
+                pos[i, :, start:n] = row.positions[0, :, start:]
+                valid[i, :, start:n] = row.valid[0, :, start:]
+            if n < old:  # the evicted tail: padding again
+                pos[i, :, n:old] = -1
+                valid[i, :, n:old] = False
+            self._lengths[i], self._evictions[i] = n, row.num_evictions
+        self.keys, self.values = k[:, :, :n_max], v[:, :, :n_max]
+        self.positions, self.valid = pos[:, :, :n_max], valid[:, :, :n_max]
 
-        def pad(name: str, value) -> torch.Tensor:  # [C, H, n_max, ...], right-padded with ``value``
-            seqs = [getattr(row, name)[0].transpose(0, 1) for row in rows]  # [n_i, H, ...]
-            return pad_sequence(seqs, batch_first=True, padding_value=value).transpose(1, 2)
+    #: Slots allocated beyond the longest row, so that decoding steps write in place.
+    HEADROOM = 64
 
-        self.keys = pad("keys", 0.0)
-        self.values = pad("values", 0.0)
-        self.positions = pad("positions", -1)
-        self.valid = pad("valid", False)
-
-
+    def _allocate(self, capacity: int) -> None:
+        first = self.rows[0]
+        r, h, d = len(self.rows), first.keys.shape[1], first.keys.shape[-1]
+        dev = first.keys.device
+        # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
+        self._buffers = (
+            torch.zeros(r, h, capacity, d, dtype=first.keys.dtype, device=dev),
+            torch.zeros(r, h, capacity, d, dtype=first.values.dtype, device=dev),
+            torch.full((r, h, capacity), -1, dtype=torch.long, device=dev),
+            torch.zeros(r, h, capacity, dtype=torch.bool, device=dev),
+        )
+        self._lengths = [0] * r
+        self._evictions = [-1] * r  # forces a full write of every row
 
 
 class _SharedDispatch:

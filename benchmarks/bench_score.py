@@ -1,0 +1,122 @@
+"""Scoring speed: the shared engine vs the per-entry path, side by side in one run, scores compared.
+
+12 entries (FullKV, 4 uniform patterns, pyramid, 6 heterogeneous strategies) x N samples per task on
+SmolLM2 at each context length; both engines run the same samples, interleaved (A B B A ...) so
+machine noise hits both. Reports wall and CPU seconds, the ratio, and whether every score matched.
+Also the H2O-vs-SnapKV entry cost on the shared engine (one uniform entry alone, interleaved).
+
+    python benchmarks/bench_score.py --contexts 512,2048 --samples 1 --out runs/bench_score.json
+
+Strategies: ``--strategies DIR`` scores the solver strategies in DIR (e.g. ``polykv-quickstart/strategies``,
+6 files are taken); without it, 6 seeded heterogeneous strategies (random pattern per layer and phase,
+budgets summing to L*B) stand in for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from polykv_search import scoring  # noqa: E402
+from polykv_search.io import write_json  # noqa: E402
+from polykv_search.models import load_model  # noqa: E402
+from strategies import Strategy  # noqa: E402
+
+UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
+
+
+def mixed(L: int, B: int, seed: int) -> Strategy:
+    rng = random.Random(seed)
+    layers = {}
+    for phase in ("prefill", "decoding"):
+        weights = [rng.uniform(0.5, 1.5) for _ in range(L)]
+        budgets = [max(8, int(L * B * w / sum(weights))) for w in weights]
+        while sum(budgets) > L * B:
+            budgets[budgets.index(max(budgets))] -= 1
+        layers[phase] = [(rng.choice(UNIFORM), b) for b in budgets]
+    return Strategy.from_choices(layers["prefill"], layers["decoding"], float(B), b_min=8, solver="synthetic", seed=seed)
+
+
+def entries(L: int, B: int, strategies_dir: str | None) -> list[scoring.Entry]:
+    out = [scoring.baseline("full", L, None)]
+    out += [scoring.baseline(f"uniform:{p}", L, B) for p in UNIFORM]
+    out.append(scoring.baseline("pyramid", L, B))
+    if strategies_dir:
+        paths = sorted(Path(strategies_dir).glob("*.json"))[:6]
+        out += [scoring.Entry(p.stem, Strategy.load(p), "strategy", str(p)) for p in paths]
+    else:
+        out += [scoring.Entry(f"mixed-{k}", mixed(L, B, k), "strategy", "synthetic") for k in range(6)]
+    return out
+
+
+def timed(fn):
+    w, c = time.perf_counter(), time.process_time()
+    value = fn()
+    return value, time.perf_counter() - w, time.process_time() - c
+
+
+def per_sample_scores(records):
+    return [[(t, [r["score"] for r in res["per_sample"]]) for t, res in sorted(rec["tasks"].items())] for rec in records]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", default="512,2048")
+    ap.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
+    ap.add_argument("--suite", default="broad,ruler")
+    ap.add_argument("--budget", type=int, default=64)
+    ap.add_argument("--strategies", help="folder of solver strategy files (6 are used)")
+    ap.add_argument("--h2o-repeats", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default="runs/bench_score.json")
+    args = ap.parse_args(argv)
+
+    model, tok = load_model(device=args.device)
+    L = model.config.num_hidden_layers
+    es = entries(L, args.budget, args.strategies)
+    texts, _ = scoring.eval_texts("austen")
+    tasks = scoring.resolve_tasks(args.suite)
+    report = {"model": "smollm2-135m", "device": args.device, "threads": torch.get_num_threads(),
+              "entries": [e.name for e in es], "budget": args.budget, "contexts": {}}
+    for n in [int(c) for c in args.contexts.split(",")]:
+        samples = scoring.make_task_samples(tok, tasks, texts, n_samples=args.samples, context_len=n, seed=0)
+        runs = {"shared": [], "per-entry": []}
+        records = {}
+        for engine in ("shared", "per-entry"):  # one each: the per-entry path is the slow one
+            rec, wall, cpu = timed(lambda: scoring.score_entries(model, tok, es, samples, engine=engine))
+            runs[engine].append({"wall_s": wall, "cpu_s": cpu})
+            records[engine] = rec
+            print(f"context {n}: {engine:9s} wall {wall:7.1f} s  cpu {cpu:7.1f} s", flush=True)
+        same = per_sample_scores(records["shared"]) == per_sample_scores(records["per-entry"])
+        ratio = runs["per-entry"][0]["wall_s"] / runs["shared"][0]["wall_s"]
+        cpu_ratio = runs["per-entry"][0]["cpu_s"] / runs["shared"][0]["cpu_s"]
+        # H2O vs SnapKV: one uniform entry alone on the shared engine, interleaved A B B A
+        cost = {"h2o": [], "snapkv": []}
+        order = ["h2o", "snapkv", "snapkv", "h2o"] * max(1, args.h2o_repeats // 2)
+        for p in order:
+            entry = scoring.baseline(f"uniform:{p}", L, args.budget)
+            _, wall, _ = timed(lambda: scoring.score_entries(model, tok, [entry], samples, fidelity=False))
+            cost[p].append(wall)
+        h2o_ratio = min(cost["h2o"]) / min(cost["snapkv"])
+        report["contexts"][str(n)] = {
+            "samples": sum(len(s) for _, s in samples.values()), "runs": runs, "scores_identical": same,
+            "speedup_wall": ratio, "speedup_cpu": cpu_ratio, "h2o_s": cost["h2o"], "snapkv_s": cost["snapkv"],
+            "h2o_over_snapkv": h2o_ratio,
+        }
+        print(f"context {n}: shared is {ratio:.1f}x faster (wall), {cpu_ratio:.1f}x (cpu); scores identical: {same}; "
+              f"h2o/snapkv entry cost {h2o_ratio:.2f}x", flush=True)
+    write_json(args.out, report)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
