@@ -389,6 +389,31 @@ def test_ctrl_c_in_a_real_process_during_imports_or_work(delay, tmp_path):
     assert err.decode() == "interrupted\n" and out == b""
 
 
+def test_a_broken_pipe_on_plain_stdout_exits_141_silently(tmp_path, monkeypatch, capsys):
+    import polykv_search.cli.show as show
+
+    def closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(show, "run", closed_pipe)
+    make("strategy", tmp_path / "s.json")
+    assert main(["show", str(tmp_path / "s.json")]) == 141
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(not LINUX, reason="POSIX pipes")
+def test_a_reader_that_leaves_early_is_not_an_error_report(tmp_path):
+    """``polykv-search show s.json | head -1``: stdout closes under the writer; no traceback, a non-zero exit
+    (rich's console exits 1 on a broken pipe, plain ``sys.stdout`` writes exit 141 as a shell would)."""
+    make("strategy", tmp_path / "s.json")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "polykv_search", "show", "s.json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path, env=env)  # fmt: skip
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (1, 141) and err == ""
+
+
 # --------------------------------------------------------------------------------------------
 # Malformed strategy documents, generated: always a StrategyError, never another exception
 

@@ -73,6 +73,17 @@ def _print(style: str, label: str, message: str) -> None:
         sys.stderr.write(f"{label}{message}\n")
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by something without a descriptor
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit code (0 success, 2 bad input, 130 interrupted)."""
     global _depth
@@ -110,6 +121,9 @@ def _run(argv: list[str] | None) -> int:
         return invoke(argv)  # type: ignore[arg-type]
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+    except BrokenPipeError:  # `polykv-search ... | head`: the reader left; say nothing more
+        _silence_stdout()
+        return 141
     except Exception as err:
         line = _error_line(err)
         if line is None:
