@@ -139,7 +139,8 @@ def _plot_sweep(sub, c: Comparison) -> None:
                     continue
                 label = fam if not c.multi_run else f"{fam} [{c.runs[run]['label']}]"
                 err = _yerr(pts, suite)
-                ax.errorbar([r.budget for r in pts], [r.suites[suite] for r in pts], yerr=[[e[0] for e in err], [e[1] for e in err]],
+                dodge = 2 ** (0.025 * (k - (len(families) - 1) / 2))  # error bars of one budget side by side
+                ax.errorbar([r.budget * dodge for r in pts], [r.suites[suite] for r in pts], yerr=[[e[0] for e in err], [e[1] for e in err]],
                             marker=markers[k % len(markers)], linestyle="-" if "uniform" not in fam else "--", label=label,
                             linewidth=1.3, markersize=5, capsize=3, elinewidth=0.9)
         for r in c.rows:
