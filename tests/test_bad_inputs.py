@@ -168,7 +168,7 @@ CASES = [
     # ---- top level
     row("", "choose a command", id="no-command"),
     row("nosuch", "invalid choice: 'nosuch'", id="unknown-command"),
-    row("show s.json --bogus", "unrecognized arguments: --bogus", S, id="unknown-flag"),
+    row("show s.json --bogus", "show: unrecognized arguments: --bogus (see `polykv-search show --help`)", S, id="unknown-flag"),
     # ---- show
     row("show missing.json", "cannot read missing.json", id="show-missing-file"),
     row("show bad.json", "bad.json: not UTF-8 text", {"bad.json": "latin1"}, id="show-not-utf8"),

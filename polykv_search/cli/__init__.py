@@ -105,7 +105,10 @@ def invoke(argv: list[str]) -> int:
     Bad input raises (argparse refusals as :class:`UsageError`), so the caller can add context
     to the one line :func:`main` will print, e.g. ``raise CLIError(f"step collect: {err}")``."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame the top-level parser; point at the command's own --help
+        prog = f"{parser.prog} {args.command}" if getattr(args, "command", None) else parser.prog
+        raise UsageError(prog, f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         raise UsageError(parser.prog, "choose a command: " + ", ".join(COMMANDS))
     return int(args.func(args) or 0)
