@@ -395,3 +395,25 @@ def test_ratio_keeps_exactly_the_budget(tmp_path, monkeypatch):
                 r = mod.ratio_for(b, n)
                 assert 0 < r < 1 and int(n * (1 - r)) == b, (b, n, r)
     assert mod.ratio_for(64, 64) == 0.0 and mod.ratio_for(64, 10) == 0.0
+
+
+def test_module_and_sidecar_of_different_exports_are_refused(tmp_path, monkeypatch):
+    from polykv_search.io import atomic_write_text
+    from strategies.exporters import export_strategy
+    from strategies.kvpress_sidecar import read_export
+
+    out = tmp_path / "mixed_press.py"
+    export_strategy(mixed(), "kvpress", out)
+    assert read_export(out)["strategy_digest"] == mixed().digest()
+    mod = load_module(out, monkeypatch, [])
+    assert mod.STRATEGY_DIGEST == mixed().digest() and mod.sidecar()["strategy_digest"] == mixed().digest()
+    other = Strategy.uniform(3, "tova", 32)
+    sidecar = render_export(other, "kvpress", out).files[tmp_path / "mixed_press.json"]
+    atomic_write_text(tmp_path / "mixed_press.json", sidecar)  # as a kill between the two renames leaves it
+    with pytest.raises(ValueError, match=f"mixed_press.json was exported from strategy {other.digest()}"):
+        mod.sidecar()
+    with pytest.raises(ExportError, match=f"the module is of strategy {mixed().digest()}, its sidecar"):
+        read_export(out)
+    (tmp_path / "mixed_press.json").unlink()
+    with pytest.raises(ExportError, match="cannot read it with its sidecar mixed_press.json"):
+        read_export(out)
