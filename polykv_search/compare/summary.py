@@ -45,8 +45,8 @@ def notes(c: Comparison) -> list[str]:
         kl = [f"{r.suite} {r.kl_best_uniform}" for r in refs if r.kl_best_uniform]
         if kl:
             lines.append(f"lowest-KL uniform at {where}: " + ", ".join(kl))
-    for note in ordered(n for r in c.references for n in (r.gap_note, r.kl_gap_note) if n):
-        lines.append(f"gap n/a: {note}")
+    lines += ordered(f"gap n/a: {r.gap_note}" for r in c.references if r.gap_note)
+    lines += ordered(f"KL gap n/a: {r.kl_gap_note}" for r in c.references if r.kl_gap_note)
     return lines
 
 
