@@ -101,7 +101,8 @@ def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None,
     title : str, optional
         Table title (default: :func:`describe`).
     **options
-        ``level``, ``resamples``, ``seed`` of the intervals (see :func:`compare`).
+        ``level``, ``resamples``, ``seed`` of the intervals (see :func:`compare`); a document's
+        entries may be at several budgets (strategy files carry their own).
 
     Returns
     -------
@@ -114,7 +115,7 @@ def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None,
     from polykv_search.compare.merging import compare
     from polykv_search.compare.tables import to_rich
 
-    c = doc if isinstance(doc, Comparison) else compare([doc], **options)
+    c = doc if isinstance(doc, Comparison) else compare([doc], across_budgets=True, **options)
     return Group(to_rich(c, title=title), *(Text(line, style="dim") for line in notes(c)))
 
 
