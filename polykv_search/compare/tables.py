@@ -104,7 +104,8 @@ def text(c: Comparison, row: Row, col: Column, details: bool = True) -> str:
         if row.is_full or arg not in row.suites:
             return "-"
         if row.diff.get(arg) is None:
-            return "ref" if "reference" in row.diff_note.get(arg, "") else "-"
+            ref = c.reference(row.run, row.budget, arg)
+            return "ref" if ref is not None and ref.best_uniform == row.name else "-"
         return _pm(row.diff[arg], "+.1f", ".1f") + mark(row, arg)
     if kind == "kl":
         iv = row.kl.get(arg)
