@@ -115,24 +115,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_results(doc: dict) -> None:
-    entries = doc["entries"]
-    tasks = list(entries[0]["scores"]) if entries else []
-    suites = list(entries[0]["suites"]) if entries else []
-    table = Table(title=f"scores (0-100) — {doc['provenance']['model']}, context {doc['provenance']['settings']['context_len']}")
-    table.add_column("entry", no_wrap=True)
-    table.add_column("B", justify="right")
-    for t in tasks:
-        table.add_column(t.split("/")[-1], justify="right")
-    for s in suites:
-        table.add_column(f"[b]{s}[/b]", justify="right")
-    table.add_column("KV held", justify="right")
-    for e in entries:
-        B = "-" if e["global_budget"] is None else f"{e['global_budget']:g}"
-        ratio = "-" if e["kv_ratio"] is None else f"{e['kv_ratio']:.1%}"
-        table.add_row(
-            e["name"], B, *[f"{e['scores'][t]:.1f}" for t in tasks], *[f"{e['suites'][s]:.1f}" for s in suites], ratio
-        )
-    out.print(table)
+    """The compare table of this run (scores with 95 % paired intervals; fits 80 columns), and one
+    warning line when differences to the best uniform baseline are inside their intervals."""
+    from polykv_search import compare as cmp
+
+    comparison = cmp.compare([doc], across_budgets=True)
+    out.print(cmp.summary_table(comparison))
+    warning = cmp.unresolved_warning(comparison)
+    if warning:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
 def _list_tasks() -> int:

@@ -48,10 +48,12 @@ class H2O(Pattern):
             grown[..., : acc.shape[-1]] = acc
         qpos = layer.query_positions
         qvalid = layer.valid[:, 0, n - query.shape[-2] :]  # [B, q]: padding queries add nothing
+        padded = not bool(qvalid.all())
         for start in range(0, query.shape[-2], self.chunk):
             stop = start + self.chunk
             probs = layer.attention_probs(query[..., start:stop, :], qpos[start:stop])  # [B, Hq, c, n]
-            probs = probs * qvalid[:, None, start:stop, None]
+            if padded:
+                probs = probs * qvalid[:, None, start:stop, None]
             grown += layer.group_sum(probs.sum(dim=-2))
         token["acc"] = grown
 

@@ -187,7 +187,18 @@ class EvictingLayer(CacheLayerMixin):
 
     # ------------------------------------------------------- helpers for patterns
     def allowed(self, query_positions: torch.Tensor) -> torch.Tensor:
-        """Bool ``[B, Hkv, q, n]``: which cached keys each query may attend to."""
+        """Bool mask broadcastable to ``[B, Hkv, q, n]``: which cached keys each query may attend to.
+
+        Before any eviction and without padding, every row and head holds positions ``0..n-1``, so the
+        mask is one ``[1, 1, q, n]`` causal (and sliding-window) pattern shared by all of them.
+        """
+        if self.num_evictions == 0 and bool(self.valid.all()):
+            kpos = torch.arange(self.positions.shape[-1], device=self.device)[None, :]
+            qpos = query_positions.to(self.device)[:, None]
+            allowed = kpos <= qpos
+            if self.sliding_window is not None:
+                allowed &= (qpos - kpos) < self.sliding_window
+            return allowed[None, None]
         kpos = self.positions[:, :, None, :]
         qpos = query_positions.to(self.device)[None, None, :, None]
         allowed = self.valid[:, :, None, :] & (kpos <= qpos)
