@@ -13,11 +13,13 @@ import json
 import time
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, console, positive_float, positive_int
+from polykv_search.cli.common import CLIError, check_output_dir, console, positive_float, positive_int
 
 #: solvers run by quickstart (optuna with a short study)
 METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
 BASELINES = ("full", "uniform:snapkv", "uniform:tova", "uniform:h2o", "uniform:streaming_llm")
+#: evaluation samples per task: chosen so that the run stays within 15 min on 2 CPU cores (README)
+EVAL_SAMPLES = 24
 
 
 def add_parser(sub) -> None:
@@ -35,7 +37,10 @@ def add_parser(sub) -> None:
     p.add_argument("--continuation-len", type=positive_int, default=32)
     p.add_argument("--patterns", default="snapkv,tova,h2o,streaming_llm")
     p.add_argument("--budgets", default="32,64,128", help="signal grid budgets (default 32,64,128)")
-    p.add_argument("--eval-samples", type=positive_int, default=1, help="evaluation samples per task (default 1)")
+    p.add_argument("--eval-samples", type=positive_int, default=EVAL_SAMPLES,
+                   help=f"evaluation samples per task (default {EVAL_SAMPLES})")
+    p.add_argument("--eval-context-len", type=positive_int, default=None,
+                   help="evaluation context (default: --context-len)")
     p.add_argument("--suite", default="broad,ruler")
     p.add_argument("--methods", default=",".join(METHODS), help=f"solvers to run (default {','.join(METHODS)})")
     p.add_argument("--optuna-trials", type=positive_int, default=6)
@@ -47,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.cli import main as cli
     from polykv_search.models import DEFAULT_MODEL
 
-    out = Path(args.out)
+    out = check_output_dir(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    eval_len = args.eval_context_len or args.context_len
     model = args.model or DEFAULT_MODEL
     B = f"{args.budget:g}"
     timings: dict[str, float] = {}
@@ -83,13 +89,13 @@ def run(args: argparse.Namespace) -> int:
         paths.append(str(target))
 
     results = out / f"results-B{B}.json"
-    settings = {"suite": args.suite, "samples": args.eval_samples, "context_len": args.context_len, "budget": args.budget}
+    settings = {"suite": args.suite, "samples": args.eval_samples, "context_len": eval_len, "budget": args.budget}
     if not _results_match(results, settings, paths):
         argv = ["score", *common, "--strategy", *paths]
         for spec in BASELINES:
             argv += ["--baseline", spec]
         argv += ["--budget", B, "--suite", args.suite, "--samples", str(args.eval_samples),
-                 "--context-len", str(args.context_len), "--out", str(results)]
+                 "--context-len", str(eval_len), "--out", str(results)]
         step("3/4 score", argv)
 
     step("4/4 compare", ["compare", str(results), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")])
@@ -111,23 +117,31 @@ def _results_match(path: Path, settings: dict, strategy_paths: list[str]) -> boo
 
 
 def _write_report(out: Path, results: Path, timings: dict, args: argparse.Namespace) -> None:
-    from polykv_search.compare import compare, load_results, to_markdown
+    from polykv_search import compare as cmp
+    from polykv_search.io import atomic_write_text
 
-    doc = json.loads(results.read_text())
-    table = to_markdown(compare([load_results(results)], sources=[str(results)]))
+    doc = cmp.load_results(results)
+    comparison = cmp.compare([doc], sources=[str(results)])
+    settings = doc["provenance"]["settings"]
+    warning = cmp.unresolved_warning(comparison)
     lines = [
         "# polykv-search quickstart",
         "",
-        f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, context {args.context_len} tokens, "
-        f"{args.eval_samples} sample(s) per task, suites `{args.suite}`. Calibration: {args.calib_samples} samples, "
+        f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "
+        f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`. "
+        f"Calibration: {args.calib_samples} samples of {args.context_len} + {args.continuation_len} tokens, "
         f"patterns {args.patterns}, budgets {args.budgets}.",
         "",
-        table,
+        cmp.to_markdown(comparison),
+        "",
+        *[f"- {note}" for note in cmp.notes(comparison)],
+        "",
+        f"**Not resolved:** {warning}" if warning else "Every difference to the best uniform baseline is resolved.",
+        "",
+        "A difference whose interval contains 0 is not a result: rerun with more `--eval-samples` to resolve it.",
         "",
         "![per-layer budgets and patterns](compare.png)",
         "",
         "Step times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) if timings else "All steps reused.",
-        "",
-        "Small samples: differences of a few points are noise. Rerun with more `--eval-samples` for real comparisons.",
     ]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
