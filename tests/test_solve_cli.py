@@ -103,3 +103,17 @@ def test_solve_reports_the_unused_budget_and_takes_the_new_settings(tmp_path, si
     err = " ".join(capsys.readouterr().err.split())
     assert f"unused budget (of 384 tokens per phase): prefill {unused['prefill']}" in err
     assert "optimal kl (noise=clip)" in err
+
+
+def test_a_table_with_a_nan_cell_is_refused_naming_the_cell(tmp_path, capsys):
+    import json
+
+    doc = random_signal_table(6, budgets=(32, 64, 128), seed=1, patterns=PATTERNS).to_json()
+    doc["dppl"][2][1][0][1] = float("nan")  # json writes the NaN literal
+    bad = tmp_path / "nan.json"
+    bad.write_text(json.dumps(doc))
+    for method in ("proportional", "ilp"):
+        rc, out = solve(tmp_path, "--method", method, "--signals", bad, "--budget", 64)
+        err = capsys.readouterr().err
+        assert rc == 2 and "dppl[2][1][0][1]: not a finite number" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1 and not out.exists()

@@ -256,3 +256,15 @@ def test_bad_inputs_at_solve_time_are_one_line_errors(loaded, tmp_path):
         OptunaSolver(evaluator=lambda s: 0.0).solve(Problem(global_budget=16, num_layers=3))
     with pytest.raises(SolverError, match="either evaluator= or loaded_model="):
         OptunaSolver(evaluator=lambda s: 0.0, loaded_model=loaded)
+
+
+def test_kl_degradation_drives_the_rule_rank_and_the_anchors():
+    prob = problem(L=4, seed=2)
+    solver = OptunaSolver(evaluator=predicted_quality(prob), trials=3, storage="memory", degradation="kl")
+    result = solver.solve(prob)
+    anchors = {t.user_attrs["anchor"]: t for t in solver.study.trials if "anchor" in t.user_attrs}
+    assert anchors["ilp"].params["ilp_objective"] == "kl"
+    assert trial_choices(anchors["ilp"], prob) == strategy_choices(get_solver("ilp", objective="kl").solve(prob).strategy, prob)
+    assert anchors["uniform-best"].params["uniform_pattern"] == best_uniform_pattern(prob, "kl")[0]
+    assert result.strategy.provenance["optuna"]["uniform_best"]["degradation"] == "kl"
+    assert set(result.unused_budget) == set(PHASES)
