@@ -9,9 +9,9 @@ Steps (each reuses finished work when rerun: signals resume, strategies and resu
 
 1. ``collect`` a calibration signal table (``--calib-*`` settings; calibration documents never meet
    the evaluation documents).
-2. ``score`` FullKV (once) and the uniform single-pattern baselines (``--patterns``) at every budget; the best uniform
-   pattern per budget (mean of the suite scores) is what the *budgets-only* and the single-phase
-   ablations build on.
+2. ``solve`` the uniform single-pattern strategies (``--patterns``) at every budget; the one the
+   calibration signals predict to degrade least is what the *budgets-only* and the single-phase
+   ablations build on (chosen on calibration data, never on evaluation scores).
 3. ``solve`` at every budget: pyramid, squeeze, cake, proportional, ilp, dp, optuna and the ablations
 
    * ``patterns-only``: proportional's per-layer patterns, uniform budgets (``--uniform-budgets``);
@@ -22,8 +22,10 @@ Steps (each reuses finished work when rerun: signals resume, strategies and resu
 
    ``proportional`` itself is "both". dp reaches the same objective as ilp; it is scored only when
    its strategy differs from ilp's.
-4. ``score`` the strategies per budget, then ``compare --across-budgets`` into ``table.md``,
-   ``compare.json`` and ``sweep.png`` (score vs budget, per-layer budgets and patterns).
+4. ``score`` FullKV, the uniform baselines and every strategy of a budget in one run (shared prefill,
+   paired samples), then ``compare --across-budgets`` into ``table.md`` (scores ± 95 % paired
+   bootstrap half-widths, differences to the best uniform, gap recovered with intervals),
+   ``compare.json`` and ``sweep.png`` (score vs budget with error bars, per-layer budgets and patterns).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polykv_search.cli import main as cli  # noqa: E402
-from polykv_search.compare import compare, load_results, to_markdown  # noqa: E402
+from polykv_search.compare import compare, load_results, notes, to_markdown  # noqa: E402
+from polykv_search.io import atomic_write_text  # noqa: E402
 from strategies import Strategy  # noqa: E402
 
 UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
@@ -53,15 +56,16 @@ def step(name: str, argv: list[str], log: dict) -> None:
         raise SystemExit(f"step {name!r} failed (exit {rc})")
 
 
-def best_uniform_pattern(results: Path) -> str:
-    """The uniform baseline with the best mean suite score (ties: alphabetical)."""
-    doc = json.loads(results.read_text())
-    scored = {
-        e["name"].removeprefix("uniform-"): sum(e["suites"].values()) / len(e["suites"])
-        for e in doc["entries"]
-        if e["name"].startswith("uniform-")
-    }
-    return max(sorted(scored), key=lambda p: scored[p])
+def calibration_pattern(paths: dict[str, Path]) -> str:
+    """The uniform pattern the calibration signals predict to degrade least (lowest predicted 1 - cosine of
+    the uniform strategy; ties alphabetical): the ablations' default pattern. Chosen on calibration data,
+    never on the evaluation scores."""
+    predicted = {}
+    for pattern, path in paths.items():
+        pred = json.loads(path.read_text())["provenance"].get("predicted") or {}
+        value = pred.get("1-cosine", pred.get("dppl"))
+        predicted[pattern] = float("inf") if value is None else float(value)
+    return min(sorted(predicted), key=lambda q: predicted[q])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--budgets", default="64,128,256")
     p.add_argument("--context-len", type=int, default=2048, help="evaluation context (default 2048)")
-    p.add_argument("--samples", type=int, default=1, help="evaluation samples per task (default 1)")
+    p.add_argument("--samples", type=int, default=16, help="evaluation samples per task (default 16)")
     p.add_argument("--suite", default="broad,ruler")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calib-samples", type=int, default=2)
@@ -94,66 +98,77 @@ def main(argv: list[str] | None = None) -> int:
     step("collect", ["collect", "--model", args.model, "--device", args.device, "--samples", str(args.calib_samples),
                      "--context-len", str(args.calib_context_len), "--continuation-len", str(args.calib_continuation_len),
                      "--patterns", args.patterns, "--budgets", args.grid, "--out", str(signals)], log)
-    full = out / "results-full.json"
-    if not full.exists():
-        step("score full", ["score", *evaluation, "--baseline", "full", "--out", str(full)], log)
-    results = [full]
+    results = []
     for B in budgets:
-        base = out / f"results-B{B}-uniform.json"
-        if not base.exists():
-            step(f"score uniform B={B}", ["score", *evaluation, "--budget", B,
-                                          *[a for u in patterns for a in ("--baseline", f"uniform:{u}")], "--out", str(base)], log)
-        best = best_uniform_pattern(base)
-        print(f"best uniform pattern at B={B}: {best}")
-        solved: dict[str, Path] = {}
-        runs = {m: ["--method", m] for m in METHODS}
-        runs["patterns-only"] = ["--method", "proportional", "--uniform-budgets"]
-        runs["budgets-only"] = ["--method", "proportional", "--fixed-pattern", best]
-        runs["prefill-only"] = ["--method", "proportional", "--phases", "prefill", "--default-pattern", best]
-        runs["decoding-only"] = ["--method", "proportional", "--phases", "decoding", "--default-pattern", best]
-        for name, solver_args in runs.items():
+        def solve(name: str, solver_args: list[str], extra: list[str] = ()) -> Path:
             target = out / "strategies" / f"{name}-B{B}.json"
-            extra = []
-            if name == "optuna":
-                extra = ["--model", args.model, "--device", args.device, "--trials", str(args.optuna_trials), "--storage", str(out / "optuna.journal"),
-                         "--study-name", f"repro-B{B}", "--samples", "1", "--context-len", str(args.calib_context_len)]
             if not target.exists():
                 step(f"solve {name} B={B}", ["solve", *solver_args, "--signals", str(signals), "--budget", B,
                                              "--b-min", str(args.b_min), *extra, "--out", str(target)], log)
-            solved[name] = target
+            return target
+
+        uniform = {u: solve(f"uniform-{u}", ["--method", "uniform", "--pattern", u]) for u in patterns}
+        default = calibration_pattern(uniform)
+        print(f"ablations at B={B} use {default} (lowest predicted degradation on the calibration signals)")
+        runs = {m: ["--method", m] for m in METHODS}
+        runs["patterns-only"] = ["--method", "proportional", "--uniform-budgets"]
+        runs["budgets-only"] = ["--method", "proportional", "--fixed-pattern", default]
+        runs["prefill-only"] = ["--method", "proportional", "--phases", "prefill", "--default-pattern", default]
+        runs["decoding-only"] = ["--method", "proportional", "--phases", "decoding", "--default-pattern", default]
+        optuna = ["--model", args.model, "--device", args.device, "--trials", str(args.optuna_trials),
+                  "--storage", str(out / "optuna.journal"), "--study-name", f"repro-B{B}", "--samples", "1",
+                  "--context-len", str(args.calib_context_len)]
+        solved = {name: solve(name, solver_args, optuna if name == "optuna" else []) for name, solver_args in runs.items()}
         if _same_strategy(solved["dp"], solved["ilp"]):
             print(f"dp == ilp at B={B}: scored once (as ilp)")
             del solved["dp"]
-        scored = out / f"results-B{B}-strategies.json"
+        # one score run per budget: FullKV, the uniform baselines and every strategy on the same samples
+        # (the shared engine prefills each sample once for all of them; comparisons are paired)
+        scored = out / f"results-B{B}.json"
         if not scored.exists():
-            step(f"score strategies B={B}", ["score", *evaluation, "--budget", B, "--strategy", *map(str, solved.values()),
-                                             "--out", str(scored)], log)
-        results += [base, scored]
+            baselines = ["--baseline", "full", *[a for u in patterns for a in ("--baseline", f"uniform:{u}")]]
+            step(f"score B={B}", ["score", *evaluation, "--budget", B, *baselines,
+                                  "--strategy", *map(str, solved.values()), "--out", str(scored)], log)
+        results.append(scored)
     step("compare", ["compare", *map(str, results), "--across-budgets", "--plot", str(out / "sweep.png"),
                      "--json", str(out / "compare.json")], log)
     comparison = compare([load_results(r) for r in results], sources=[str(r) for r in results], across_budgets=True)
-    (out / "table.md").write_text(to_markdown(comparison) + "\n")
-    (out / "solvers.md").write_text(solver_report(out) + "\n")
-    (out / "timings.json").write_text(json.dumps(log, indent=2) + "\n")
+    lines = [f"{args.samples} samples per task, {args.context_len}-token contexts, seed {args.seed}; "
+             "score ± half-width of the 95 % paired bootstrap interval.", "", to_markdown(comparison), "",
+             *[f"- {n}" for n in notes(comparison)]]
+    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / "solvers.md", solver_report(out) + "\n")
+    atomic_write_text(out / "timings.json", json.dumps(log, indent=2) + "\n")
     print(f"\ndone: {out}/ (table.md, solvers.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}")
     return 0
 
 
 def solver_report(out: Path) -> str:
     """Markdown: per budget and scored strategy, the table's predicted degradation (from the
-    strategy's provenance) beside the measured suite scores and gap recovered (from compare.json)."""
+    strategy's provenance) beside the measured suite scores (± 95 % half-width) and gap recovered
+    (with its interval) from compare.json."""
     rows = json.loads((out / "compare.json").read_text())["rows"]
     suites = sorted({s for r in rows for s in r["suites"]})
-    head = ["strategy", "B", "pred. ΔPPL", "pred. 1−cos"] + suites + [f"gap {s}" for s in suites]
+    head = ["strategy", "B", "pred. ΔPPL", "pred. 1−cos", "pred. KL"] + suites + [f"gap {s}" for s in suites]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
     for r in sorted((r for r in rows if r["kind"] == "strategy"), key=lambda r: (r["budget"], r["name"])):
         path = out / "strategies" / f"{r['name']}.json"
         predicted = json.loads(path.read_text())["provenance"].get("predicted", {}) if path.exists() else {}
         name = " = ".join([r["name"], *r.get("aliases", [])])  # identical strategies are merged by compare
-        cells = [name, f"{r['budget']:g}", fmt(predicted.get("dppl"), ".3g"), fmt(predicted.get("1-cosine"), ".3g")]
-        cells += [fmt(r["suites"].get(s), ".1f") for s in suites]
-        cells += [fmt(None if r["gap_recovered"].get(s) is None else 100 * r["gap_recovered"][s], ".0f") + ("%" if r["gap_recovered"].get(s) is not None else "") for s in suites]
+        cells = [name, f"{r['budget']:g}", fmt(predicted.get("dppl"), ".3g"), fmt(predicted.get("1-cosine"), ".3g"),
+                 fmt(predicted.get("kl"), ".3g")]
+        intervals = (r.get("intervals") or {}).get("suites", {})
+        for suite in suites:
+            hw = (intervals.get(suite) or {}).get("half_width")
+            cells.append(fmt(r["suites"].get(suite), ".1f") + ("" if hw is None else f" ± {hw:.1f}"))
+        for suite in suites:
+            gap = (r.get("gap_recovered_interval") or {}).get(suite) or {}
+            ci = gap.get("interval")
+            if ci and ci.get("low") is not None and ci.get("high") is not None:
+                cells.append(f"{100 * ci['estimate']:.0f}% [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]")
+            else:
+                cells.append("n/a" + (f" ({gap['reason']})" if gap.get("reason") else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
