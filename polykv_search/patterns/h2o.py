@@ -51,10 +51,12 @@ class H2O(Pattern):
         padded = not bool(qvalid.all())
         for start in range(0, query.shape[-2], self.chunk):
             stop = start + self.chunk
-            probs = layer.attention_probs(query[..., start:stop, :], qpos[start:stop])  # [B, Hq, c, n]
+            chunk_pos = qpos[start:stop]
+            upto = layer.visible_prefix(int(chunk_pos[-1]))  # causal: later keys get nothing from this chunk
+            probs = layer.attention_probs(query[..., start:stop, :], chunk_pos, upto)  # [B, Hq, c, upto]
             if padded:
                 probs = probs * qvalid[:, None, start:stop, None]
-            grown += layer.group_sum(probs.sum(dim=-2))
+            grown[..., :upto] += layer.group_sum(probs.sum(dim=-2))
         token["acc"] = grown
 
     def score(self, layer, state) -> torch.Tensor:

@@ -219,15 +219,28 @@ class EvictingLayer(CacheLayerMixin):
     def group_mean(self, t: torch.Tensor) -> torch.Tensor:
         return self.group_sum(t) / self.groups
 
-    def attention_probs(self, query: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
-        """Softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` over the cached keys."""
+    def attention_probs(self, query: torch.Tensor, query_positions: torch.Tensor, upto: int | None = None) -> torch.Tensor:
+        """Softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` over the cached keys.
+
+        ``upto``: only the first ``upto`` cached tokens (``[B, Hq, q, upto]``); exact when no query may
+        see a later one (see :meth:`visible_prefix`), since masked keys get probability 0 anyway.
+        """
         b, hq, q, d = query.shape
-        h, g, n = self.num_kv_heads, self.groups, self.keys.shape[-2]
+        h, g = self.num_kv_heads, self.groups
+        keys = self.keys if upto is None else self.keys[..., :upto, :]
+        n = keys.shape[-2]
         # Group the query heads of each KV head instead of copying K per query head.
-        logits = torch.matmul(query.float().reshape(b, h, g * q, d), self.keys.float().transpose(-1, -2))
-        logits = logits.view(b, h, g, q, n) * self.scaling
-        mask = self.allowed(query_positions)[:, :, None]
+        logits = torch.matmul(query.float().reshape(b, h, g * q, d), keys.float().transpose(-1, -2))
+        logits = logits.view(b, h, g, q, n).mul_(self.scaling)
+        mask = self.allowed(query_positions)[..., :n][:, :, None]
         return logits.masked_fill_(~mask, float("-inf")).softmax(dim=-1).view(b, hq, q, n)
+
+    def visible_prefix(self, max_query_position: int) -> int:
+        """How many leading cached tokens a query at ``max_query_position`` (or before) may see: the cache
+        keeps tokens in position order, so every visible one lies in this prefix."""
+        if self.num_evictions == 0:
+            return min(self.positions.shape[-1], max_query_position + 1)
+        return int((self.positions <= max_query_position).sum(-1).max())
 
     def kv_bytes(self) -> int:
         if self.keys is None:
