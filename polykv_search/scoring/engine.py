@@ -86,7 +86,7 @@ def score_entries(
                 accs = [TaskAccumulator(task) for _ in entries]
                 task_start = time.perf_counter()
                 for sample in samples:
-                    job = _job(tokenizer, task, sample, eos, max_new_tokens)
+                    job = sample_job(tokenizer, task, sample, eos, max_new_tokens)
                     if scorer is not None:
                         outcomes = scorer.run(job, fidelity=fidelity)
                     else:
@@ -117,7 +117,7 @@ def score_entries(
     ]
 
 
-def _job(tokenizer, task, sample, eos: frozenset[int], max_new_tokens: int | None) -> SampleJob:
+def sample_job(tokenizer, task, sample, eos: frozenset[int], max_new_tokens: int | None) -> SampleJob:
     context_ids, question_ids = encode_prompt(tokenizer, sample)
     forced = task.kind == "teacher_forced"
     return SampleJob(
