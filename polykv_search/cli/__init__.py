@@ -9,8 +9,12 @@ else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
+import signal
 import sys
+import threading
 
 #: command modules, in the order `--help` lists them
 COMMANDS = ("quickstart", "generate", "collect", "solve", "score", "compare", "show", "export")
@@ -75,8 +79,6 @@ def _print(style: str, label: str, message: str) -> None:
 
 def _silence_stdout() -> None:
     """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -99,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         _depth -= 1
 
 
-def invoke(argv: list[str]) -> int:
+def invoke(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
     """Run one command *without* the error boundary: for commands that run other commands.
 
     Bad input raises (argparse refusals as :class:`UsageError`), so the caller can add context
     to the one line :func:`main` will print, e.g. ``raise CLIError(f"step collect: {err}")``."""
-    parser = build_parser()
+    parser = parser or build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would blame the top-level parser; point at the command's own --help
         prog = f"{parser.prog} {args.command}" if getattr(args, "command", None) else parser.prog
@@ -119,9 +121,37 @@ def is_user_error(err: BaseException) -> bool:
     return _error_line(err) is not None
 
 
+@contextlib.contextmanager
+def _ctrl_c_exits_at_once():
+    """While the command modules are imported, Ctrl-C ends the process at once (exit 130).
+
+    A ``KeyboardInterrupt`` raised inside a third-party import is sometimes swallowed by a broad
+    ``except`` there, and the import goes on half-done until some later, unrelated traceback.
+    Nothing is being written yet, so exiting on the spot is safe. Only in the main thread, and
+    only when nobody else has set a SIGINT handler."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+
+    def stop(signum, frame):
+        os.write(2, b"interrupted\n")
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _run(argv: list[str] | None) -> int:
     try:
-        return invoke(argv)  # type: ignore[arg-type]
+        if _depth == 1:
+            with _ctrl_c_exits_at_once():
+                parser = build_parser()
+        else:
+            parser = build_parser()
+        return invoke(argv, parser)  # type: ignore[arg-type]
     except SystemExit as done:  # --help, --version
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
     except BrokenPipeError:  # `polykv-search ... | head`: the reader left; say nothing more
