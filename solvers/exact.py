@@ -1,7 +1,11 @@
 """What ``ilp`` and ``dp`` share: the cost of a cell, the noise rule, and the tie-break.
 
 Cost
-    ``objective`` picks the signal (``dppl``, ``1-cosine`` or ``kl``; see :mod:`signals.predict`).
+    ``objective`` picks the signal (``dppl``, ``1-cosine`` or ``kl``; see :mod:`signals.predict`);
+    ``auto`` (default) is ``kl`` when the table carries it (version 2), else ``dppl``. KL is
+    non-negative by construction and far less noisy: on SmolLM2 with 2 samples of 512+32 tokens,
+    681 of 720 cells' ΔPPL intervals contain 0 against 93 of KL's, and the median relative SE is
+    1.10 for ΔPPL against 0.26 for KL.
     No cell may look better than FullKV by chance, so the measured value becomes a cost by a
     **noise rule** (``noise``):
 
@@ -44,7 +48,7 @@ TIE_BREAKS = ("spend", "save")
 
 @dataclass(frozen=True)
 class ExactSettings(Settings):
-    objective: str = setting("dppl", "predicted degradation to minimize", OBJECTIVES)
+    objective: str = setting("auto", "predicted degradation to minimize (auto: kl when the table has it, else dppl)", ("auto", *OBJECTIVES))
     noise: str = setting(
         "auto", "measured value -> cost: clip at 0; 0 when its interval contains FullKV; upper end of the interval", NOISE_CHOICES
     )
@@ -62,6 +66,13 @@ class ExactSettings(Settings):
             raise SolverError(f"tie_tolerance: must be >= 0, got {self.tie_tolerance:g}")
 
 
+def objective_of(settings: ExactSettings, problem: Problem) -> str:
+    """The objective in force: ``auto`` resolved against the problem's table."""
+    if settings.objective != "auto":
+        return settings.objective
+    return "kl" if "kl" in problem.require_table("exact").signals else "dppl"
+
+
 def noise_rule(settings: ExactSettings, problem: Problem) -> str:
     """The noise rule in force: ``auto`` resolved against the problem's table."""
     if settings.noise != "auto":
@@ -75,7 +86,7 @@ def phase_costs(problem: Problem, phase: str, settings: ExactSettings) -> tuple[
     grid = problem.selection_grid()
     pidx = problem.pattern_indices()
     gidx = [table.budget_index(b) for b in grid]
-    cost = cost_tensor(table, phase, settings.objective, pidx, gidx, noise_rule(settings, problem), settings.confidence)
+    cost = cost_tensor(table, phase, objective_of(settings, problem), pidx, gidx, noise_rule(settings, problem), settings.confidence)
     return cost, [table.patterns[i] for i in pidx], grid
 
 
@@ -88,7 +99,7 @@ def describe(settings: ExactSettings, problem: Problem, objective: float, unused
     """The solvers' one-line message."""
     spare = ", ".join(f"{p} {n}" for p, n in unused.items())
     return (
-        f"optimal {settings.objective} (noise={noise_rule(settings, problem)}) = {objective:.6g}; "
+        f"optimal {objective_of(settings, problem)} (noise={noise_rule(settings, problem)}) = {objective:.6g}; "
         f"tie-break {settings.tie_break}; unused budget per phase of {problem.total}: {spare}"
     )
 
@@ -97,7 +108,7 @@ def cost_provenance(settings: ExactSettings, problem: Problem) -> dict:
     """What the strategy's provenance records about the cost the solver minimized."""
     return {
         "objective_cost": {
-            "objective": settings.objective,
+            "objective": objective_of(settings, problem),
             "noise": noise_rule(settings, problem),
             "confidence": settings.confidence,
             "tie_break": settings.tie_break,

@@ -10,10 +10,11 @@ Search space (a categorical ``family`` with conditional parameters)
     and allowed pattern, at the reference budget (grid value closest to B):
 
     * pattern = argmax of ``alpha·u_cos + (1 − alpha)·u_ppl``, where ``u_cos`` / ``u_ppl`` are the
-      pattern's rank among the layer's patterns by cosine (higher is better) / by ΔPPL (lower is
-      better), scaled to [0, 1] (a missing cell ranks −1; ties to the pattern listed first);
+      pattern's rank among the layer's patterns by cosine (higher is better) / by the degradation
+      signal, ΔPPL or KL (lower is better), scaled to [0, 1] (a missing cell ranks −1; ties to the
+      pattern listed first);
     * sensitivity ``s = beta·entropy/max(entropy) + (1 − beta)·w/max(w)`` with ``w`` the worst-case
-      ΔPPL over the allowed patterns (negative values count as 0; at ``beta`` = 1 or 0 the raw
+      degradation signal over the allowed patterns (negative values count as 0; at ``beta`` = 1 or 0 the raw
       signal is used);
     * budgets ``allocate(T, weights=s**gamma, base=b_min + floor_share·(B − b_min), lo=b_min,
       hi=max_budget)``: every layer first gets a floor between b_min and B, the rest is shared
@@ -25,14 +26,17 @@ Search space (a categorical ``family`` with conditional parameters)
     ``per-layer`` (``space="per-layer"``, the ablation): a categorical pattern per (layer, phase)
     and the same budget shape (``beta``, ``gamma``, ``floor_share``).
 
-    ``ilp``: the ``ilp`` solver with ``ilp_objective`` ∈ {dppl, 1-cosine}.
+    ``ilp``: the ``ilp`` solver with ``ilp_objective`` ∈ {dppl, 1-cosine, kl} (kl where the table
+    has it), with its default noise rule and tie-break.
     ``uniform``: one pattern (``uniform_pattern``) at ``floor(B)`` in every layer.
 
 Anchors
     The first trials are enqueued (``enqueue_trial(..., skip_if_exists=True)``, so a resumed study
-    does not repeat them): ``proportional`` (the rule at (1, 1, 1, 0)), ``ilp`` (ΔPPL objective)
-    and ``uniform-best`` (the allowed pattern with the lowest predicted ΔPPL of the uniform strategy
-    at B in the table). The best trial is therefore never worse than the best anchor.
+    does not repeat them): ``proportional`` (the rule at (1, 1, 1, 0)), ``ilp`` (objective: the
+    ``degradation`` signal) and ``uniform-best`` (the allowed pattern with the lowest predicted
+    degradation of the uniform strategy at B in the table). The best trial is therefore never worse
+    than the best anchor. ``degradation`` (``auto``: KL when the table has it, else ΔPPL) is also
+    the signal of the rule's ``u_ppl`` rank and worst-case sensitivity ``w`` below.
 
 Objectives
     ``quality`` (maximized): the mean task score (0–100) of ``tasks`` on the calibration samples
@@ -80,6 +84,7 @@ from solvers.optuna_space import (
     anchor_params,
     best_uniform_pattern,
     build_choices,
+    resolve_degradation,
     rule_budgets,
     rule_patterns,
 )
@@ -153,8 +158,9 @@ class OptunaSolver(Solver):
     def _solve(self, problem: Problem) -> Plan:
         optuna = import_optuna()
         s = self.settings
-        signals = RuleSignals(problem, s.degradation)
-        uniform_best, uniform_pred = best_uniform_pattern(problem, s.degradation)
+        degradation = resolve_degradation(s, problem)
+        signals = RuleSignals(problem, degradation)
+        uniform_best, uniform_pred = best_uniform_pattern(problem, degradation)
         evaluate, calib = self._make_evaluator(problem)
         config = self._study_config(problem, calib)
         study_name = s.study_name or "polykv-" + digest(config)[:12]
@@ -226,7 +232,7 @@ class OptunaSolver(Solver):
                 "trials_run_now": ran,
                 "best": best_row,
                 "anchors": anchor_rows,
-                "uniform_best": {"pattern": uniform_best, "degradation": s.degradation, "predicted": uniform_pred},
+                "uniform_best": {"pattern": uniform_best, "degradation": degradation, "predicted": uniform_pred},
                 "calibration": calib,
                 "front": [{k: v for k, v in r.items() if k != "choices"} for r in front_rows] if two else None,
             }

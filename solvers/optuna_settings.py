@@ -11,7 +11,7 @@ FAMILIES_RULE = ("rule", "ilp", "uniform")
 FAMILIES_LAYERS = ("per-layer", "ilp", "uniform")
 ILP_OBJECTIVES = ("dppl", "1-cosine", "kl")
 #: Signals the rule ranks patterns by, the ilp anchor minimizes and uniform-best is chosen by.
-DEGRADATIONS = ("dppl", "kl")
+DEGRADATIONS = ("auto", "dppl", "kl")
 GAMMA_MAX = 3.0
 FLOOR_SHARE_MAX = 0.9
 #: The proportional anchor's rule parameters.
@@ -45,7 +45,9 @@ class OptunaSettings(Settings):
     population: int = setting(16, "NSGA-II population size")
     min_budget_share: float = setting(0.25, "quality,memory: the smallest budget tried, as a share of B")
     degradation: str = setting(
-        "dppl", "signal of the rule's degradation rank and worst-case sensitivity, the ilp anchor and uniform-best", DEGRADATIONS
+        "auto",
+        "signal of the rule's degradation rank and worst-case sensitivity, the ilp anchor and uniform-best (auto: kl if the table has it)",
+        DEGRADATIONS,
     )
     verbose: bool = setting(False, "show optuna's per-trial log")
 

@@ -130,8 +130,15 @@ def pattern_param(phase: str, layer: int) -> str:
     return f"{phase}_pattern_{layer:03d}"
 
 
+def resolve_degradation(s: OptunaSettings, problem: Problem) -> str:
+    """``s.degradation`` with ``auto`` resolved: ``kl`` when the table carries it, else ``dppl``."""
+    if s.degradation != "auto":
+        return s.degradation
+    return "kl" if "kl" in problem.require_table("optuna").signals else "dppl"
+
+
 def anchor_params(s: OptunaSettings, problem: Problem, uniform_best: str) -> list[tuple[str, dict[str, Any]]]:
-    """The enqueued first trials: proportional, ilp (on ``s.degradation``) and uniform-best."""
+    """The enqueued first trials: proportional, ilp (on the degradation signal) and uniform-best."""
     if s.space == "rule":
         proportional = {"family": "rule", **PROPORTIONAL_POINT}
     else:
@@ -145,7 +152,7 @@ def anchor_params(s: OptunaSettings, problem: Problem, uniform_best: str) -> lis
         proportional.update({k: v for k, v in PROPORTIONAL_POINT.items() if k != "alpha"})
     anchors = [
         ("proportional", proportional),
-        ("ilp", {"family": "ilp", "ilp_objective": s.degradation}),
+        ("ilp", {"family": "ilp", "ilp_objective": resolve_degradation(s, problem)}),
         ("uniform-best", {"family": "uniform", "uniform_pattern": uniform_best}),
     ]
     if s.two_objectives and lowest_budget(problem, s) < problem.global_budget:

@@ -351,7 +351,7 @@ def test_ilp_and_dp_limit_distinct_budgets():
 
 def test_ilp_objective_is_the_predicted_degradation_of_its_strategy():
     problem = random_problem(8)
-    for objective in ("dppl", "1-cosine"):
+    for objective in ("dppl", "1-cosine", "kl"):
         r = solve("ilp", problem, objective=objective)
         assert math.isclose(r.objective, r.predicted[objective], rel_tol=1e-9, abs_tol=1e-12)
 

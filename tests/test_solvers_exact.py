@@ -143,7 +143,7 @@ def test_ilp_presolve_keeps_an_optimal_cell_in_every_layer():
 def test_dp_picks_the_best_pattern_per_budget():
     t = random_signal_table(5, seed=9, patterns=("snapkv", "tova", "h2o"))
     problem = Problem(table=t, global_budget=100)
-    r = solve("dp", problem)
+    r = solve("dp", problem, objective="dppl")
     for phase in problem.phases:
         cost = cost_tensor(t, phase, "dppl", range(3), range(len(t.budgets)))
         for l, c in enumerate(r.strategy.phase(phase)):

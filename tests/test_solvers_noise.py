@@ -59,7 +59,7 @@ def test_the_old_objective_is_misled_by_the_noisy_cells():
 @pytest.mark.parametrize("noise", ["clip", "interval", "upper"])
 def test_no_noise_rule_lets_a_cell_cost_less_than_fullkv(name, noise):
     p = problem()
-    r = solve(name, p, noise=noise)
+    r = solve(name, p, objective="dppl", noise=noise)
     assert r.objective >= 0
     # the objective is the chosen cells' costs under the rule, each at least 0
     costs = table_costs(p.table, "prefill", "dppl", range(2), range(4), noise=noise)
@@ -71,18 +71,19 @@ def test_no_noise_rule_lets_a_cell_cost_less_than_fullkv(name, noise):
 
 @pytest.mark.parametrize("name", ["ilp", "dp"])
 def test_the_upper_bound_does_not_trust_the_noisy_cells_and_spends_the_budget(name):
-    r = solve(name, problem(), noise="upper")
+    r = solve(name, problem(), objective="dppl", noise="upper")
     assert ("tova", 16) not in choices(r)
     assert choices(r) == [("snapkv", 64)] * 4  # 4 x (0.6 + t*0.1) beats any mix with a noisy cell
     assert r.unused_budget == {"prefill": 0, "decoding": 0}
     # clipping only stops rewarding them: they cost what FullKV costs, so they are still taken
-    clip = solve(name, problem(), noise="clip")
+    clip = solve(name, problem(), objective="dppl", noise="clip")
     assert choices(clip)[:2] == [("tova", 16), ("tova", 16)] and clip.unused_budget["prefill"] == 32
 
 
-def test_auto_is_upper_with_standard_errors_and_clip_without():
-    assert solve("dp", problem()).strategy.provenance["objective_cost"]["noise"] == "upper"
-    plain = random_signal_table(4, phases=["prefill"], seed=0)  # no standard errors
+def test_auto_is_kl_with_upper_bounds_when_the_table_allows_and_dppl_clipped_on_a_version_1_table(tmp_path):
+    cost = solve("dp", problem()).strategy.provenance["objective_cost"]
+    assert (cost["objective"], cost["noise"]) == ("kl", "upper")
+    plain = random_signal_table(4, phases=["prefill"], seed=0)  # KL but no standard errors
     r = solve("dp", Problem(table=plain, global_budget=64))
     assert r.strategy.provenance["objective_cost"]["noise"] == "clip"
     with pytest.raises(SolverError, match="noise: 'interval' needs standard errors"):
@@ -100,10 +101,10 @@ def flat_table(L=4) -> SignalTable:
 @pytest.mark.parametrize("name", ["ilp", "dp"])
 def test_ties_spend_the_budget_or_save_it_as_asked(name):
     p = Problem(table=flat_table(), global_budget=80, b_min=16)  # T = 320
-    spend = solve(name, p, noise="clip")
+    spend = solve(name, p, objective="dppl", noise="clip")
     assert spend.objective == 0 and sum(spend.strategy.budgets("prefill")) == 320  # e.g. 128+64+64+64
     assert spend.unused_budget["prefill"] == 0
-    save = solve(name, p, noise="clip", tie_break="save")
+    save = solve(name, p, objective="dppl", noise="clip", tie_break="save")
     assert save.strategy.budgets("prefill") == [16] * 4
     assert save.unused_budget["prefill"] == 320 - 64
     prov = save.strategy.provenance
@@ -120,8 +121,8 @@ def test_a_tie_tolerance_trades_a_little_predicted_cost_for_budget():
             t.set_cell(layer, "prefill", "snapkv", b, cosine=0.9, dppl=0.04 - 0.01 * i)
     p = Problem(table=t, global_budget=48, b_min=16)  # T = 144
     for name in ("ilp", "dp"):
-        exact = solve(name, p, noise="clip", tie_break="save")
-        loose = solve(name, p, noise="clip", tie_break="save", tie_tolerance=0.05)
+        exact = solve(name, p, objective="dppl", noise="clip", tie_break="save")
+        loose = solve(name, p, objective="dppl", noise="clip", tie_break="save", tie_tolerance=0.05)
         assert loose.objective <= exact.objective + 0.05 + 1e-9
         assert sum(loose.strategy.budgets("prefill")) < sum(exact.strategy.budgets("prefill"))
         assert loose.strategy.budgets("prefill") == [16, 16, 16]
@@ -160,7 +161,8 @@ def test_exact_solvers_refuse_a_kl_objective_on_a_table_without_kl(tmp_path):
     old = SignalTable.load(path)
     with pytest.raises(SolverError, match="objective: the signal table has no 'kl' signal"):
         solve("dp", Problem(table=old, global_budget=64), objective="kl")
-    assert solve("dp", Problem(table=old, global_budget=64)).objective >= 0  # dppl still works, clipped
+    r = solve("dp", Problem(table=old, global_budget=64))  # auto: dppl, clipped
+    assert r.objective >= 0 and r.strategy.provenance["objective_cost"]["objective"] == "dppl"
 
 
 # ------------------------------------------------------------------ proportional keeps its guarantees
