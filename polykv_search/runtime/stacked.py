@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
+from polykv_search.runtime.threads import small_ops
 
 
 class _RowDispatch:
@@ -26,14 +27,16 @@ class _RowDispatch:
         self.stacked = stacked
 
     def pre_kernel(self, layer, state, query) -> None:
-        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
-            for pattern, st in observers:
-                pattern.pre_kernel(row, st, query[i : i + 1])
+        with small_ops():
+            for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
+                for pattern, st in observers:
+                    pattern.pre_kernel(row, st, query[i : i + 1])
 
     def post_kernel(self, layer, state, query) -> None:
-        for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
-            for pattern, st in observers:
-                pattern.post_kernel(row, st, query[i : i + 1])
+        with small_ops():
+            for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
+                for pattern, st in observers:
+                    pattern.post_kernel(row, st, query[i : i + 1])
 
 
 class StackedLayer(EvictingLayer):
@@ -59,10 +62,11 @@ class StackedLayer(EvictingLayer):
         self._restack()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        for i, row in enumerate(self.rows):
-            row.update(key_states[i : i + 1], value_states[i : i + 1])
-        self.seen += key_states.shape[-2]
-        self._restack()
+        with small_ops():
+            for i, row in enumerate(self.rows):
+                row.update(key_states[i : i + 1], value_states[i : i + 1])
+            self.seen += key_states.shape[-2]
+            self._restack()
         if self._on_update is not None:
             self._on_update(self)
         return self.keys, self.values
@@ -80,8 +84,9 @@ class StackedLayer(EvictingLayer):
 
     def end_call(self) -> None:
         # the stacked tensors are rebuilt on the next ``update``, the only point that reads them next
-        for row in self.rows:
-            row.end_call()
+        with small_ops():
+            for row in self.rows:
+                row.end_call()
         self.calls += 1
 
     def _restack(self) -> None:
@@ -173,8 +178,9 @@ class FanoutLayer(EvictingLayer):
         self._dispatch = _SharedDispatch(self)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        for row in self.rows:
-            row.update(key_states, value_states)
+        with small_ops():
+            for row in self.rows:
+                row.update(key_states, value_states)
         return super().update(key_states, value_states)
 
     def begin_call(self, q_len: int, padding_mask) -> None:
@@ -189,7 +195,8 @@ class FanoutLayer(EvictingLayer):
         return [(self._dispatch, {})] if self.groups else []
 
     def end_call(self) -> None:
-        for row in self.rows:
-            row.end_call()
+        with small_ops():
+            for row in self.rows:
+                row.end_call()
         self.groups = {}
         super().end_call()
