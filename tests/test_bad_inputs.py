@@ -241,8 +241,7 @@ CASES = [
     row("solve --budget 64 --num-layers 4 --method uniform --out f/o.json", "f", {"f": "prose"}, id="solve-out-under-file"),
     row("solve --budget 64 --signals bad.json --out o.json", "UTF-8", {"bad.json": "latin1"}, id="solve-signals-not-utf8"),
     row("solve --budget 64 --signals bad.json --out o.json", "nan", {"bad.json": "signals-nan-cell"}, id="solve-signals-nan-cell"),
-    row("solve --budget 64 --signals sig.json --grid 32,,64 --method ilp --out o.json", "empty budget", SIG, id="solve-grid-empty-item",
-        marks=needs("polykv_search/cli/solve.py", "--grid/--phases/--patterns type=comma_list(...) from cli/common.py")),
+    row("solve --budget 64 --signals sig.json --grid 32,,64 --method ilp --out o.json", "empty budget", SIG, id="solve-grid-empty-item"),
     # ---- score
     row("score --suite nosuch --baseline full --out o.json", "nosuch", id="score-unknown-suite"),
     row("score --baseline full --budget nan --out o.json", "got 'nan'", id="score-budget-nan"),
@@ -261,12 +260,9 @@ CASES = [
     # ---- quickstart
     row("quickstart --out f", "f", {"f": "prose"}, id="quickstart-out-is-file"),
     row("quickstart --budget 0", "expected a finite number >= 1", id="quickstart-budget-0"),
-    row("quickstart --out q --suite nosuch", "nosuch", id="quickstart-unknown-suite",
-        marks=needs("polykv_search/cli/quickstart.py", "resolve --suite (scoring.resolve_tasks) before step 1")),
-    row("quickstart --out q --budgets 32,,64", "empty budget", id="quickstart-empty-list-item",
-        marks=needs("polykv_search/cli/quickstart.py", "--budgets/--patterns/--methods type=comma_list(...)")),
-    row("quickstart --out q --methods nosuch", "nosuch", id="quickstart-unknown-method",
-        marks=needs("polykv_search/cli/quickstart.py", "check --methods against solvers.list_methods() before step 1")),
+    row("quickstart --out q --suite nosuch", "nosuch", id="quickstart-unknown-suite"),
+    row("quickstart --out q --budgets 32,,64", "empty budget", id="quickstart-empty-list-item"),
+    row("quickstart --out q --methods nosuch", "nosuch", id="quickstart-unknown-method"),
 ]
 
 

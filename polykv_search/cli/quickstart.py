@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, check_output_dir, console, positive_float, positive_int
+from polykv_search.cli.common import CLIError, check_output_dir, comma_list, console, positive_float, positive_int
 
 #: solvers run by quickstart (optuna with a short study)
 METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
@@ -35,50 +35,64 @@ def add_parser(sub) -> None:
     p.add_argument("--calib-samples", type=positive_int, default=2)
     p.add_argument("--context-len", type=positive_int, default=512, help="calibration and evaluation context (default 512)")
     p.add_argument("--continuation-len", type=positive_int, default=32)
-    p.add_argument("--patterns", default="snapkv,tova,h2o,streaming_llm")
-    p.add_argument("--budgets", default="32,64,128", help="signal grid budgets (default 32,64,128)")
+    p.add_argument("--patterns", type=comma_list(str, "pattern"), default="snapkv,tova,h2o,streaming_llm",
+                   help="signal grid patterns (default snapkv,tova,h2o,streaming_llm)")
+    p.add_argument("--budgets", type=comma_list(positive_int, "budget"), default="32,64,128",
+                   help="signal grid budgets (default 32,64,128)")
     p.add_argument("--eval-samples", type=positive_int, default=EVAL_SAMPLES,
                    help=f"evaluation samples per task (default {EVAL_SAMPLES})")
     p.add_argument("--eval-context-len", type=positive_int, default=None,
                    help="evaluation context (default: --context-len)")
     p.add_argument("--suite", default="broad,ruler")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"solvers to run (default {','.join(METHODS)})")
+    p.add_argument("--methods", type=comma_list(str, "method"), default=",".join(METHODS),
+                   help=f"solvers to run (default {','.join(METHODS)})")
     p.add_argument("--optuna-trials", type=positive_int, default=6)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from polykv_search.cli import main as cli
+    from polykv_search.cli import invoke, is_user_error
     from polykv_search.models import DEFAULT_MODEL
+    from polykv_search.scoring import resolve_tasks
+    from solvers import list_methods
 
     out = check_output_dir(args.out)
+    resolve_tasks(args.suite)  # a bad suite fails now, not after the collect step
+    known = {m.name for m in list_methods()}
+    unknown = [m for m in args.methods if m not in known]
+    if unknown:
+        raise CLIError(f"--methods: unknown method {unknown[0]!r}; known: {', '.join(sorted(known))}")
     out.mkdir(parents=True, exist_ok=True)
     eval_len = args.eval_context_len or args.context_len
     model = args.model or DEFAULT_MODEL
     B = f"{args.budget:g}"
+    patterns, budgets = ",".join(args.patterns), ",".join(map(str, args.budgets))
     timings: dict[str, float] = {}
 
     def step(name: str, argv: list[str]) -> None:
         console.rule(f"[bold]{name}")
         t0 = time.perf_counter()
-        rc = cli(argv)
+        try:
+            invoke(argv)
+        except Exception as err:  # the step's own one-line error, with the step named
+            if is_user_error(err):
+                raise CLIError(f"quickstart step '{name}': {err}") from None
+            raise
         timings[name] = time.perf_counter() - t0
-        if rc != 0:
-            raise CLIError(f"quickstart step '{name}' failed (exit {rc}): polykv-search {' '.join(argv)}")
 
     common = ["--model", model, "--device", args.device]
     signals = out / "signals.json"
     step(
         "1/4 collect",
         ["collect", *common, "--samples", str(args.calib_samples), "--context-len", str(args.context_len),
-         "--continuation-len", str(args.continuation_len), "--patterns", args.patterns, "--budgets", args.budgets,
+         "--continuation-len", str(args.continuation_len), "--patterns", patterns, "--budgets", budgets,
          "--out", str(signals)],
     )
 
     strategies_dir = out / "strategies"
     paths = []
-    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+    for method in args.methods:
         target = strategies_dir / f"{method}-B{B}.json"
         extra = []
         if method == "optuna":
@@ -130,7 +144,7 @@ def _write_report(out: Path, results: Path, timings: dict, args: argparse.Namesp
         f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "
         f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`. "
         f"Calibration: {args.calib_samples} samples of {args.context_len} + {args.continuation_len} tokens, "
-        f"patterns {args.patterns}, budgets {args.budgets}.",
+        f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))}.",
         "",
         cmp.to_markdown(comparison),
         "",

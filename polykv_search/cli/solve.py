@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, console, out, positive_float, positive_int
+from polykv_search.cli.common import CLIError, comma_list, console, out, positive_float, positive_int
 
 #: Flags that belong to the problem, not to a solver's settings.
 _PROBLEM_DESTS = {"method", "signals", "budget", "b_min", "model", "num_layers", "phases", "grid", "out", "list_methods", "func", "command", "patterns", "max_budget", "uniform_budgets", "fixed_pattern", "default_pattern"}
@@ -25,9 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("--b-min", type=positive_int, default=None, help="smallest budget of any layer (default: min(16, B))")
     p.add_argument("--model", default=None, help="model whose layer count to use when no signal table is given (default smollm2-135m)")
     p.add_argument("--num-layers", type=positive_int, help="layer count, instead of reading it from --model")
-    p.add_argument("--phases", help="phases to optimize, comma separated (default: the table's, or both)")
-    p.add_argument("--grid", help="budget grid for ilp/dp, comma separated (default: the table's)")
-    p.add_argument("--patterns", help="patterns the solver may choose, comma separated (default: the table's)")
+    p.add_argument("--phases", type=comma_list(str, "phase"), help="phases to optimize, comma separated (default: the table's, or both)")
+    p.add_argument("--grid", type=comma_list(positive_int, "budget"), help="budget grid for ilp/dp, comma separated (default: the table's)")
+    p.add_argument("--patterns", type=comma_list(str, "pattern"), help="patterns the solver may choose, comma separated (default: the table's)")
     p.add_argument("--max-budget", type=positive_int, help="the most a layer can use (e.g. the context length)")
     p.add_argument("--default-pattern", default="snapkv", metavar="P", help="pattern of the phases not optimized, at floor(B) in every layer (default snapkv)")
     p.add_argument("--uniform-budgets", action="store_true", help="ablation 'patterns only': every optimized layer gets floor(B); the solver chooses patterns")
@@ -59,15 +59,6 @@ def _add_solver_settings(p: argparse.ArgumentParser) -> None:
             metavar=info.type.split("|")[0].upper(),
             help=f"{info.help} [{', '.join(seen[flag])}]",
         )
-
-
-def _csv(text: str | None, cast=str):
-    if text is None:
-        return None
-    try:
-        return [cast(x.strip()) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CLIError(f"not a comma-separated list of {cast.__name__}: {text!r}") from None
 
 
 def num_layers_of(model: str) -> int:
@@ -118,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
         table=table,
         num_layers=num_layers,
         b_min=b_min,
-        phases=_csv(args.phases),
-        budgets=_csv(args.grid, int),
-        patterns=_csv(args.patterns),
+        phases=args.phases,
+        budgets=args.grid,
+        patterns=args.patterns,
         max_budget=args.max_budget,
         uniform_budgets=args.uniform_budgets,
         fixed_pattern=args.fixed_pattern,

@@ -95,7 +95,7 @@ class _Caller:
         return self.model(input_ids=x, cache=cache, use_cache=True, **(self.last_only if last_only else {}))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_generate(
     model,
     context_ids: Sequence[int],
@@ -132,7 +132,7 @@ def greedy_generate(
     return new, {"context_s": t1 - t0, "question_s": t2 - t1, "decode_s": t3 - t2}
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def teacher_forced_logits(
     model, context_ids: Sequence[int], target_ids: Sequence[int], caller: _Caller | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:

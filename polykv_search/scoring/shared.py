@@ -100,7 +100,7 @@ class SharedScorer:
             [StackedLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
         )
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(self, job: SampleJob, *, fidelity: bool = True) -> list[SampleOutcome]:
         """Every entry's outcome on ``job`` (same order as ``plans``)."""
         plans = list(self.plans)
