@@ -9,28 +9,9 @@ one signature.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-#: CPU threads for the many small or memory-bound operations (cell caches, decoding steps, attention
-#: statistics): one, since spreading them over threads costs more than it gains (a lot on a loaded
-#: machine, where a thread waiting at a barrier for a descheduled sibling stalls every op).
-SMALL_OP_THREADS = 1
-
-
-@contextlib.contextmanager
-def cpu_threads(n: int | None):
-    """Run a block with ``n`` intra-op CPU threads (``None``: unchanged)."""
-    old = torch.get_num_threads()
-    if n is None or n == old:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+from polykv_search.runtime.threads import SMALL_OP_THREADS, cpu_threads  # noqa: F401  (re-exported)
 
 
 def base_model(model):

@@ -178,17 +178,6 @@ def _apply_ablation(problem: Problem, chosen: Sequence[tuple[str, int]]) -> list
     return out
 
 
-def _apply_ablation(problem: Problem, chosen: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
-    """Enforce the ablation switches on one phase's choices (solvers that ignore the allowed
-    patterns, e.g. pyramid, still end with the fixed pattern)."""
-    out = list(chosen)
-    if problem.fixed_pattern is not None:
-        out = [(problem.fixed_pattern, b) for _, b in out]
-    if problem.uniform_budgets:
-        out = [(p, problem.uniform_budget) for p, _ in out]
-    return out
-
-
 def cost_tensor(
     table: SignalTable,
     phase: str,
