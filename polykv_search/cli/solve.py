@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, comma_list, console, out, positive_float, positive_int
+from polykv_search.cli.common import CLIError, check_output_path, comma_list, console, out, positive_float, positive_int
 
 #: Flags that belong to the problem, not to a solver's settings.
 _PROBLEM_DESTS = {"method", "signals", "budget", "b_min", "model", "num_layers", "phases", "grid", "out", "list_methods", "func", "command", "patterns", "max_budget", "uniform_budgets", "fixed_pattern", "default_pattern"}
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--budget is required")
     if not args.out:
         raise CLIError("--out is required")
+    check_output_path(args.out)  # before a table or (optuna) a model is loaded
     cls = get_solver_class(args.method)
     names = {i.name for i in cls.Settings.fields_info()}
     given = {k: v for k, v in vars(args).items() if k not in _PROBLEM_DESTS}
