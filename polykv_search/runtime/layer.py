@@ -230,8 +230,9 @@ class EvictingLayer(CacheLayerMixin):
         keys = self.keys if upto is None else self.keys[..., :upto, :]
         n = keys.shape[-2]
         # Group the query heads of each KV head instead of copying K per query head.
-        logits = torch.matmul(query.float().reshape(b, h, g * q, d), keys.float().transpose(-1, -2))
-        logits = logits.view(b, h, g, q, n).mul_(self.scaling)
+        # the scale goes on the (small) queries, not on the [q, n] logits: one pass less over them
+        scaled = query.float().reshape(b, h, g * q, d) * self.scaling
+        logits = torch.matmul(scaled, keys.float().transpose(-1, -2)).view(b, h, g, q, n)
         mask = self.allowed(query_positions)[..., :n][:, :, None]
         return logits.masked_fill_(~mask, float("-inf")).softmax(dim=-1).view(b, hq, q, n)
 
