@@ -553,8 +553,6 @@ def test_malformed_signal_tables_are_shown_or_refused_in_one_line(text, tmp_path
     assert rc == 0 or (rc == 2 and err.startswith("error: ") and err.count("\n") == 1), err
 
 
-@pytest.mark.xfail(strict=True, raises=(AttributeError, TypeError),
-                   reason="needs polykv_search/compare.py: check_results checks the type of every field it reads")
 @settings(max_examples=300, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(text=mutated(results_doc))
