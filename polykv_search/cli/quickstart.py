@@ -19,7 +19,7 @@ from polykv_search.cli.common import CLIError, check_output_dir, comma_list, con
 METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
 BASELINES = ("full", "uniform:snapkv", "uniform:tova", "uniform:h2o", "uniform:streaming_llm")
 #: evaluation samples per task: chosen so that the run stays within 15 min on 2 CPU cores (README)
-EVAL_SAMPLES = 6
+EVAL_SAMPLES = 9
 
 
 def add_parser(sub) -> None:
