@@ -16,14 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from polykv_search.patterns import make_pattern
-from polykv_search.runtime import EvictingLayer, PhasePlan, PolyKVCache
+from polykv_search.runtime import FULL_PLAN, EvictingLayer, PolyKVCache
 from signals import entropy as entropy_mod
 from signals import model_parts
 from signals.ppl import token_nll
 
-#: The no-eviction plan.
-FULL_PLAN = PhasePlan(make_pattern("full"), None)
 
 
 class _QueryRecorder:

@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from polykv_search.evaluation import fidelity
 from signals import model_parts
 
 #: fp32 logits materialized at once when scoring many rows (elements): 2**25 ≈ 128 MiB.
@@ -37,10 +38,7 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def token_kl(full_logprobs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """``KL(full ‖ cell)`` per position: ``full_logprobs`` ``[t, V]`` (log-softmax of FullKV),
     ``logits`` ``[C, t, V]`` of the cells → float64 ``[C, t]``, each ``>= 0``."""
-    cell = torch.log_softmax(logits.float(), dim=-1)
-    full = full_logprobs.float()[None]
-    kl = (full.exp() * (full - cell)).double().sum(dim=-1)
-    return kl.clamp_(min=0.0)
+    return fidelity.token_kl(full_logprobs.float()[None], torch.log_softmax(logits.float(), dim=-1))
 
 
 def continuation_token_stats(

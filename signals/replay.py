@@ -34,11 +34,11 @@ import numpy as np
 import torch
 
 from polykv_search.patterns import Pattern
-from polykv_search.runtime import EvictingLayer, PhasePlan, PolyKVCache, StackedLayer
+from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan, PolyKVCache, StackedLayer
 from signals import model_parts
 from signals.model_parts import SMALL_OP_THREADS, cpu_threads
 from signals.cosine import cosine_per_token
-from signals.fullkv import FULL_PLAN, FullKVRecord
+from signals.fullkv import FullKVRecord
 from signals.ppl import continuation_token_stats
 
 #: Continuation tokens (rows × m) run through the upper layers at once.

@@ -17,6 +17,12 @@ def log_probs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.double(), dim=-1)
 
 
+def token_kl(reference: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Per-position KL(reference ‖ entry) from two log-prob tensors ``[..., V]``: summed in float64,
+    clipped at 0 against rounding (it is non-negative by construction)."""
+    return (reference.exp() * (reference - logp)).sum(dim=-1, dtype=torch.float64).clamp_min(0.0)
+
+
 def continuation_outcome(
     logits: torch.Tensor, target_ids: Sequence[int], reference: torch.Tensor | None = None
 ) -> dict[str, Any]:
@@ -39,7 +45,7 @@ def continuation_outcome(
     if reference is not None:
         if reference.shape != logp.shape:
             raise ValueError(f"reference log-probs {tuple(reference.shape)} do not match logits {tuple(logp.shape)}")
-        kl = (reference.exp() * (reference - logp)).sum(dim=-1).clamp_min(0.0)
+        kl = token_kl(reference, logp)
         ref_nll = -reference.gather(-1, target[:, None])[:, 0]
         out["kl"] = float(kl.mean())
         out["dnll"] = float((nll - ref_nll).mean())

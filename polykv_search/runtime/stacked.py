@@ -59,6 +59,7 @@ class StackedLayer(EvictingLayer):
         self.is_initialized = True
         self.seen = first.seen
         self.calls = first.calls
+        self._buffers: tuple[torch.Tensor, ...] | None = None
         self._restack()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -104,7 +105,7 @@ class StackedLayer(EvictingLayer):
             self.keys, self.values, self.positions, self.valid = row.keys, row.values, row.positions, row.valid
             return
         n_max = max(row.length for row in rows)
-        if getattr(self, "_buffers", None) is None or n_max > self._buffers[0].shape[-2]:
+        if self._buffers is None or n_max > self._buffers[0].shape[-2]:
             self._allocate(n_max + self.HEADROOM)
         k, v, pos, valid = self._buffers
         for i, row in enumerate(rows):
