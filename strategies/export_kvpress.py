@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from strategies.catalog import make_pattern
 from strategies.exporters import Export, ExportError, ExportOptions, describe, header_lines
 from strategies.strategy import LayerChoice, Strategy
 
@@ -61,8 +62,6 @@ class Press:
 
 
 def pattern_params(choice: LayerChoice) -> dict[str, Any]:
-    from polykv_search.patterns import make_pattern
-
     return make_pattern(choice.pattern, **dict(choice.params)).params()
 
 

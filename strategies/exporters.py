@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from polykv_search.io import atomic_write_files
+from strategies.catalog import make_pattern
+from strategies.io import atomic_write_files
 
 if TYPE_CHECKING:  # pragma: no cover
     from strategies.strategy import LayerChoice, Strategy
@@ -137,8 +138,6 @@ def describe(choice: "LayerChoice") -> str:
 
 
 def n_sink_of(choice: "LayerChoice") -> int:
-    from polykv_search.patterns import make_pattern
-
     return int(make_pattern(choice.pattern, **dict(choice.params)).n_sink)
 
 

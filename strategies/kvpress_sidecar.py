@@ -1,6 +1,6 @@
 """The JSON sidecar of a ``--format kvpress`` export: how it is written, and how it is read back.
 
-The module and its sidecar are written as one set (:func:`polykv_search.io.atomic_write_files`);
+The module and its sidecar are written as one set (:func:`strategies.io.atomic_write_files`);
 both record the digest of the strategy they come from (``STRATEGY_DIGEST`` in the module,
 ``strategy_digest`` in the sidecar), and :func:`read_export` refuses a pair whose digests differ,
 as a process killed between the two renames could leave it.

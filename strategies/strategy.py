@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from polykv_search.io import atomic_write_text
+from strategies.catalog import pattern_class
+from strategies.io import atomic_write_text
 
 PHASES: tuple[str, ...] = ("prefill", "decoding")
 SCHEMA_NAME = "polykv-strategy"
@@ -90,8 +91,6 @@ class Strategy:
     # -------------------------------------------------------------- validation
     def validate(self) -> None:
         """Raise :class:`StrategyError` naming the first offending field."""
-        from polykv_search.patterns import get_pattern_class
-
         if len(self.prefill) == 0:
             raise StrategyError("layers: a strategy needs at least one layer")
         if len(self.prefill) != len(self.decoding):
@@ -111,7 +110,7 @@ class Strategy:
             for layer, choice in enumerate(self.phase(phase)):
                 where = f"layers[{layer}].{phase}"
                 try:
-                    cls = get_pattern_class(choice.pattern)
+                    cls = pattern_class(choice.pattern)
                 except KeyError as err:
                     raise StrategyError(f"{where}.pattern: {err.args[0]}") from None
                 try:
