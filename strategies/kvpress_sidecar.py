@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from strategies.export_kvpress import (
+from strategies.kvpress_presses import (
     DECODING_INTERVAL,
     KVPRESS_REQUIREMENT,
     SIDECAR_SCHEMA,

@@ -21,8 +21,8 @@ one list of rows (deduplicated by strategy digest + budget) and computes, per bu
   recovered on KL, ``(KL_u - KL) / KL_u`` against the lowest-KL uniform baseline.
 
 Modules: :mod:`~.reading` (files), :mod:`~.model` (rows, references), :mod:`~.merging`
-(:func:`compare`), :mod:`~.gaps` (references, intervals), :mod:`~.tables` (markdown, rich),
-:mod:`~.summary` (notes, :func:`unresolved`, :func:`summary_table`), :mod:`~.plots`.
+(:func:`compare`), :mod:`~.gaps` (references, intervals), :mod:`~.tables` (markdown, rich,
+:func:`summary_table`), :mod:`~.summary` (notes, :func:`unresolved`), :mod:`~.plots`.
 
 Typical use::
 
@@ -37,8 +37,8 @@ from polykv_search.compare.merging import RUNTIME_SETTINGS, compare
 from polykv_search.compare.model import COMPARISON_SCHEMA, COMPARISON_VERSION, MIB, Comparison, Reference, Row
 from polykv_search.compare.plots import pattern_colors, plot
 from polykv_search.compare.reading import SUPPORTED_VERSIONS, CompareError, TaskSamples, check_results, entry_samples, load_results
-from polykv_search.compare.summary import describe, notes, summary_table, unresolved, unresolved_warning
-from polykv_search.compare.tables import Column, best_cells, columns, to_markdown, to_rich
+from polykv_search.compare.summary import describe, notes, unresolved, unresolved_warning
+from polykv_search.compare.tables import Column, best_cells, columns, summary_table, to_markdown, to_rich
 
 __all__ = [
     "COMPARISON_SCHEMA", "COMPARISON_VERSION", "MIB", "RUNTIME_SETTINGS", "SUPPORTED_VERSIONS", "Column", "CompareError",

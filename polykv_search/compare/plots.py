@@ -13,6 +13,8 @@ from typing import Any
 
 from polykv_search.compare.model import Comparison, Row, finite, fmt_budget, layers_of, ordered
 from polykv_search.compare.summary import describe
+from polykv_search.io import atomic_write_bytes
+from polykv_search.patterns import PATTERNS
 
 
 def plot(c: Comparison, path: str | Path, *, dpi: int = 110) -> Path:
@@ -27,8 +29,6 @@ def plot(c: Comparison, path: str | Path, *, dpi: int = 110) -> Path:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
-
-    from polykv_search.io import atomic_write_bytes
 
     layered = [r for r in c.rows if not r.is_full and not r.is_uniform and layers_of(r.strategy)]
     sweep = c.multi_budget
@@ -70,8 +70,6 @@ def plot(c: Comparison, path: str | Path, *, dpi: int = 110) -> Path:
 
 def pattern_colors() -> dict[str, Any]:
     import matplotlib
-
-    from polykv_search.patterns import PATTERNS
 
     cmap = matplotlib.colormaps["tab10"]
     return {p: cmap(i % 10) for i, p in enumerate(PATTERNS)}

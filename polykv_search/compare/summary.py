@@ -1,9 +1,7 @@
 """Words around a comparison: its one-line description, the notes under a table, unresolved
-differences, and the compact summary the ``score`` command prints."""
+and unresolved differences (the compact summary ``score`` prints is :func:`~.tables.summary_table`)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from polykv_search import stats
 from polykv_search.compare.model import Comparison, fmt_budget, ordered
@@ -88,35 +86,6 @@ def unresolved_warning(c: Comparison, shown: int = 3) -> str | None:
     if refs:
         line += f"; FullKV − best uniform is not resolved on {', '.join(sorted({r.suite for r in refs}))} (gap n/a)"
     return line
-
-
-def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None, **options: Any):
-    """The compact table (and its notes) of one results document, for ``polykv-search score``.
-
-    Parameters
-    ----------
-    doc : dict or Comparison
-        A results document as written by ``score`` (schema ``polykv-results``), or its
-        comparison when already made (e.g. to pass it to :func:`unresolved_warning` as well).
-    title : str, optional
-        Table title (default: :func:`describe`).
-    **options
-        ``level``, ``resamples``, ``seed`` of the intervals (see :func:`compare`); a document's
-        entries may be at several budgets (strategy files carry their own).
-
-    Returns
-    -------
-    rich.console.Group
-        The table, then its notes in dim text; fits an 80-column terminal for two suites.
-    """
-    from rich.console import Group
-    from rich.text import Text
-
-    from polykv_search.compare.merging import compare
-    from polykv_search.compare.tables import to_rich
-
-    c = doc if isinstance(doc, Comparison) else compare([doc], across_budgets=True, **options)
-    return Group(to_rich(c, title=title), *(Text(line, style="dim") for line in notes(c)))
 
 
 def _by_group(c: Comparison) -> dict[tuple, list]:

@@ -12,7 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from polykv_search.compare.merging import compare
 from polykv_search.compare.model import Comparison, Row, finite, fmt_budget
+from polykv_search.compare.summary import describe, notes
 from polykv_search.stats import GAP_CLIP, Gap, Interval
 
 UP, DOWN = "▲", "▼"
@@ -226,8 +228,6 @@ def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, detail
     from rich import box
     from rich.table import Table
 
-    from polykv_search.compare.summary import describe
-
     cols = columns(c, tasks, details, budget=False)
     best = best_cells(c, cols)
     table = Table(title=title if title is not None else describe(c), box=box.SIMPLE_HEAD, pad_edge=False,
@@ -254,3 +254,29 @@ def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, detail
             cells.append(f"[bold green]{t}[/bold green]" if (i, col.key) in best else t)
         table.add_row(*cells, style="dim" if row.is_full else None)
     return table
+
+
+def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None, **options: Any):
+    """The compact table (and its notes) of one results document, for ``polykv-search score``.
+
+    Parameters
+    ----------
+    doc : dict or Comparison
+        A results document as written by ``score`` (schema ``polykv-results``), or its
+        comparison when already made (e.g. to pass it to :func:`unresolved_warning` as well).
+    title : str, optional
+        Table title (default: :func:`describe`).
+    **options
+        ``level``, ``resamples``, ``seed`` of the intervals (see :func:`compare`); a document's
+        entries may be at several budgets (strategy files carry their own).
+
+    Returns
+    -------
+    rich.console.Group
+        The table, then its notes in dim text; fits an 80-column terminal for two suites.
+    """
+    from rich.console import Group
+    from rich.text import Text
+
+    c = doc if isinstance(doc, Comparison) else compare([doc], across_budgets=True, **options)
+    return Group(to_rich(c, title=title), *(Text(line, style="dim") for line in notes(c)))

@@ -1,0 +1,94 @@
+"""The kvpress side of ``--format kvpress``: which kvpress press stands for each pattern.
+
+Shared by the exporter (:mod:`strategies.export_kvpress`, the Python module it writes) and the
+sidecar (:mod:`strategies.kvpress_sidecar`, the JSON beside it), so neither imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strategies.catalog import make_pattern
+from strategies.exporters import ExportError
+from strategies.strategy import LayerChoice
+
+KVPRESS_REQUIREMENT = "kvpress>=0.5,<0.6"
+SIDECAR_SCHEMA = "polykv-kvpress-export"
+#: decoding steps between two compressions of a layer over its decoding budget
+DECODING_INTERVAL = 1
+
+_NO_DECODING_H2O = (
+    "dropped: kvpress has no decoding counterpart of H2O's attention accumulated over all steps "
+    "(ObservedAttentionPress only sees one step); the layer keeps every generated token"
+)
+_NO_DECODING_SNAPKV = (
+    "dropped: kvpress's SnapKVPress cannot score while decoding (it needs more buffered queries than "
+    "its window, with their positions); the layer keeps every generated token"
+)
+
+
+@dataclass(frozen=True)
+class Press:
+    """A kvpress press class, its constructor arguments and what it does differently."""
+
+    cls: str
+    params: dict[str, Any]
+    differences: tuple[str, ...] = ()
+
+
+def pattern_params(choice: LayerChoice) -> dict[str, Any]:
+    return make_pattern(choice.pattern, **dict(choice.params)).params()
+
+
+def prefill_press(choice: LayerChoice) -> Press | None:
+    """The kvpress press that compresses the prompt like ``choice`` (None: keep every token)."""
+    if choice.pattern == "full" or choice.budget is None:
+        return None
+    p = pattern_params(choice)
+    name = choice.pattern
+    if name == "streaming_llm":
+        return Press("StreamingLLMPress", {"n_sink": p["n_sink"]})
+    if name == "h2o":
+        return Press(
+            "ObservedAttentionPress",
+            {},
+            (
+                "ObservedAttentionPress scores by the attention each token received from the prompt "
+                "(averaged over the queries that see it; needs attn_implementation='eager') and "
+                f"protects no recent window (recent_ratio={p['recent_ratio']} is not applied)",
+            ),
+        )
+    if name == "tova":
+        return Press("TOVAPress", {}, ("kvpress always keeps the newest token",))
+    if name in ("snapkv", "pyramidkv"):
+        diffs = []
+        if name == "pyramidkv":
+            diffs.append(
+                "SnapKVPress with PyramidKV's window and kernel "
+                "(kvpress's PyramidKVPress would impose its own budget schedule)"
+            )
+        if p["pooling"] == "maxpool":
+            diffs.append("max pooling -> average pooling (kvpress's SnapKVPress only averages)")
+        return Press("SnapKVPress", {"window_size": p["window"], "kernel_size": p["kernel"]}, tuple(diffs))
+    if name == "knorm":
+        return Press("KnormPress", {})
+    if name == "random":
+        return Press(
+            "RandomPress", {"seed": p["seed"]}, ("kvpress draws its own random numbers (same seed, other tokens)",)
+        )
+    # every registered pattern is mapped above (tests/test_registries.py checks each one)
+    raise ExportError(f"kvpress has no counterpart for pattern {name!r}")  # pragma: no cover
+
+
+def decoding_press(choice: LayerChoice) -> tuple[Press | None, str | None]:
+    """The scorer a DecodingPress wraps for ``choice``, or (None, why it is dropped / None if nothing to do)."""
+    if choice.pattern == "full" or choice.budget is None:
+        return None, None
+    if choice.pattern == "h2o":
+        return None, _NO_DECODING_H2O
+    if choice.pattern in ("snapkv", "pyramidkv"):
+        return None, _NO_DECODING_SNAPKV
+    press = prefill_press(choice)
+    assert press is not None
+    return press, None
