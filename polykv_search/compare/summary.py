@@ -1,5 +1,5 @@
-"""Words around a comparison: its one-line description, the notes under a table, unresolved
-and unresolved differences (the compact summary ``score`` prints is :func:`~.tables.summary_table`)."""
+"""Words around a comparison: its one-line description, the notes under a table and its unresolved
+differences (the compact summary ``score`` prints is :func:`~.tables.summary_table`)."""
 
 from __future__ import annotations
 
