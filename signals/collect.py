@@ -24,6 +24,7 @@ Modules: :mod:`signals.collect_settings` (grid, definitions), :mod:`signals.coll
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -50,9 +51,23 @@ from signals.uncertainty import DEFAULT_BLOCKS, block_means, block_sizes
 
 # ----------------------------------------------------------------------------- per sample
 def sample_records(
-    model, context_ids, continuation_ids, index: int, units: Sequence[Unit], settings: CollectSettings, *, need_full: bool
+    model,
+    context_ids,
+    continuation_ids,
+    index: int,
+    units: Sequence[Unit],
+    settings: CollectSettings,
+    *,
+    need_full: bool,
+    scored: tuple[int, int] | None = None,
 ) -> Iterator[dict]:
-    """Records of one sample: its FullKV record (if ``need_full``), then one per unit, as each finishes."""
+    """Records of one sample: its FullKV record (if ``need_full``), then one per unit, as each finishes.
+
+    ``scored`` is the ``[start, end)`` of the continuation positions the cell signals and the FullKV
+    NLL are computed on (default: all of them; an evidence sample's answer, see
+    :func:`polykv_search.data.evidence.scored_span`). Everything runs on the whole continuation;
+    only the per-token signals outside ``scored`` are left out of the block means.
+    """
     from polykv_search.patterns import make_pattern
     from polykv_search.runtime import apply_strategy, model_spec
     from signals.fullkv import full_kv_pass
@@ -60,15 +75,16 @@ def sample_records(
     from strategies import Strategy
 
     num_layers = model_spec(model).num_layers
-    sizes = block_sizes(len(continuation_ids), settings.blocks)
+    span = slice(*(scored or (0, len(continuation_ids))))
+    sizes = block_sizes(span.stop - span.start, settings.blocks)
     t0 = time.perf_counter()
     with torch.no_grad(), apply_strategy(model, Strategy.full(num_layers)) as rt:
         record = full_kv_pass(model, rt, context_ids, continuation_ids, phases=settings.phases)
         full = {
             "kind": "full",
             "sample": index,
-            "nll": record.mean_nll,
-            "nll_blocks": block_means(record.nll.numpy(), sizes).tolist(),
+            "nll": float(record.nll[span].mean()),
+            "nll_blocks": block_means(record.nll.numpy()[span], sizes).tolist(),
             "entropy": record.entropy,
             "variance": record.variance,
         }
@@ -82,21 +98,21 @@ def sample_records(
                 tokens = replay_unit(
                     model, rt, record, unit.layer, unit.phase, patterns, settings.budgets, batch_tokens=settings.batch_tokens
                 )
-                yield unit_record(unit, tokens, sizes, time.perf_counter() - t1)
+                yield unit_record(unit, _scored(tokens, span), sizes, time.perf_counter() - t1)
             return
     del record
-    yield from _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes)
+    yield from _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes, span)
 
 
-def _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes):
+def _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes, span):
     import numpy as np
 
     from signals.naive import NaiveReference, naive_cell
     from signals.replay import TokenSignals
 
     reference = NaiveReference(model, context_ids, continuation_ids)
-    full["nll"] = float(reference.nll.mean())
-    full["nll_blocks"] = block_means(reference.nll.numpy(), sizes).tolist()
+    full["nll"] = float(reference.nll[span].mean())
+    full["nll_blocks"] = block_means(reference.nll.numpy()[span], sizes).tolist()
     full["seconds"] = time.perf_counter() - t0
     if need_full:
         yield full
@@ -108,7 +124,14 @@ def _naive_records(model, context_ids, continuation_ids, units, settings, full, 
             for budget in settings.budgets
         ]
         tokens = TokenSignals(*(np.stack([c[k].numpy() for c in cells]) for k in range(3)))
-        yield unit_record(unit, tokens, sizes, time.perf_counter() - t1)
+        yield unit_record(unit, _scored(tokens, span), sizes, time.perf_counter() - t1)
+
+
+def _scored(tokens, span: slice):
+    """The per-token signals at the scored continuation positions ``span``."""
+    from signals.replay import TokenSignals
+
+    return TokenSignals(tokens.cosine[:, span], tokens.nll[:, span], tokens.kl[:, span])
 
 
 # ----------------------------------------------------------------------------- driver
@@ -180,6 +203,7 @@ def collect_signals(
     """
     from polykv_search import __version__
     from polykv_search.data import samples_fingerprint
+    from polykv_search.data.evidence import describe_evidence, scored_span
     from polykv_search.models import model_fingerprint
     from polykv_search.runtime import model_spec
 
@@ -205,6 +229,11 @@ def collect_signals(
         raise CollectError("samples: every sample needs the same context and continuation lengths")
     if n < 1 or m < 2:
         raise CollectError(f"samples: need a context of >= 1 token and a continuation of >= 2 tokens, got {n}+{m}")
+    spans = [scored_span(s) for s in samples]
+    for i, (a, b) in enumerate(spans):
+        if not 0 <= a < b <= m:
+            raise CollectError(f"samples: sample {i}'s scored positions [{a}, {b}) are not a non-empty part of its {m}-token continuation")
+    evidence = any(sp != (0, m) for sp in spans)
     max_pos = getattr(spec.config, "max_position_embeddings", None)
     if max_pos and n + m > max_pos:
         raise CollectError(f"context + continuation = {n + m} tokens exceeds the model's {max_pos} positions")
@@ -228,6 +257,9 @@ def collect_signals(
         "definitions": DEFINITIONS_VERSION,
         "blocks": settings.blocks,
     }
+    if evidence:  # retrieval-aware calibration: the scored positions are part of what was measured
+        key["scored"] = [list(sp) for sp in spans]
+        key["calibration"] = hashlib.sha256(f"{key['calibration']}:{key['scored']}".encode()).hexdigest()[:16]
     if journal is True:
         jpath = journal_path(out) if out is not None else None
     elif journal:
@@ -274,16 +306,19 @@ def collect_signals(
                 for s in sorted(per_sample):
                     sample = samples[s]
                     for rec in sample_records(
-                        model, sample.context_ids, sample.continuation_ids, s, per_sample[s], settings, need_full=s in need_full
-                    ):
+                        model, sample.context_ids, sample.continuation_ids, s, per_sample[s], settings,
+                        need_full=s in need_full, scored=spans[s],
+                    ):  # fmt: skip
                         bar.advance(persist(rec))
             elif per_sample:
                 loader = model_loader or _GivenModel(model)
-                run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar)
+                run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar, spans)
     finally:
         jr.close()
 
-    table, overflowed = assemble(jr, len(samples), m, settings, num_layers)
+    table, overflowed = assemble(jr, len(samples), m, settings, num_layers, [b - a for a, b in spans])
+    blocks_per_sample: Any = [len(block_sizes(b - a, settings.blocks)) for a, b in spans]
+    blocks_per_sample = blocks_per_sample[0] if len(set(blocks_per_sample)) == 1 else blocks_per_sample
     compute = sum(r.get("seconds", 0.0) for r in (*jr.full.values(), *jr.units.values()))
     table.provenance = {
         "model": key["model"],
@@ -299,7 +334,8 @@ def collect_signals(
         "definitions_version": DEFINITIONS_VERSION,
         "collect_key": key,
         "definitions": DEFINITIONS,
-        "uncertainty": {"blocks_per_sample": len(block_sizes(m, settings.blocks)), "units": table.se_dof + 1 if table.se_dof else 1},
+        "uncertainty": {"blocks_per_sample": blocks_per_sample, "units": table.se_dof + 1 if table.se_dof else 1},
+        "retrieval": describe_evidence(samples),
         "overflowed_cells": overflowed,
         "dtype": dtype,
         "device": device,

@@ -52,13 +52,13 @@ def _worker_model(loader):
     return _WORKER_MODEL["model"]
 
 
-def _run_task(loader, context_ids, continuation_ids, index, units, settings, need_full, threads) -> list[dict]:
+def _run_task(loader, context_ids, continuation_ids, index, units, settings, need_full, threads, scored=None) -> list[dict]:
     from signals.collect import sample_records
 
     if threads:
         torch.set_num_threads(threads)
     model = _worker_model(loader)
-    return list(sample_records(model, context_ids, continuation_ids, index, units, settings, need_full=need_full))
+    return list(sample_records(model, context_ids, continuation_ids, index, units, settings, need_full=need_full, scored=scored))
 
 
 @contextlib.contextmanager
@@ -155,7 +155,8 @@ class Progress:
             self._bar.stop()
 
 
-def run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar) -> None:
+def run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar, spans=None) -> None:
+    """Run every pending unit through joblib; ``spans[s]``: sample s's scored continuation positions."""
     from joblib import Parallel, delayed
 
     local = backend in (None, "loky", "sequential")
@@ -169,7 +170,8 @@ def run_parallel(samples, per_sample, need_full, settings, jobs, backend, addres
     with _backend(backend, address, jobs):
         n_jobs = 1 if backend == "sequential" else (jobs if local else -1)
         results = Parallel(n_jobs=n_jobs, return_as="generator_unordered")(
-            delayed(_run_task)(loader, *sample_ids[s], s, group, settings, full, threads) for s, group, full in tasks
+            delayed(_run_task)(loader, *sample_ids[s], s, group, settings, full, threads, spans[s] if spans else None)
+            for s, group, full in tasks
         )
         for records in results:
             for rec in records:

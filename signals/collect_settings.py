@@ -13,12 +13,17 @@ DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128, 256)
 #: Bumped whenever what a cell's numbers mean changes; part of the journal key.
 DEFINITIONS_VERSION = 2
 DEFINITIONS = {
-    "cosine": "mean over continuation positions of cos(layer-l output with the cell, with FullKV); mean over samples",
-    "dppl": "exp(mean NLL of the m continuation tokens with the cell) - exp(same under FullKV); NLL pooled over samples",
-    "kl": "mean over continuation positions of KL(FullKV || cell) of the next-token distributions (0 at the first "
+    "cosine": "mean over the scored continuation positions of cos(layer-l output with the cell, with FullKV); mean over samples",
+    "dppl": "exp(mean over samples of the mean NLL of each sample's scored continuation tokens with the cell) - exp(same "
+    "under FullKV); the pooled token PPL when every sample scores all m tokens",
+    "scored": "the continuation tokens a sample's cell signals (cosine, NLL, KL) average over: all m of a prose sample; "
+    "only the answer tokens of a retrieval (evidence) sample, whose query and following prose need no evidence; every "
+    "token is still run, teacher-forced, under the cell",
+    "kl": "mean over the scored continuation positions of KL(FullKV || cell) of the next-token distributions (0 at the first "
     "position, which the context predicts); mean over samples; >= 0",
-    "se": "cluster-robust standard error over (sample, token block) units: each continuation cut into `blocks` "
-    "contiguous blocks; dPPL by the delta method, PPL(cell) * SE(paired mean NLL difference); t with se_dof = units - 1",
+    "se": "cluster-robust standard error over (sample, token block) units: each sample's scored tokens cut into "
+    "`blocks` contiguous blocks, weighted so that every sample counts equally; dPPL by the delta method, "
+    "PPL(cell) * SE(paired mean NLL difference); t with se_dof = units - 1",
     "entropy": "FullKV attention entropy / log(#visible keys), mean over heads and the phase's queries "
     "(prefill: prompt queries; decoding: continuation queries, teacher-forced)",
     "variance": "sum over keys of the variance over queries of FullKV attention, mean over heads "

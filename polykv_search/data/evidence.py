@@ -1,0 +1,425 @@
+"""Retrieval-aware calibration samples: synthetic evidence in calibration-split prose, answer in the continuation.
+
+Prose calibration cannot see what sparse retrieval needs: a layer whose cache drops one record of a
+long context costs almost nothing on the next prose tokens. An *evidence sample* makes that cost
+visible. It is built from one calibration window of :func:`~polykv_search.data.make_samples`
+(``context_len + continuation_len`` consecutive tokens of a calibration-split document):
+
+* the **context** is the window's first tokens with ``records`` evidence statements of one kind
+  inserted at seeded random sentence boundaries, cut to exactly ``context_len`` tokens;
+* the **continuation** starts with a query that names one statement's key, then that statement's
+  value (the **answer**), a full stop, and the window's next prose tokens up to ``continuation_len``.
+
+Three kinds, cycled over the evidence samples (formats and vocabularies of their own, shared with
+nothing in the RULER generators of :mod:`polykv_search.evaluation.ruler`, so that scoring on ruler
+stays a held-out test)::
+
+    record  Crate KX-318 holds saffron.                 query "Crate KX-318 holds" -> " saffron"
+    code    The north granary opens with R7K29.         query "The north granary opens with" -> " R7K29"
+    fact    Odalys Marchbank lives in Marlowick.        query "Odalys Marchbank lives in" -> " Marlowick"
+
+Every piece (prefix, key, relation, value) is tokenized on its own and the ids are concatenated, so
+the key and the answer have the same token ids in the evidence and in the continuation. Each sample
+is checked on construction: no key or value of its statements occurs in its prose (text, case
+folded), the answer's token run occurs exactly once in the context, inside the queried statement,
+and the query names exactly one statement; a draw that fails is redrawn.
+
+The signals of an evidence sample are computed on its **answer tokens only**
+(:attr:`EvidenceSample.scored`, positions of the continuation): the query and the prose after the
+answer are predictable without the evidence and would dilute what a layer's eviction of it costs.
+A prose sample scores every continuation token (:func:`scored_span`).
+
+Everything is seeded: the windows by ``seed`` (as :func:`make_samples`), each evidence sample's
+draws by ``(seed, index)``; the same inputs give the same samples.
+
+>>> mix = parse_retrieval_mix("0.5")                                     # doctest: +SKIP
+>>> samples = make_calibration_samples(tok, corpus, n_samples=8, context_len=512,
+...                                    continuation_len=32, seed=0, mix=mix)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .corpus import Corpus
+from .errors import DataError
+from .samples import Sample, encode_document, make_samples
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+#: Bumped whenever a seed's samples change; recorded in the provenance.
+GENERATOR_VERSION = 1
+KINDS: tuple[str, ...] = ("record", "code", "fact")
+DEFAULT_RECORDS = 4
+
+# ------------------------------------------------------------------------------ vocabularies
+COMMODITIES = (
+    "saffron indigo pewter cinnamon tallow nutmeg barley hemp cobalt cloves juniper molasses alum "
+    "borax camphor sulphur quinine mica flax lanolin paraffin turpentine resin vermilion ochre umber "
+    "gypsum potash sorghum millet jute sisal kelp caraway anise fennel tamarind vetch spelt"
+).split()
+KEY_LETTERS = "BCDFGHJKLMNPQRSTVWXZ"
+CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+QUALIFIERS = "north south east west upper lower inner outer".split()
+BUILDINGS = (
+    "granary boathouse tannery smithy dovecote brewhouse icehouse saddlery "
+    "foundry armoury malthouse ropewalk kiln sawmill cooperage apiary forge"
+).split()
+FIRST_NAMES = (
+    "Odalys Perrin Tamsin Ulric Wendeline Corvin Isolde Briony Caspian Elowen Galen Ivo Linnea "
+    "Mireille Oriel Quentin Sabine Verity"
+).split()
+SURNAMES = (
+    "Ashgrove Pennicott Marchbank Thistlewood Brackenridge Hollinsworth Oakhurst "
+    "Ravensworth Fellgate Grimsditch Nettlefold Pemberthy Rookwood"
+).split()
+TOWNS = (
+    "Marlowick Dunsmere Felthorpe Ashcombe Brindlewick Caddington Elmsford Gorsebury Hollowmere "
+    "Kettleby Lindenford Morrowdale Nethercombe Oxlade Pellingham Rushwick Thornley Upwick "
+    "Wyvernhall"
+).split()
+
+
+@dataclass(frozen=True)
+class EvidenceKind:
+    """One evidence format: ``{prefix} {key} {relation} {value}.``; the query is
+    ``{query_prefix} {key} {relation}`` and the answer `` {value}``."""
+
+    name: str
+    prefix: str
+    query_prefix: str
+    relation: str
+
+
+FORMATS: dict[str, EvidenceKind] = {
+    "record": EvidenceKind("record", " Crate", "\nCrate", " holds"),
+    "code": EvidenceKind("code", " The", "\nThe", " opens with"),
+    "fact": EvidenceKind("fact", "", "\n", " lives in"),
+}
+
+
+def draw_pair(kind: str, rng: random.Random) -> tuple[str, str]:
+    """One ``(key, value)`` of ``kind`` from ``rng``."""
+    if kind == "record":
+        key = "".join(rng.choice(KEY_LETTERS) for _ in range(2)) + f"-{rng.randint(100, 999)}"
+        return key, rng.choice(COMMODITIES)
+    if kind == "code":
+        code = f"{rng.choice(CODE_LETTERS)}{rng.randint(1, 9)}{rng.choice(CODE_LETTERS)}{rng.randint(10, 99)}"
+        return f"{rng.choice(QUALIFIERS)} {rng.choice(BUILDINGS)}", code
+    if kind == "fact":
+        return f"{rng.choice(FIRST_NAMES)} {rng.choice(SURNAMES)}", rng.choice(TOWNS)
+    raise DataError(f"evidence kind {kind!r} is not one of {', '.join(KINDS)}")
+
+
+def statement_text(kind: str, key: str, value: str) -> str:
+    """The evidence statement as text (what :class:`EvidenceSample` inserts, up to tokenization)."""
+    f = FORMATS[kind]
+    return f"{f.prefix} {key}{f.relation} {value}.".lstrip()
+
+
+def query_text(kind: str, key: str) -> str:
+    """The query that opens the continuation (the answer follows it)."""
+    f = FORMATS[kind]
+    return f"{f.query_prefix} {key}{f.relation}"
+
+
+_TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Col|Capt|Rev)\.$")
+
+
+# ------------------------------------------------------------------------------------- mix
+@dataclass(frozen=True)
+class RetrievalMix:
+    """How many calibration samples carry evidence: a ``count`` or a ``fraction`` of them.
+
+    Attributes
+    ----------
+    spec : str
+        As given (``"0.5"``, ``"3"``); recorded in the provenance.
+    count, fraction
+        Exactly one is set: ``count`` evidence samples, or ``round(fraction · n_samples)``.
+    records : int
+        Evidence statements per evidence sample (one is queried; the others are distractors).
+    """
+
+    spec: str
+    count: int | None = None
+    fraction: float | None = None
+    records: int = DEFAULT_RECORDS
+
+    def evidence_samples(self, n_samples: int) -> int:
+        """The number of evidence samples among ``n_samples``; a one-line :class:`DataError` when
+        the mix asks for more than there are, or a positive fraction rounds to none."""
+        if self.count is not None:
+            if self.count > n_samples:
+                raise DataError(f"retrieval mix {self.spec!r}: {self.count} evidence samples, but only {n_samples} samples")
+            return self.count
+        k = math.floor(self.fraction * n_samples + 0.5)
+        if self.fraction > 0 and k == 0:
+            raise DataError(
+                f"retrieval mix {self.spec!r} of {n_samples} samples rounds to 0 evidence samples; "
+                "give a count (e.g. 1) or more samples"
+            )
+        return k
+
+
+def parse_retrieval_mix(value: str | int | float | None, *, records: int = DEFAULT_RECORDS) -> RetrievalMix | None:
+    """``None``/``"0"`` → None (prose only); an integer (``"3"``) → a count; a decimal in [0, 1]
+    (``"0.5"``, ``".25"``) or a percentage (``"50%"``) → a fraction of the samples."""
+    if isinstance(records, bool) or not isinstance(records, int) or records < 1:
+        raise DataError(f"evidence records per sample must be a positive integer, got {records!r}")
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise DataError(f"retrieval mix must be a count or a fraction, got {value!r}")
+    text = str(value).strip()
+    try:
+        if isinstance(value, int) or text.isdigit():
+            count = int(text)
+            return RetrievalMix(text, count=count, records=records) if count else None
+        fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise DataError(f"retrieval mix {text!r}: expected a count (e.g. 2), a fraction in [0, 1] (e.g. 0.5) or a percentage (e.g. 25%)") from None
+    if not math.isfinite(fraction) or not 0 <= fraction <= 1:
+        raise DataError(f"retrieval mix {text!r}: a fraction must lie in [0, 1] (or give a whole count, e.g. 2)")
+    return RetrievalMix(text, fraction=fraction, records=records) if fraction else None
+
+
+# ---------------------------------------------------------------------------------- samples
+@dataclass
+class EvidenceSample(Sample):
+    """A calibration window with inserted evidence (see the module docstring).
+
+    Attributes
+    ----------
+    kind : str
+        One of :data:`KINDS`.
+    statements : list[tuple[str, str]]
+        ``(key, value)`` of every inserted statement, in context order.
+    queried : int
+        Index into ``statements`` of the one the continuation asks for.
+    evidence_spans : list[tuple[int, int]]
+        ``[start, end)`` context positions of each statement's tokens.
+    scored : tuple[int, int]
+        ``[start, end)`` continuation positions of the answer: the tokens the signals score.
+    prose_context : int
+        Prose tokens in the context (``context_len`` minus the statements').
+    filler_start : int
+        First continuation position of the prose after the answer's full stop.
+    """
+
+    kind: str
+    statements: list[tuple[str, str]]
+    queried: int
+    evidence_spans: list[tuple[int, int]]
+    scored: tuple[int, int]
+    prose_context: int
+    filler_start: int
+
+    @property
+    def answer(self) -> str:
+        return self.statements[self.queried][1]
+
+    @property
+    def key(self) -> str:
+        return self.statements[self.queried][0]
+
+    def prose_ids(self) -> list[int]:
+        """The prose tokens the sample uses, in document order (the context without its evidence,
+        then the continuation after the answer and its full stop): consecutive tokens of ``doc_id``
+        from ``offset``."""
+        out, at = [], 0
+        for a, b in self.evidence_spans:
+            out += self.context_ids[at:a]
+            at = b
+        out += self.context_ids[at:]
+        return out + self.continuation_ids[self.filler_start :]
+
+
+def scored_span(sample: Any) -> tuple[int, int]:
+    """``[start, end)`` of the continuation positions whose signals count: an evidence sample's
+    answer, or every continuation token of any other sample."""
+    span = getattr(sample, "scored", None)
+    return (int(span[0]), int(span[1])) if span is not None else (0, len(sample.continuation_ids))
+
+
+def _sample_rng(seed: int, index: int) -> random.Random:
+    digest = hashlib.sha256(f"polykv-evidence\x00v{GENERATOR_VERSION}\x00{seed}\x00{index}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def _runs(haystack: Sequence[int], needle: Sequence[int]) -> list[int]:
+    k = len(needle)
+    return [i for i in range(len(haystack) - k + 1) if list(haystack[i : i + k]) == list(needle)]
+
+
+class _Pieces:
+    """Tokenizes pieces once (pieces are short and repeat)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._cache: dict[str, list[int]] = {}
+
+    def __call__(self, text: str) -> list[int]:
+        if text not in self._cache:
+            self._cache[text] = encode_document(self.tokenizer, text) if text else []
+        return self._cache[text]
+
+    def text(self, token: int) -> str:
+        key = f"\x00{token}"
+        if key not in self._cache:
+            self._cache[key] = self.tokenizer.decode([int(token)])
+        return self._cache[key]
+
+    def boundaries(self, ids: Sequence[int]) -> list[int]:
+        """Positions just after a sentence: a token ending in ``.``, ``!`` or ``?`` (maybe quoted),
+        followed by a token that starts with whitespace, and not a title such as ``Mr.``."""
+        out = []
+        for i in range(len(ids) - 1):
+            if self.text(ids[i]).rstrip("\"')]_").endswith((".", "!", "?")) and self.text(ids[i + 1])[:1].isspace():
+                if not _TITLE.search("".join(self.text(t) for t in ids[max(0, i - 3) : i + 1])):
+                    out.append(i + 1)
+        return out
+
+
+def evidence_sample(window: Sample, pieces: _Pieces, kind: str, records: int, rng: random.Random, attempts: int = 50) -> EvidenceSample:
+    """Turn a prose ``window`` (of ``make_samples``) into an evidence sample of ``kind``."""
+    n, m = len(window.context_ids), len(window.continuation_ids)
+    prose = list(window.context_ids) + list(window.continuation_ids)
+    f = FORMATS[kind]
+    for _ in range(attempts):
+        pairs: list[tuple[str, str]] = []
+        while len(pairs) < records:
+            key, value = draw_pair(kind, rng)
+            if all(key != k and value != v for k, v in pairs):
+                pairs.append((key, value))
+        queried = rng.randrange(records)
+        stmts = [pieces(f.prefix) + pieces(f" {k}") + pieces(f.relation) + pieces(f" {v}") + pieces(".") for k, v in pairs]
+        key, answer = pairs[queried]
+        query = pieces(f.query_prefix) + pieces(f" {key}") + pieces(f.relation)
+        answer_ids, end = pieces(f" {answer}"), pieces(".")
+        evidence = sum(len(s) for s in stmts)
+        p = n - evidence
+        tail = len(query) + len(answer_ids) + len(end)
+        if p < n // 2:
+            raise DataError(f"context_len {n} is too short for {records} evidence records of {evidence} tokens (keep them under half of it)")
+        if tail > m:
+            raise DataError(
+                f"continuation_len {m} is too short for evidence samples: the query and answer take {tail} tokens; "
+                f"use a continuation of at least {tail} tokens (more leaves room for longer draws)"
+            )
+        ctx_prose, filler = prose[:p], prose[p : p + m - tail]
+        text = pieces.tokenizer.decode(ctx_prose + filler).casefold()
+        if any(k.casefold() in text or v.casefold() in text for k, v in pairs):
+            continue
+        spots = pieces.boundaries(ctx_prose)
+        spots = sorted(rng.sample(spots, records)) if len(spots) >= records else sorted(rng.sample(range(1, p + 1), records))
+        context, spans, at = [], [], 0
+        for spot, stmt in zip(spots, stmts):
+            context += ctx_prose[at:spot]
+            spans.append((len(context), len(context) + len(stmt)))
+            context += stmt
+            at = spot
+        context += ctx_prose[at:]
+        continuation = query + answer_ids + end + filler
+        q0, q1 = spans[queried]
+        hits = _runs(context, answer_ids)
+        key_hits = _runs(context, pieces(f" {key}"))
+        if hits != [q1 - len(end) - len(answer_ids)] or len(key_hits) != 1 or not q0 <= key_hits[0] < q1:
+            continue
+        sample = EvidenceSample(
+            context_ids=context,
+            continuation_ids=continuation,
+            doc_id=window.doc_id,
+            offset=window.offset,
+            kind=kind,
+            statements=pairs,
+            queried=queried,
+            evidence_spans=spans,
+            scored=(len(query), len(query) + len(answer_ids)),
+            prose_context=p,
+            filler_start=tail,
+        )
+        assert len(context) == n and len(continuation) == m
+        return sample
+    raise DataError(f"could not place {kind} evidence in window {window.doc_id}@{window.offset} (its prose uses every drawn key or value)")
+
+
+def make_calibration_samples(
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Corpus,
+    *,
+    n_samples: int,
+    context_len: int,
+    continuation_len: int,
+    seed: int,
+    mix: RetrievalMix | None = None,
+) -> list[Sample]:
+    """``n_samples`` calibration samples, the last ``mix.evidence_samples(n_samples)`` of which
+    carry evidence.
+
+    The windows are :func:`make_samples`'s (``role="calib"``, the same ``seed``), so with no mix
+    this *is* ``make_samples``, and with a mix the prose samples are the same leading windows. The
+    evidence samples cycle through :data:`KINDS`; each draws from its own seeded RNG.
+
+    Raises
+    ------
+    DataError
+        A mix that asks for more samples than ``n_samples``, or lengths too short for the evidence.
+    """
+    samples = make_samples(
+        tokenizer, corpus, n_samples=n_samples, context_len=context_len, continuation_len=continuation_len, seed=seed, role="calib"
+    )
+    k = mix.evidence_samples(n_samples) if mix is not None else 0
+    if not k:
+        return samples
+    pieces = _Pieces(tokenizer)
+    for j, index in enumerate(range(n_samples - k, n_samples)):
+        samples[index] = evidence_sample(samples[index], pieces, KINDS[j % len(KINDS)], mix.records, _sample_rng(seed, index))
+    return samples
+
+
+def describe_evidence(samples: Sequence[Any], mix: RetrievalMix | None = None) -> dict[str, Any]:
+    """A JSON-ready record of the mix: counts, which samples carry evidence, their keys and answers,
+    and what the signals score."""
+    evidence = [(i, s) for i, s in enumerate(samples) if isinstance(s, EvidenceSample)]
+    out: dict[str, Any] = {
+        "mix": mix.spec if mix is not None else ("0" if not evidence else None),
+        "evidence_samples": len(evidence),
+        "prose_samples": len(samples) - len(evidence),
+        "scored": "evidence samples: the answer tokens only; prose samples: every continuation token",
+    }
+    if evidence:
+        out.update(
+            generator="polykv_search.data.evidence",
+            generator_version=GENERATOR_VERSION,
+            records_per_sample=mix.records if mix is not None else len(evidence[0][1].statements),
+            kinds={k: sum(s.kind == k for _, s in evidence) for k in KINDS},
+            samples=[
+                {"index": i, "kind": s.kind, "key": s.key, "answer": s.answer, "scored": list(s.scored), "evidence_spans": [list(x) for x in s.evidence_spans]}
+                for i, s in evidence
+            ],
+        )
+    return out
+
+
+__all__ = [
+    "DEFAULT_RECORDS",
+    "FORMATS",
+    "GENERATOR_VERSION",
+    "KINDS",
+    "EvidenceSample",
+    "RetrievalMix",
+    "describe_evidence",
+    "evidence_sample",
+    "make_calibration_samples",
+    "parse_retrieval_mix",
+    "query_text",
+    "scored_span",
+    "statement_text",
+]
