@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--strategy", nargs="+", default=[], metavar="S.json", help="strategy files to score")
     p.add_argument("--baseline", action="append", default=[], metavar="SPEC", help=f"baseline to add ({BASELINE_SPECS}); repeatable")
     p.add_argument("--budget", type=positive_float, help="global budget B used to build the budgeted baselines")
-    p.add_argument("--suite", default="broad,ruler", help="suites and/or task names, comma separated (default broad,ruler)")
+    p.add_argument("--suite", default="broad,ruler",
+                   help="suites and/or task names, comma separated (default broad,ruler); none: lm-eval tasks only")
     p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
     p.add_argument("--context-len", type=positive_int, default=1024, help="prompt length in tokens (default 1024)")
     p.add_argument("--seed", type=int, default=0)
@@ -46,6 +47,11 @@ def add_parser(sub) -> None:
                    help="entries decoded together in one batch at most (memory cap; default 16)")
     p.add_argument("--no-shared-prefill", action="store_true",
                    help="run every entry on every sample alone (the per-entry reference path; same results, slower)")
+    p.add_argument("--lm-eval-tasks", metavar="T1,T2[:METRIC]",
+                   help="also run every entry through these lm-evaluation-harness tasks on the same requests (the first "
+                   "--samples documents of each) and fold their per-document scores into the results "
+                   "(suite lm-eval; needs polykv-search[lm-eval])")
+    p.add_argument("--lm-eval-include-path", metavar="DIR", help="folder of extra lm-eval task YAMLs (lm-eval's --include_path)")
     p.add_argument("--out", help="results JSON to write")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and suites, then exit")
     p.set_defaults(func=run)
@@ -64,7 +70,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)
-    tasks = scoring.resolve_tasks(args.suite, args.longbench_source)
+    lm_request = None
+    if args.lm_eval_tasks:
+        from polykv_search.integrations import lm_eval_score
+
+        lm_request = lm_eval_score.parse_request(args.lm_eval_tasks, include_path=args.lm_eval_include_path, limit=args.samples)
+    elif args.lm_eval_include_path:
+        raise CLIError("--lm-eval-include-path needs --lm-eval-tasks")
+    tasks = [] if lm_request and args.suite == "none" else scoring.resolve_tasks(args.suite, args.longbench_source)
     for spec in args.baseline:
         scoring.check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
@@ -79,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"duplicate entry names: {sorted({n for n in names if names.count(n) > 1})}")
 
     with console.status("generating samples ..."):
-        texts, split = scoring.eval_texts(args.corpus)
+        texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})
         task_samples = scoring.make_task_samples(
             tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
         )
@@ -98,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
             progress=lambda n: bar.advance(job, n),
             timing=timing,
         )
+    if lm_request is not None:
+        lm_runs = lm_eval_score.run_entries(model, tok, entries, lm_request, decode_interval=args.decode_interval, console=console)
     settings = {
         "suite": args.suite, "samples": args.samples, "context_len": args.context_len, "seed": args.seed,
         "budget": args.budget, "corpus": args.corpus, "decode_interval": args.decode_interval,
@@ -108,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         records, model_name=args.model, model_fp=model_fingerprint(model), task_samples=task_samples,
         settings=settings, split=split, engine=engine, timing=timing,
     )
+    if lm_request is not None:
+        lm_eval_score.fold(doc, lm_runs, lm_request)
     write_json(args.out, doc)
     print_results(doc)
     console.print(f"wrote {args.out}")
