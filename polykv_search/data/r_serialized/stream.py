@@ -1,34 +1,11 @@
-"""A small pure-Python reader for R's serialized data (RDS files and lazy-load databases).
-
-R packages ship data as ``.rds`` files (a gzip/bzip2/xz-compressed serialization stream) and as
-lazy-load databases: ``NAME.rdx`` (an RDS index) next to ``NAME.rdb`` (concatenated records, each a
-compressed serialization stream). The stream format is the one written by R's ``serialize()``
-(``src/main/serialize.c``), XDR (big-endian) flavour, versions 2 and 3.
-
-Only the subset needed for data packages is decoded: NULL, atomic vectors (logical, integer,
-double, complex, character, raw), lists, pairlists, symbols, environments, attributes and the
-common ALTREP classes (compact sequences, wrappers, deferred strings). Closures and byte code are
-read as opaque objects where the format allows and rejected otherwise.
-"""
+"""The serialization stream: R's ``serialize()`` format (XDR, versions 2 and 3) decoded item by item."""
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import lzma
 import math
 import struct
-import zlib
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from .errors import DataError
-
-
-class RDataError(DataError):
-    """The bytes are not R serialized data this reader understands."""
-
+from polykv_search.data.r_serialized.objects import RDataError, RObject
 
 # SEXP type codes (Rinternals.h) and the pseudo types used only in streams (serialize.c).
 _TYPE_NAMES = {
@@ -49,51 +26,6 @@ _CONSTANTS = {
 _NA_INTEGER = -(2**31)
 _NA_REAL_LOW_WORD = 1954  # R's NA_real_ is the NaN whose low word is 1954
 _UTF8_MASK, _LATIN1_MASK, _BYTES_MASK, _ASCII_MASK = 1 << 3, 1 << 2, 1 << 1, 1 << 6
-
-
-@dataclass
-class RObject:
-    """One decoded R object.
-
-    Attributes
-    ----------
-    type : str
-        R's ``typeof()`` name (``"character"``, ``"integer"``, ``"list"``, ``"pairlist"``, ...).
-    value : Any
-        Atomic vectors: a ``list`` (``None`` for NA); lists: a ``list`` of ``RObject``;
-        pairlists: a ``list`` of ``(tag or None, RObject)``; symbols: the name; raw: ``bytes``.
-    attributes : dict[str, RObject]
-        R attributes by name (``names``, ``class``, ``row.names``, ...).
-    """
-
-    type: str
-    value: Any = None
-    attributes: dict[str, "RObject"] = field(default_factory=dict)
-
-    @property
-    def names(self) -> list[str] | None:
-        """The ``names`` attribute as Python strings, or ``None``."""
-        names = self.attributes.get("names")
-        return None if names is None else list(names.value)
-
-    def to_python(self) -> Any:
-        """Plain Python data: named lists become ``dict``, vectors ``list``, NULL ``None``."""
-        if self.type == "NULL":
-            return None
-        if self.type in ("list", "expression"):
-            items = [v.to_python() for v in self.value]
-            names = self.names
-            return dict(zip(names, items)) if names and len(names) == len(items) else items
-        if self.type == "pairlist":
-            if all(tag is not None for tag, _ in self.value):
-                return {tag: v.to_python() for tag, v in self.value}
-            return [v.to_python() for _, v in self.value]
-        if self.type in ("character", "integer", "double", "logical", "complex"):
-            names = self.names
-            if names and len(names) == len(self.value):
-                return dict(zip(names, self.value))
-            return list(self.value)
-        return self.value
 
 
 class _Reader:
@@ -328,20 +260,6 @@ def _format_number(v: float | int) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
-def _decompress(data: bytes, what: str) -> bytes:
-    """Undo the whole-file compression ``saveRDS`` applies (gzip, bzip2, xz or none)."""
-    try:
-        if data[:2] == b"\x1f\x8b":
-            return gzip.decompress(data)
-        if data[:3] == b"BZh":
-            return bz2.decompress(data)
-        if data[:6] == b"\xfd7zXZ\x00":
-            return lzma.decompress(data)
-    except (OSError, EOFError, lzma.LZMAError, ValueError) as exc:
-        raise RDataError(f"{what}: corrupt compressed R data ({exc})") from None
-    return data
-
-
 def unserialize(data: bytes, *, what: str = "stream") -> RObject:
     """Decode one uncompressed R serialization stream (``serialize(x, NULL)`` bytes).
 
@@ -360,110 +278,3 @@ def unserialize(data: bytes, *, what: str = "stream") -> RObject:
     reader = _Reader(data, what=what)
     reader.header()
     return reader.item()
-
-
-def read_rds(path: str | Path) -> RObject:
-    """Read an ``.rds`` file (as written by ``saveRDS``, any of R's compressions).
-
-    Parameters
-    ----------
-    path : str or Path
-        The file.
-
-    Returns
-    -------
-    RObject
-        The stored object.
-    """
-    path = Path(path)
-    return unserialize(_decompress(path.read_bytes(), str(path)), what=str(path))
-
-
-def read_lazyload_record(rdb: bytes, offset: int, length: int, compressed: int, *, what: str = "rdb") -> RObject:
-    """Decode one record of a lazy-load database (``R_lazyLoadDBfetch``).
-
-    Parameters
-    ----------
-    rdb : bytes
-        The whole ``.rdb`` file.
-    offset, length : int
-        Where the record lies, from the ``.rdx`` index.
-    compressed : int
-        The index's ``compressed`` entry: 0 none, 1 zlib, 2 or 3 a per-record type byte
-        (``Z`` zlib, ``2`` bzip2, ``X`` xz, ``0`` none).
-
-    Returns
-    -------
-    RObject
-        The stored object.
-    """
-    blob = rdb[offset : offset + length]
-    if len(blob) != length:
-        raise RDataError(f"{what}: record at {offset} (+{length}) runs past the end of the file")
-    try:
-        if compressed == 0:
-            data = blob
-        else:
-            (size,) = struct.unpack(">I", blob[:4])
-            if compressed == 1:
-                data = zlib.decompress(blob[4:])
-            else:
-                kind, payload = blob[4:5], blob[5:]
-                if kind == b"Z":
-                    data = zlib.decompress(payload)
-                elif kind == b"2":
-                    data = bz2.decompress(payload)
-                elif kind == b"X":
-                    data = lzma.decompress(payload, format=lzma.FORMAT_XZ)
-                elif kind == b"0":
-                    data = payload
-                else:
-                    raise RDataError(f"{what}: unknown record compression {kind!r}")
-            if len(data) != size:
-                raise RDataError(f"{what}: record at {offset} inflates to {len(data)} bytes, not {size}")
-    except (zlib.error, OSError, EOFError, lzma.LZMAError, struct.error) as exc:
-        raise RDataError(f"{what}: corrupt record at {offset} ({exc})") from None
-    return unserialize(data, what=what)
-
-
-def read_lazyload_db(stem: str | Path, names: list[str] | None = None) -> dict[str, RObject]:
-    """Read the variables of a lazy-load database (``STEM.rdx`` + ``STEM.rdb``).
-
-    Parameters
-    ----------
-    stem : str or Path
-        The path without extension, e.g. ``.../janeaustenr/data/Rdata``.
-    names : list of str, optional
-        Variables to read (all when omitted); a missing name raises ``RDataError``.
-
-    Returns
-    -------
-    dict[str, RObject]
-        Variable name to value, in index order.
-    """
-    stem = Path(stem)
-    rdx_path, rdb_path = stem.with_suffix(".rdx"), stem.with_suffix(".rdb")
-    for p in (rdx_path, rdb_path):
-        if not p.is_file():
-            raise RDataError(f"no lazy-load database file {p}")
-    index = read_rds(rdx_path)
-    if index.type != "list" or not index.names or "variables" not in index.names:
-        raise RDataError(f"{rdx_path}: not a lazy-load index")
-    entries = dict(zip(index.names, index.value))
-    variables = entries["variables"]
-    compressed_obj = entries.get("compressed")
-    compressed = 1
-    if compressed_obj is not None and compressed_obj.value:
-        c = compressed_obj.value[0]
-        compressed = int(c) if c is not None else 1
-    where = dict(zip(variables.names or [], variables.value))
-    wanted = list(where) if names is None else names
-    missing = [n for n in wanted if n not in where]
-    if missing:
-        raise RDataError(f"{rdx_path}: no variable(s) {', '.join(missing)} (has {', '.join(where)})")
-    rdb = rdb_path.read_bytes()
-    out = {}
-    for name in wanted:
-        offset, length = (int(v) for v in where[name].value[:2])
-        out[name] = read_lazyload_record(rdb, offset, length, compressed, what=f"{rdb_path}:{name}")
-    return out
