@@ -24,7 +24,6 @@ Modules: :mod:`signals.collect_settings` (grid, definitions), :mod:`signals.coll
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -43,6 +42,8 @@ from signals.collect_settings import (
     Unit,
     make_settings,
     parse_layers,
+    scored_key,
+    scored_spans,
 )
 from signals.journal import Journal, JournalError, journal_path
 from signals.table import PHASES, SignalTable
@@ -51,22 +52,13 @@ from signals.uncertainty import DEFAULT_BLOCKS, block_means, block_sizes
 
 # ----------------------------------------------------------------------------- per sample
 def sample_records(
-    model,
-    context_ids,
-    continuation_ids,
-    index: int,
-    units: Sequence[Unit],
-    settings: CollectSettings,
-    *,
-    need_full: bool,
-    scored: tuple[int, int] | None = None,
-) -> Iterator[dict]:
+    model, context_ids, continuation_ids, index: int, units: Sequence[Unit], settings: CollectSettings, *,
+    need_full: bool, scored: tuple[int, int] | None = None,
+) -> Iterator[dict]:  # fmt: skip
     """Records of one sample: its FullKV record (if ``need_full``), then one per unit, as each finishes.
 
-    ``scored`` is the ``[start, end)`` of the continuation positions the cell signals and the FullKV
-    NLL are computed on (default: all of them; an evidence sample's answer, see
-    :func:`polykv_search.data.evidence.scored_span`). Everything runs on the whole continuation;
-    only the per-token signals outside ``scored`` are left out of the block means.
+    ``scored``: the ``[start, end)`` continuation positions the signals average over (default all; an
+    evidence sample's answer). The whole continuation still runs; only the block means skip the rest.
     """
     from polykv_search.patterns import make_pattern
     from polykv_search.runtime import apply_strategy, model_spec
@@ -203,7 +195,7 @@ def collect_signals(
     """
     from polykv_search import __version__
     from polykv_search.data import samples_fingerprint
-    from polykv_search.data.evidence import describe_evidence, scored_span
+    from polykv_search.data.evidence import describe_evidence
     from polykv_search.models import model_fingerprint
     from polykv_search.runtime import model_spec
 
@@ -229,11 +221,7 @@ def collect_signals(
         raise CollectError("samples: every sample needs the same context and continuation lengths")
     if n < 1 or m < 2:
         raise CollectError(f"samples: need a context of >= 1 token and a continuation of >= 2 tokens, got {n}+{m}")
-    spans = [scored_span(s) for s in samples]
-    for i, (a, b) in enumerate(spans):
-        if not 0 <= a < b <= m:
-            raise CollectError(f"samples: sample {i}'s scored positions [{a}, {b}) are not a non-empty part of its {m}-token continuation")
-    evidence = any(sp != (0, m) for sp in spans)
+    spans = scored_spans(samples, m)
     max_pos = getattr(spec.config, "max_position_embeddings", None)
     if max_pos and n + m > max_pos:
         raise CollectError(f"context + continuation = {n + m} tokens exceeds the model's {max_pos} positions")
@@ -257,9 +245,7 @@ def collect_signals(
         "definitions": DEFINITIONS_VERSION,
         "blocks": settings.blocks,
     }
-    if evidence:  # retrieval-aware calibration: the scored positions are part of what was measured
-        key["scored"] = [list(sp) for sp in spans]
-        key["calibration"] = hashlib.sha256(f"{key['calibration']}:{key['scored']}".encode()).hexdigest()[:16]
+    key.update(scored_key(key["calibration"], spans, m))
     if journal is True:
         jpath = journal_path(out) if out is not None else None
     elif journal:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from signals.table import PHASES
 from signals.uncertainty import DEFAULT_BLOCKS
@@ -118,3 +120,25 @@ def make_settings(
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
         raise CollectError(f"blocks: token blocks per continuation must be a positive integer, got {blocks!r}")
     return CollectSettings(patterns, budgets, phases, layers, bool(naive), int(batch_tokens), int(blocks))
+
+
+def scored_spans(samples: Sequence[Any], m: int) -> list[tuple[int, int]]:
+    """Each sample's scored continuation positions ``[start, end)`` (all m tokens unless the sample
+    says otherwise: :func:`polykv_search.data.evidence.scored_span`), checked."""
+    from polykv_search.data.evidence import scored_span
+
+    spans = [scored_span(s) for s in samples]
+    for i, (a, b) in enumerate(spans):
+        if not 0 <= a < b <= m:
+            raise CollectError(f"samples: sample {i}'s scored positions [{a}, {b}) are not a non-empty part of its {m}-token continuation")
+    return spans
+
+
+def scored_key(calibration: str, spans: Sequence[tuple[int, int]], m: int) -> dict[str, Any]:
+    """What the scored positions add to the collection key: nothing for prose-only calibration (old
+    journals and tables keep their key); else the spans, and a calibration fingerprint that covers
+    them (so a journal of other spans is refused as another calibration set)."""
+    if all(tuple(sp) == (0, m) for sp in spans):
+        return {}
+    scored = [list(sp) for sp in spans]
+    return {"scored": scored, "calibration": hashlib.sha256(f"{calibration}:{scored}".encode()).hexdigest()[:16]}

@@ -29,12 +29,15 @@ from signals.table_codec import (
     SignalTableError,
     as_array,
     check_budgets,
+    check_dof,
     check_full_ppl,
     check_num_layers,
     check_patterns,
     check_phases,
     check_value,
+    index_of,
     is_int,
+    retrieval_record,
 )
 from signals.uncertainty import t_quantile
 
@@ -99,7 +102,7 @@ class SignalTable:
             arrays = {k: np.asarray(v, dtype=np.float64) for k, v in per_sample.items()}
             n = next(iter(arrays.values())).shape[-1] if arrays else 0
             self._per_sample = {k: as_array(f"per_sample.{k}", arrays.get(k), (*shape, n)) for k in self.signals}
-        self.se_dof = _check_dof(se_dof)
+        self.se_dof = check_dof(se_dof)
         self.full_ppl = check_full_ppl(full_ppl)
         if provenance is not None and not isinstance(provenance, Mapping):
             raise SignalTableError("provenance: must be an object")
@@ -134,13 +137,13 @@ class SignalTable:
 
     # ---------------------------------------------------------------- indexing
     def phase_index(self, phase: str) -> int:
-        return _index(self.phases, phase, "phase", f"is not in this table (phases: {list(self.phases)})")
+        return index_of(self.phases, phase, "phase", f"is not in this table (phases: {list(self.phases)})")
 
     def pattern_index(self, pattern: str) -> int:
-        return _index(self.patterns, pattern, "pattern", f"is not in this table (patterns: {list(self.patterns)})")
+        return index_of(self.patterns, pattern, "pattern", f"is not in this table (patterns: {list(self.patterns)})")
 
     def budget_index(self, budget: int) -> int:
-        return _index(self.budgets, budget, "budget", f"is not in this table's grid {list(self.budgets)}")
+        return index_of(self.budgets, budget, "budget", f"is not in this table's grid {list(self.budgets)}")
 
     def _layer(self, layer: int) -> int:
         if not is_int(layer) or not 0 <= layer < self.num_layers:
@@ -206,7 +209,7 @@ class SignalTable:
 
     def set_se_dof(self, dof: int | None) -> None:
         """Degrees of freedom of the standard errors (units − 1), or None."""
-        self.se_dof = _check_dof(dof)
+        self.se_dof = check_dof(dof)
 
     # ---------------------------------------------------------------- reading
     def signal_array(self, name: str) -> np.ndarray:
@@ -253,6 +256,12 @@ class SignalTable:
         if self._per_sample is None:
             return None
         return int(next(iter(self._per_sample.values())).shape[-1])
+
+    @property
+    def retrieval(self) -> dict[str, Any]:
+        """The calibration's retrieval mix (provenance ``retrieval``: evidence samples, what was
+        scored); a table collected before retrieval-aware calibration reads as prose-only."""
+        return retrieval_record(self.provenance, self.n_samples)
 
     @property
     def has_uncertainty(self) -> bool:
@@ -367,19 +376,6 @@ class SignalTable:
             f"SignalTable(num_layers={self.num_layers}, phases={list(self.phases)}, patterns={list(self.patterns)}, "
             f"budgets={list(self.budgets)}, cells={total - len(self.missing_cells())}/{total})"
         )
-
-
-def _index(items: tuple, item: Any, field: str, why: str) -> int:
-    try:
-        return items.index(item)
-    except ValueError:
-        raise SignalTableError(f"{field}: {item!r} {why}") from None
-
-
-def _check_dof(dof: Any) -> int | None:
-    if dof is not None and (not is_int(dof) or dof < 1):
-        raise SignalTableError(f"se_dof: must be a positive integer or null, got {dof!r}")
-    return None if dof is None else int(dof)
 
 
 __all__ = [

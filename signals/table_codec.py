@@ -7,7 +7,7 @@ value inside an array, its index path (``dppl[2][0][1][3]: ...``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -130,3 +130,31 @@ def decode(name: str, data: Any, shape: tuple[int, ...]) -> np.ndarray:
 
     walk(data, 0, name, ())
     return out
+
+
+def index_of(items: tuple, item: Any, field: str, why: str) -> int:
+    """``items.index(item)``, or a one-line error ``FIELD: ITEM WHY``."""
+    try:
+        return items.index(item)
+    except ValueError:
+        raise SignalTableError(f"{field}: {item!r} {why}") from None
+
+
+def check_dof(dof: Any) -> int | None:
+    if dof is not None and (not is_int(dof) or dof < 1):
+        raise SignalTableError(f"se_dof: must be a positive integer or null, got {dof!r}")
+    return None if dof is None else int(dof)
+
+
+#: What a table's cell signals average over when its provenance does not say (every table collected
+#: before retrieval-aware calibration): every continuation token of prose samples.
+PROSE_ONLY = "every continuation token (prose samples only)"
+
+
+def retrieval_record(provenance: Mapping[str, Any], n_samples: int | None) -> dict[str, Any]:
+    """The provenance's ``retrieval`` record, or the prose-only one it implies when absent."""
+    record = provenance.get("retrieval")
+    if isinstance(record, Mapping):
+        return dict(record)
+    n = provenance.get("n_samples", n_samples)
+    return {"mix": "0", "evidence_samples": 0, "prose_samples": n, "scored": PROSE_ONLY}

@@ -14,6 +14,12 @@ continues from it (``--resume`` insists on it, ``--fresh`` discards it), and a j
 model, grid or calibration set is refused. ``--jobs N`` runs N local worker processes (joblib/loky);
 ``--backend dask --address tcp://host:8786`` or ``--backend ray --address auto`` use a cluster whose
 workers have polykv-search installed and can load the model by the same name.
+
+``--retrieval-mix 0.5`` (or a count, ``--retrieval-mix 2``) makes that share of the ``--samples``
+*evidence samples* (:mod:`polykv_search.data.evidence`): calibration-split prose with inserted records,
+codes or names with facts, a query for one of them opening the continuation and its answer after
+it; their signals are computed on the answer tokens only. The mix is recorded in the table's
+provenance (``retrieval``) and in its collection key; solvers read the table as any other.
 """
 
 from __future__ import annotations
@@ -54,6 +60,14 @@ def add_parser(sub) -> None:
     g.add_argument("--context-len", type=positive_int, default=DEFAULT_CONTEXT, help=f"context tokens n (default {DEFAULT_CONTEXT})")
     g.add_argument("--continuation-len", type=positive_int, default=DEFAULT_CONTINUATION, help=f"continuation tokens m, >= 2 (default {DEFAULT_CONTINUATION})")
     g.add_argument("--seed", type=non_negative_int, default=0, help="sample placement seed (default 0)")
+    g.add_argument(
+        "--retrieval-mix", default="0", metavar="MIX",
+        help="retrieval-aware calibration: how many of the --samples carry synthetic evidence (records, codes, names "
+        "with facts) inserted into the prose, with the answer in the continuation; a count (2), a fraction (0.5) or a "
+        "percentage (25%%) of --samples; their signals are computed on the answer tokens only (default 0: prose only)",
+    )  # fmt: skip
+    g.add_argument("--evidence-records", type=positive_int, default=None, metavar="N",
+                   help="evidence statements per evidence sample, one of them queried (default 4)")  # fmt: skip
     g = p.add_argument_group("grid")
     g.add_argument("--patterns", type=comma_list(str, "pattern"), default=",".join(DEFAULT_PATTERNS), help=f"comma separated (default {','.join(DEFAULT_PATTERNS)})")
     g.add_argument("--budgets", type=comma_list(positive_int, "budget"), default=",".join(map(str, DEFAULT_BUDGETS)), help=f"comma separated (default {','.join(map(str, DEFAULT_BUDGETS))})")
@@ -86,7 +100,8 @@ def _layers_spec(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polykv_search.data import DEFAULT_CORPUS, describe_samples, load_corpus, make_samples
+    from polykv_search.data import DEFAULT_CORPUS, DataError, describe_samples, load_corpus
+    from polykv_search.data.evidence import DEFAULT_RECORDS, describe_evidence, make_calibration_samples, parse_retrieval_mix
     from signals.collect import CollectError, ModelLoader, collect_signals, make_settings
     from signals.journal import journal_path
 
@@ -111,6 +126,14 @@ def run(args: argparse.Namespace) -> int:
         make_settings(1, patterns=patterns, budgets=budgets, phases=phases, layers=[0], naive=args.naive, batch_tokens=args.batch_tokens)
     except CollectError as err:  # grid errors before the (slow) model load
         raise CLIError(str(err)) from None
+    try:
+        mix = parse_retrieval_mix(args.retrieval_mix, records=args.evidence_records or DEFAULT_RECORDS)
+        if mix is not None:
+            mix.evidence_samples(args.samples)
+    except DataError as err:
+        raise CLIError(str(err).replace("retrieval mix", "--retrieval-mix", 1)) from None
+    if args.evidence_records is not None and mix is None:
+        raise CLIError("--evidence-records applies to evidence samples; give --retrieval-mix too")
     if args.resume and not journal_path(out).exists():
         raise CLIError(f"--resume: nothing to resume, {journal_path(out)} does not exist")
     check_output_path(journal_path(out), "--out")
@@ -121,14 +144,14 @@ def run(args: argparse.Namespace) -> int:
 
     model, tokenizer = load_model_from_args(args)
     with console.status(f"preparing {args.samples} calibration samples from {spec} ..."):
-        samples = make_samples(
+        samples = make_calibration_samples(
             tokenizer,
             corpus,
             n_samples=args.samples,
             context_len=args.context_len,
             continuation_len=args.continuation_len,
             seed=args.seed,
-            role="calib",
+            mix=mix,
         )
     calibration = describe_samples(
         samples, corpus, role="calib", seed=args.seed, spec=spec,
@@ -152,7 +175,11 @@ def run(args: argparse.Namespace) -> int:
             address=args.address,
             model_loader=loader,
             progress=not args.no_progress,
-            provenance={"calibration": calibration, "model_args": {"device": args.device, "dtype": args.dtype, "attn": args.attn}},
+            provenance={
+                "calibration": calibration,
+                "retrieval": describe_evidence(samples, mix),
+                "model_args": {"device": args.device, "dtype": args.dtype, "attn": args.attn},
+            },
             batch_tokens=args.batch_tokens,
             log=lambda msg: console.print(msg, highlight=False, soft_wrap=True),
         )
@@ -162,8 +189,10 @@ def run(args: argparse.Namespace) -> int:
         raise Interrupted(f"finished cells are kept in {journal_path(out)}; rerun the same command to continue") from None
     cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())
     t = table.provenance["timings"]
+    evidence = table.provenance["retrieval"]["evidence_samples"]
+    mixed = f" ({evidence} with evidence, scored on their answers)" if evidence else ""
     console.print(
-        f"wrote {out}: {cells} cells, {args.samples} samples of {args.context_len}+{args.continuation_len} tokens, "
+        f"wrote {out}: {cells} cells, {args.samples} samples{mixed} of {args.context_len}+{args.continuation_len} tokens, "
         f"FullKV PPL {table.full_ppl:.3f}; {t['wall_seconds_last_run']:.1f}s (view it: polykv-search show {out})",
         highlight=False,
     )

@@ -40,7 +40,6 @@ draws by ``(seed, index)``; the same inputs give the same samples.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 import re
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .corpus import Corpus
 from .errors import DataError
+from .evidence_mix import DEFAULT_RECORDS, RetrievalMix, parse_retrieval_mix
 from .samples import Sample, encode_document, make_samples
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 #: Bumped whenever a seed's samples change; recorded in the provenance.
 GENERATOR_VERSION = 1
 KINDS: tuple[str, ...] = ("record", "code", "fact")
-DEFAULT_RECORDS = 4
+_TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Col|Capt|Rev)\.$")
 
 # ------------------------------------------------------------------------------ vocabularies
 COMMODITIES = (
@@ -130,64 +130,6 @@ def query_text(kind: str, key: str) -> str:
 
 
 _TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Col|Capt|Rev)\.$")
-
-
-# ------------------------------------------------------------------------------------- mix
-@dataclass(frozen=True)
-class RetrievalMix:
-    """How many calibration samples carry evidence: a ``count`` or a ``fraction`` of them.
-
-    Attributes
-    ----------
-    spec : str
-        As given (``"0.5"``, ``"3"``); recorded in the provenance.
-    count, fraction
-        Exactly one is set: ``count`` evidence samples, or ``round(fraction · n_samples)``.
-    records : int
-        Evidence statements per evidence sample (one is queried; the others are distractors).
-    """
-
-    spec: str
-    count: int | None = None
-    fraction: float | None = None
-    records: int = DEFAULT_RECORDS
-
-    def evidence_samples(self, n_samples: int) -> int:
-        """The number of evidence samples among ``n_samples``; a one-line :class:`DataError` when
-        the mix asks for more than there are, or a positive fraction rounds to none."""
-        if self.count is not None:
-            if self.count > n_samples:
-                raise DataError(f"retrieval mix {self.spec!r}: {self.count} evidence samples, but only {n_samples} samples")
-            return self.count
-        k = math.floor(self.fraction * n_samples + 0.5)
-        if self.fraction > 0 and k == 0:
-            raise DataError(
-                f"retrieval mix {self.spec!r} of {n_samples} samples rounds to 0 evidence samples; "
-                "give a count (e.g. 1) or more samples"
-            )
-        return k
-
-
-def parse_retrieval_mix(value: str | int | float | None, *, records: int = DEFAULT_RECORDS) -> RetrievalMix | None:
-    """``None``/``"0"`` → None (prose only); an integer (``"3"``) → a count; a decimal in [0, 1]
-    (``"0.5"``, ``".25"``) or a percentage (``"50%"``) → a fraction of the samples."""
-    if isinstance(records, bool) or not isinstance(records, int) or records < 1:
-        raise DataError(f"evidence records per sample must be a positive integer, got {records!r}")
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise DataError(f"retrieval mix must be a count or a fraction, got {value!r}")
-    text = str(value).strip()
-    try:
-        if isinstance(value, int) or text.isdigit():
-            count = int(text)
-            return RetrievalMix(text, count=count, records=records) if count else None
-        fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise DataError(f"retrieval mix {text!r}: expected a count (e.g. 2), a fraction in [0, 1] (e.g. 0.5) or a percentage (e.g. 25%)") from None
-    if not math.isfinite(fraction) or not 0 <= fraction <= 1:
-        raise DataError(f"retrieval mix {text!r}: a fraction must lie in [0, 1] (or give a whole count, e.g. 2)")
-    return RetrievalMix(text, fraction=fraction, records=records) if fraction else None
 
 
 # ---------------------------------------------------------------------------------- samples
