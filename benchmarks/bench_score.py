@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from polykv_search import scoring  # noqa: E402
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.models import load_model  # noqa: E402
-from strategies import Strategy  # noqa: E402
+from strategies import PHASES, Strategy  # noqa: E402
 
 UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
 
@@ -35,7 +35,7 @@ UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
 def mixed(L: int, B: int, seed: int) -> Strategy:
     rng = random.Random(seed)
     layers = {}
-    for phase in ("prefill", "decoding"):
+    for phase in PHASES:
         weights = [rng.uniform(0.5, 1.5) for _ in range(L)]
         budgets = [max(8, int(L * B * w / sum(weights))) for w in weights]
         while sum(budgets) > L * B:

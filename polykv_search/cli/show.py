@@ -8,6 +8,7 @@ import json
 from rich.table import Table
 
 from polykv_search.cli.common import CLIError, check_output_path, out, read_text
+from strategies import PHASES
 
 
 def add_parser(sub) -> None:
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 def show_strategy(strategy, title: str) -> None:
     table = Table(title=title)
     table.add_column("layer", justify="right")
-    for phase in ("prefill", "decoding"):
+    for phase in PHASES:
         table.add_column(f"{phase} pattern")
         table.add_column(f"{phase} budget", justify="right")
     for i, (p, d) in enumerate(zip(strategy.prefill, strategy.decoding)):
@@ -62,7 +63,7 @@ def show_strategy(strategy, title: str) -> None:
     prov = strategy.provenance
     B = "none (FullKV)" if strategy.global_budget is None else f"{strategy.global_budget:g}"
     out.print(f"B = {B}, b_min = {strategy.b_min}, solver = {prov.get('solver', '?')}, digest {strategy.digest()}")
-    for phase in ("prefill", "decoding"):
+    for phase in PHASES:
         budgets = [b for b in strategy.budgets(phase) if b is not None]
         if budgets:
             out.print(f"{phase}: sum {sum(budgets)}, min {min(budgets)}, max {max(budgets)}")

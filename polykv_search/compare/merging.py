@@ -16,6 +16,7 @@ from polykv_search import stats
 from polykv_search.compare.gaps import compute_references
 from polykv_search.compare.model import Comparison, Row, fmt_budget, layers_of, num, ordered
 from polykv_search.compare.reading import CompareError, check_results, entry_samples
+from strategies import PHASES
 
 #: settings that change scores without changing the samples: differences are reported as warnings
 RUNTIME_SETTINGS = ("decode_interval", "max_new_tokens", "dtype", "attn", "device")
@@ -191,7 +192,7 @@ def _entry_is_full(e: dict[str, Any]) -> bool:
     strategy = e.get("strategy")
     if isinstance(strategy, dict) and strategy.get("layers"):
         try:
-            return all(l[p]["budget"] is None for l in strategy["layers"] for p in ("prefill", "decoding"))
+            return all(l[p]["budget"] is None for l in strategy["layers"] for p in PHASES)
         except (KeyError, TypeError):
             return False
     return e.get("global_budget") is None and e.get("solver") is None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from polykv_search.scoring import RESULTS_SCHEMA
+from strategies import PHASES
 
 #: results versions this module reads: 1 (per-sample scores) and 2 (adds per-sample KL / ΔNLL on
 #: teacher-forced tasks, ``provenance.engine`` and ``provenance.timing``; entry ``seconds`` may be null)
@@ -245,7 +246,7 @@ class _Checker:
         for j, layer in enumerate(self.array(s.get("layers"), layers_path)):
             layer_path = _at(layers_path, j)
             layer = self.obj(layer, layer_path, null=False)
-            for phase in ("prefill", "decoding"):
+            for phase in PHASES:
                 choice_path = _at(layer_path, phase)
                 choice = self.obj(layer.get(phase), choice_path, null=False)
                 self.string(choice.get("pattern"), _at(choice_path, "pattern"), null=False)
