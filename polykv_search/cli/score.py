@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(args.out)
     lm_request = None
     if args.lm_eval_tasks:
+        from polykv_search.integrations import lm_eval_support
+
+        lm_eval_support.require_lm_eval()  # one line, before anything imports lm-eval
         from polykv_search.integrations import lm_eval_score
 
         lm_request = lm_eval_score.parse_request(args.lm_eval_tasks, include_path=args.lm_eval_include_path, limit=args.samples)

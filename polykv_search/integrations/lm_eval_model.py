@@ -46,11 +46,11 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from polykv_search.evaluation.runner import _Caller, teacher_forced_logits
+from polykv_search.integrations.lm_eval_support import MODEL_NAME
 from polykv_search.models import DEFAULT_MODEL, model_path, resolve_model
 from polykv_search.runtime import apply_strategy, model_spec
 from strategies import Strategy, StrategyError
 
-MODEL_NAME = "polykv"
 PROTOCOL = (
     "one request at a time, fresh cache: loglikelihood = compressed context call, then the continuation "
     "(all but its last token) on that cache; generate_until = compressed prompt prefill, then decoding "

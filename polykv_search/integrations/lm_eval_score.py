@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from polykv_search.scoring.entries import Entry, ScoreError
+import lm_eval
+from lm_eval.tasks import TaskManager
+
+from polykv_search.integrations.lm_eval_model import PolyKVLM
+from polykv_search.integrations.lm_eval_support import LMEvalError
+from polykv_search.scoring.entries import Entry
 
 SUITE = "lm-eval"
 PREFIX = "lm-eval/"
-
-
-class LMEvalError(ScoreError):
-    """Bad lm-eval input (lm-eval missing, unknown task, unusable metric): one line, exit code 2."""
 
 
 @dataclass
@@ -59,8 +60,6 @@ class LMEvalRequest:
     task_manager: Any = None
 
     def provenance(self) -> dict[str, Any]:
-        import lm_eval
-
         return {
             "version": lm_eval.__version__,
             "tasks": list(self.tasks),
@@ -72,17 +71,6 @@ class LMEvalRequest:
         }
 
 
-def require_lm_eval() -> None:
-    """Raise :class:`LMEvalError` unless lm-evaluation-harness can be imported."""
-    try:
-        import lm_eval  # noqa: F401
-        from lm_eval.models.huggingface import HFLM  # noqa: F401
-    except ImportError as err:
-        raise LMEvalError(
-            f"lm-eval tasks need lm-evaluation-harness ({err}); install it with: pip install 'polykv-search[lm-eval]'"
-        ) from None
-
-
 def parse_request(
     spec: str, *, include_path: str | None = None, limit: int | None = None, num_fewshot: int | None = None
 ) -> LMEvalRequest:
@@ -91,9 +79,6 @@ def parse_request(
     The built-in index (thousands of YAMLs, seconds to scan) is only built when some name is not
     found under ``include_path`` alone.
     """
-    require_lm_eval()
-    from lm_eval.tasks import TaskManager
-
     tasks: list[str] = []
     metrics: dict[str, str] = {}
     for item in (i.strip() for i in spec.split(",")):
@@ -145,10 +130,6 @@ def run_entry(
     model, tokenizer, entry: Entry, request: LMEvalRequest, *, decode_interval: int = 1, on_request: Callable[[], None] | None = None
 ) -> dict[str, Any]:
     """One entry through ``lm_eval.simple_evaluate`` (samples logged, no bootstrap: compare does its own)."""
-    import lm_eval
-
-    from polykv_search.integrations.lm_eval_model import PolyKVLM
-
     lm = PolyKVLM(pretrained=model, tokenizer=tokenizer, strategy=entry.strategy, decode_interval=decode_interval)
     lm.strategy_name = entry.name
     lm.show_progress, lm.on_request = False, on_request
