@@ -1,4 +1,9 @@
-"""polykv-search: find, apply and export layer-wise KV-cache eviction strategies (PolyKV)."""
+"""polykv-search: find, apply and export layer-wise KV-cache eviction strategies (PolyKV).
+
+Layers, imports pointing down only (``tests/test_layering.py``): ``strategies`` (types, schema, I/O,
+exporters) <- this core (models, data, patterns, runtime, evaluation, scoring, compare) <- ``signals``
+<- ``solvers`` <- the CLI (:mod:`polykv_search.cli`, the only module that imports everything).
+"""
 
 from strategies.catalog import register_pattern_catalog
 

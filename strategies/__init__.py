@@ -1,4 +1,8 @@
-"""Strategy type, JSON schema and validation, and exporters to other runtimes."""
+"""Strategy type, JSON schema and validation, atomic I/O, and exporters to other runtimes.
+
+The bottom layer: it imports no other first-party package (the eviction patterns it validates
+against are registered by the core, see :mod:`strategies.catalog`).
+"""
 
 from strategies.strategy import PHASES, SCHEMA_VERSION, LayerChoice, Strategy, StrategyError
 
