@@ -261,6 +261,15 @@ def test_collect_with_a_mix_records_it_and_changes_the_evidence_cells(tables):
     assert again == t_mixed and again.retrieval == r
 
 
+def test_parallel_tasks_score_the_same_positions(tables):
+    model, _, mixed, _, t_mixed = tables
+    with torch.no_grad():
+        fanned = collect_signals(model, mixed, jobs=2, backend="sequential", **KW)
+    for name in ("cosine", "dppl", "kl"):
+        np.testing.assert_allclose(fanned.per_sample_array(name), t_mixed.per_sample_array(name), rtol=1e-9, atol=1e-9)
+    assert fanned.provenance["collect_key"] == t_mixed.provenance["collect_key"]
+
+
 def test_evidence_samples_are_scored_on_the_answer_tokens_exactly(tables):
     """Per-sample values and FullKV PPL equal an independent computation on the answer positions only."""
     from signals.naive import NaiveReference, naive_cell
