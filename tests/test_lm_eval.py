@@ -215,3 +215,22 @@ def test_smollm2_default_model_fullkv_equals_hf_and_snapkv_holds_less(tmp_path):
     assert ll(ours) == pytest.approx(ll(plain), abs=1e-3)
     assert ll(snap) != pytest.approx(ll(plain), abs=1e-3)
     assert ours["config"]["polykv"]["kv_ratio"] == 1.0 and snap["config"]["polykv"]["kv_ratio"] < 0.5
+
+
+@pytest.mark.slow
+def test_polykv_lm_eval_is_lm_evals_cli_with_polykv_registered(work, tmp_path, capsys):
+    """Slow only because lm-eval's CLI indexes its thousands of built-in task YAMLs (~5 s a run)."""
+    from polykv_search.integrations.lm_eval_cli import main as lm_eval_main
+
+    common = ["--tasks", "tiny_mc", "--include_path", str(work["tasks"]), "--limit", "2"]
+    args = f"pretrained={work['ckpt']},strategy=uniform:h2o,budget=3,decode_interval=2"  # no device: cpu here
+    assert lm_eval_main(["--model", "polykv", "--model_args", args, *common, "--output_path", str(tmp_path / "out"), "--log_samples"]) == 0
+    (results,) = (tmp_path / "out").rglob("results_*.json")
+    saved = json.loads(results.read_text())
+    assert saved["config"]["model"] == "polykv" and saved["config"]["polykv"]["decode_interval"] == 2
+    assert 0 < saved["config"]["polykv"]["kv_ratio"] < 1 and list((tmp_path / "out").rglob("samples_tiny_mc_*.jsonl"))
+    capsys.readouterr()
+    bad = f"pretrained={work['ckpt']},strategy={tmp_path / 'missing.json'}"
+    assert lm_eval_main(["--model", "polykv", "--model_args", bad, *common]) == 2
+    err = capsys.readouterr().err
+    assert "missing.json" in err and "Traceback" not in err

@@ -129,7 +129,8 @@ class PolyKVLM(HFLM):
     decode_interval
         Decoding evicts every k steps (default 1: every step).
     device
-        Default: ``cuda`` when available, else ``cpu``.
+        Default: ``cuda`` when available, else ``cpu`` (also when a CUDA device is asked for and there is
+        none: lm-eval's CLI asks for ``cuda:0`` by default).
     **kwargs
         Everything lm-eval's ``hf`` model takes (``dtype``, ``max_length``, ``tokenizer``, ...).
     """
@@ -145,16 +146,22 @@ class PolyKVLM(HFLM):
     ) -> None:
         if isinstance(decode_interval, bool) or not isinstance(decode_interval, int) or decode_interval < 1:
             raise StrategyError(f"polykv: decode_interval must be a positive integer, got {decode_interval!r}")
-        if device is None and isinstance(pretrained, str):
+        if isinstance(pretrained, str) and (device is None or (str(device).startswith("cuda") and not torch.cuda.is_available())):
+            if device is not None:  # lm-eval's CLI defaults to cuda:0 even where there is none
+                log.warning("polykv: device %s is not available; using cpu", device)
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if kwargs.get("batch_size") not in (None, 1, "1"):
             log.info("polykv: requests run one at a time (batch_size=%s is not used)", kwargs["batch_size"])
         kwargs["batch_size"] = 1
+        name = None
+        if isinstance(strategy, str) and strategy != "full" and not strategy.startswith("uniform:"):
+            strategy, name = Strategy.load(strategy), strategy  # a bad file fails before the model loads
         super().__init__(pretrained=resolve_pretrained(pretrained), device=device, **kwargs)
         if self.backend != "causal":
             raise StrategyError("polykv: only decoder-only (causal) models can run a KV-cache strategy")
         self.spec = model_spec(self.model)  # an unsupported architecture fails here, in one line
         self.strategy, self.strategy_name = resolve_strategy(strategy, self.spec.num_layers, budget)
+        self.strategy_name = name or self.strategy_name
         self.decode_interval = decode_interval
         self.kv_log: list[KVRecord] = []
         #: called after every request (``polykv-search score`` drives its progress bar with it)
