@@ -24,7 +24,7 @@ def plot(c: Comparison, path: str | Path, *, dpi: int = 110) -> Path:
     budgets are compared, else a bar chart of suite scores per entry; both with error bars
     (bootstrap intervals) where the results carry per-sample scores. Written atomically.
     """
-    import matplotlib
+    import matplotlib  # lazy: heavy, and only --plot needs it
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt

@@ -129,7 +129,7 @@ def load_model(
     source = resolve_model(name)
     location = model_path(source)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: seconds to import (CLI start-up)
 
     def load(local_files_only: bool):
         tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=local_files_only)

@@ -129,7 +129,7 @@ def _convert_gguf(
     context_length: int | None = None,
 ) -> dict[str, Any]:
     """Load ``gguf_file`` with transformers (dequantized to fp32) and save it as a plain checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: seconds to import (CLI start-up)
 
     import transformers
 

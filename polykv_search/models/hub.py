@@ -10,7 +10,7 @@ def _check_hub(repo_id: str, timeout: float = 10.0) -> None:
 
     transformers retries an unreachable hub for about a minute per file; one metadata request
     without retries says as much. A cached ``config.json`` skips the request."""
-    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub import HfApi, try_to_load_from_cache  # lazy: only hub ids need it (CLI start-up)
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):

@@ -62,7 +62,7 @@ def parse_device(device: str | torch.device) -> torch.device:
 
 
 def _check_attn_implementation(attn_implementation: str) -> str:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # lazy: seconds to import (CLI start-up)
 
     allowed = ["eager", *ALL_ATTENTION_FUNCTIONS.keys()]
     if not isinstance(attn_implementation, str) or attn_implementation not in allowed:
