@@ -163,6 +163,7 @@ def cell_mask(table, reference) -> np.ndarray:
 
 
 def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fresh: bool) -> tuple[dict, object]:
+    from polykv_search.data import describe_samples
     from polykv_search.data.evidence import describe_evidence, make_calibration_samples, parse_retrieval_mix
     from signals.collect import collect_signals
 
@@ -184,7 +185,10 @@ def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fre
     t0, c0 = time.perf_counter(), time.process_time()
     table = collect_signals(
         model, samples, patterns=grid.patterns, budgets=grid.budgets, phases=grid.phases, layers=grid.layers,
-        out=path, fresh=fresh, progress=sys.stderr.isatty(), provenance={"retrieval": describe_evidence(samples, mix)},
+        out=path, fresh=fresh, progress=sys.stderr.isatty(),
+        provenance={"calibration": describe_samples(samples, corpus, role="calib", seed=seed, spec="austen",
+                                                    context_len=grid.context, continuation_len=grid.continuation),
+                    "retrieval": describe_evidence(samples, mix)},
     )  # fmt: skip
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     timings = table.provenance["timings"]
@@ -206,6 +210,18 @@ def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fre
     print(f"[{grid.name}] {wall:.1f}s wall, {cpu / 60:.2f} CPU-min; median SE: KL {kl['median_se']:.3g}, "
           f"dPPL {result['all_cells']['dppl']['median_se']:.3g}", flush=True)  # fmt: skip
     return result, table
+
+
+def warm_up(model, tokenizer, corpus, patterns) -> float:
+    """One small unmeasured collection first, so that one-off costs (first calls, lazy imports) do not
+    land on the first grid's time. Returns its wall seconds."""
+    from polykv_search.data import make_samples
+    from signals.collect import collect_signals
+
+    t0 = time.perf_counter()
+    samples = make_samples(tokenizer, corpus, n_samples=1, context_len=64, continuation_len=4, seed=0)
+    collect_signals(model, samples, patterns=patterns, budgets=[8], layers=[0], journal=False)
+    return round(time.perf_counter() - t0, 2)
 
 
 def plot(results: list[dict], path: Path, minutes_key: str, minutes_label: str) -> bool:
@@ -271,6 +287,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     model, tokenizer = load_model(args.model, device=args.device)
     corpus = load_corpus("austen")
+    warm = warm_up(model, tokenizer, corpus, sorted({p for g in grids for p in g.patterns}))
     results, tables = [], []
     for grid in grids:
         result, table = run_grid(grid, model, tokenizer, corpus, out_dir, args.seed, args.fresh)
@@ -296,6 +313,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "common_cells": int(common.sum()),
+        "warm_up_seconds": warm,
         "seconds_total": round(time.perf_counter() - started, 1),
         "grids": results,
     }
