@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from polykv_search import scoring  # noqa: E402
+from polykv_search.cli.baselines import baseline  # noqa: E402
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.models import load_model  # noqa: E402
 from strategies import PHASES, Strategy  # noqa: E402
@@ -45,9 +46,9 @@ def mixed(L: int, B: int, seed: int) -> Strategy:
 
 
 def entries(L: int, B: int, strategies_dir: str | None) -> list[scoring.Entry]:
-    out = [scoring.baseline("full", L, None)]
-    out += [scoring.baseline(f"uniform:{p}", L, B) for p in UNIFORM]
-    out.append(scoring.baseline("pyramid", L, B))
+    out = [baseline("full", L, None)]
+    out += [baseline(f"uniform:{p}", L, B) for p in UNIFORM]
+    out.append(baseline("pyramid", L, B))
     if strategies_dir:
         paths = sorted(Path(strategies_dir).glob("*.json"))[:6]
         out += [scoring.Entry(p.stem, Strategy.load(p), "strategy", str(p)) for p in paths]
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
         cost = {"h2o": [], "snapkv": []}
         order = ["h2o", "snapkv", "snapkv", "h2o"] * max(1, args.h2o_repeats // 2)
         for p in order:
-            entry = scoring.baseline(f"uniform:{p}", L, args.budget)
+            entry = baseline(f"uniform:{p}", L, args.budget)
             _, wall, _ = timed(lambda: scoring.score_entries(model, tok, [entry], samples, fidelity=False))
             cost[p].append(wall)
         h2o_ratio = min(cost["h2o"]) / min(cost["snapkv"])

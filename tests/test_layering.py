@@ -27,14 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("strategies", "polykv_search", "signals", "solvers")
 LAYER_NAMES = ("strategies", "polykv_search core", "signals", "solvers", "CLI")
 
-#: Upward imports still in the tree: (importing file, imported module) -> what it waits on.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    # The `uniform:X` / `pyramid` baselines of `score` are built by the uniform and pyramid solvers
-    # (the pyramid schedule needs solvers.allocation's rounding). Waiting on polykv_search/cli/score.py:
-    # build baselines in the CLI (which may import solvers) and pass them to scoring, then move
-    # scoring.baseline/check_baseline up into the CLI.
-    ("polykv_search/scoring/entries.py", "solvers"): "waiting on polykv_search/cli/score.py",
-}
+#: Upward imports still in the tree: (importing file, imported module) -> what it waits on. None are left;
+#: the mapping stays so that a temporary exception has a named place (and the stale check keeps it honest).
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 #: First-party imports inside functions of library files that are allowed: (file, module) -> reason.
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
@@ -60,8 +55,6 @@ LAZY_WAITING: dict[str, str] = {
     "solvers/pyramid.py": "waiting on solvers/pyramid.py (patterns)",
     "solvers/squeeze.py": "waiting on solvers/squeeze.py (patterns)",
     "solvers/uniform.py": "waiting on solvers/uniform.py (patterns)",
-    # the baselines import solvers, one layer up: see KNOWN_UPWARD
-    "polykv_search/scoring/entries.py": "waiting on polykv_search/cli/score.py",
 }
 
 

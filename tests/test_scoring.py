@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 
 from polykv_search import scoring
+from polykv_search.cli.baselines import baseline
 from strategies import Strategy
 from tests.test_eval_support import char_tokenizer, haystack_texts
 from tests.tiny import tiny_model
 
 
 def test_baseline_specs_build_the_named_strategies():
-    assert scoring.baseline("full", 4, None).strategy.is_full
-    u = scoring.baseline("uniform:tova", 4, 32).strategy
+    assert baseline("full", 4, None).strategy.is_full
+    u = baseline("uniform:tova", 4, 32).strategy
     assert u.patterns("prefill") == ["tova"] * 4 and u.budgets("decoding") == [32] * 4
-    p = scoring.baseline("pyramid", 4, 32).strategy
+    p = baseline("pyramid", 4, 32).strategy
     assert sum(p.budgets("prefill")) == 128 and p.budgets("prefill")[0] > p.budgets("prefill")[-1]
 
 
@@ -24,7 +25,7 @@ def test_baseline_specs_build_the_named_strategies():
 )
 def test_bad_baselines_are_clear_errors(spec, budget, message):
     with pytest.raises(scoring.ScoreError, match=message):
-        scoring.baseline(spec, 4, budget)
+        baseline(spec, 4, budget)
 
 
 def test_entries_share_samples_and_record_scores_and_kv_bytes():
@@ -33,7 +34,7 @@ def test_entries_share_samples_and_record_scores_and_kv_bytes():
     samples = scoring.make_task_samples(tok, tasks, haystack_texts(), n_samples=2, context_len=400, seed=0)
     full = scoring.score_entry(model, tok, scoring.Entry("full", Strategy.full(3), "baseline", "full"), samples)
     again = scoring.score_entry(model, tok, scoring.Entry("full", Strategy.full(3), "baseline", "full"), samples)
-    small = scoring.score_entry(model, tok, scoring.baseline("uniform:snapkv", 3, 16), samples)
+    small = scoring.score_entry(model, tok, baseline("uniform:snapkv", 3, 16), samples)
     assert full["scores"] == again["scores"]  # deterministic
     for rec in (full, small):
         assert set(rec["scores"]) == {"broad/continuation", "ruler/niah_single"}

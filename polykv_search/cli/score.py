@@ -21,7 +21,7 @@ from polykv_search.cli.common import (
 
 
 def add_parser(sub) -> None:
-    from polykv_search.scoring import BASELINE_SPECS
+    from polykv_search.cli.baselines import BASELINE_SPECS
 
     p = sub.add_parser(
         "score",
@@ -59,6 +59,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from polykv_search import scoring
+    from polykv_search.cli.baselines import baseline, check_baseline
     from polykv_search.io import write_json
     from polykv_search.models import model_fingerprint
     from strategies import Strategy
@@ -82,14 +83,14 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--lm-eval-include-path needs --lm-eval-tasks")
     tasks = [] if lm_request and args.suite == "none" else scoring.resolve_tasks(args.suite, args.longbench_source)
     for spec in args.baseline:
-        scoring.check_baseline(spec, args.budget)
+        check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
     model, tok = load_model_from_args(args)
     L = model.config.get_text_config(decoder=True).num_hidden_layers
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
     for s in entries:
         s.strategy.check_model(L)
-    entries += [scoring.baseline(spec, L, args.budget) for spec in args.baseline]
+    entries += [baseline(spec, L, args.budget) for spec in args.baseline]
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
         raise CLIError(f"duplicate entry names: {sorted({n for n in names if names.count(n) > 1})}")

@@ -10,12 +10,11 @@ reference); :mod:`~polykv_search.scoring.document` writes the results file.
 
 from polykv_search.scoring.document import READABLE_VERSIONS, RESULTS_SCHEMA, RESULTS_VERSION, entry_record, results_document
 from polykv_search.scoring.engine import ENGINES, score_entries, score_entry
-from polykv_search.scoring.entries import BASELINE_SPECS, Entry, ScoreError, baseline, check_baseline
+from polykv_search.scoring.entries import Entry, ScoreError
 from polykv_search.scoring.shared import SharedScorer, plan_groups
 from polykv_search.scoring.tasks import eval_texts, make_task_samples, resolve_tasks
 
 __all__ = [
-    "BASELINE_SPECS",
     "ENGINES",
     "READABLE_VERSIONS",
     "RESULTS_SCHEMA",
@@ -23,8 +22,6 @@ __all__ = [
     "Entry",
     "ScoreError",
     "SharedScorer",
-    "baseline",
-    "check_baseline",
     "entry_record",
     "eval_texts",
     "make_task_samples",

@@ -1,12 +1,11 @@
-"""What ``score`` scores: entries (a strategy with a display name) and the baselines built from specs."""
+"""What ``score`` scores: entries (a strategy with a display name); the CLI builds the baselines
+(:mod:`polykv_search.cli.baselines`) and passes them in as entries."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from strategies import Strategy
-
-BASELINE_SPECS = "full | uniform:PATTERN | pyramid[:PATTERN]"
 
 
 class ScoreError(ValueError):
@@ -21,33 +20,3 @@ class Entry:
     strategy: Strategy
     kind: str  # "baseline" or "strategy"
     source: str
-
-
-def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -> Entry:
-    """Build a baseline entry from ``full``, ``uniform:PATTERN`` or ``pyramid[:PATTERN]``."""
-    name, _, arg = spec.partition(":")
-    if name == "full":
-        return Entry("full", Strategy.full(num_layers), "baseline", spec)
-    if name not in ("uniform", "pyramid"):
-        raise ScoreError(f"unknown baseline {spec!r}; expected {BASELINE_SPECS}")
-    if budget is None:
-        raise ScoreError(f"baseline {spec!r} needs --budget")
-    # Known layering exception (tests/test_layering.py): solvers sit above the core. Waiting on
-    # polykv_search/cli/score.py to build these baselines in the CLI and hand them to scoring.
-    from solvers import Problem, get_solver
-
-    problem = Problem(global_budget=budget, num_layers=num_layers, b_min=min(b_min, int(budget)))
-    if name == "uniform":
-        if not arg:
-            raise ScoreError("baseline 'uniform' needs a pattern: uniform:snapkv")
-        strategy = get_solver("uniform", pattern=arg).solve(problem).strategy
-        return Entry(f"uniform-{arg}", strategy, "baseline", spec)
-    settings = {"pattern": arg} if arg else {}
-    strategy = get_solver("pyramid", **settings).solve(problem).strategy
-    return Entry(f"pyramid-{arg}" if arg else "pyramid", strategy, "baseline", spec)
-
-
-def check_baseline(spec: str, budget: float | None) -> None:
-    """Raise :class:`ScoreError` now if ``spec`` cannot be built (before any model is loaded): the spec is
-    built for a one-layer model, which checks its name, pattern and budget."""
-    baseline(spec, 1, budget)

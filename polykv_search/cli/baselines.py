@@ -1,0 +1,40 @@
+"""The baselines ``score`` adds by spec (``full``, ``uniform:PATTERN``, ``pyramid[:PATTERN]``).
+
+They are built here, at the top layer, because the budgeted ones come from solvers (the uniform and
+pyramid solvers; the pyramid schedule needs ``solvers.allocation``'s rounding), which the scoring
+core below may not import. Scoring receives them as plain :class:`~polykv_search.scoring.Entry` objects.
+"""
+
+from __future__ import annotations
+
+from polykv_search.scoring import Entry, ScoreError
+from solvers import Problem, get_solver
+from strategies import Strategy
+
+BASELINE_SPECS = "full | uniform:PATTERN | pyramid[:PATTERN]"
+
+
+def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -> Entry:
+    """Build a baseline entry from ``full``, ``uniform:PATTERN`` or ``pyramid[:PATTERN]``."""
+    name, _, arg = spec.partition(":")
+    if name == "full":
+        return Entry("full", Strategy.full(num_layers), "baseline", spec)
+    if name not in ("uniform", "pyramid"):
+        raise ScoreError(f"unknown baseline {spec!r}; expected {BASELINE_SPECS}")
+    if budget is None:
+        raise ScoreError(f"baseline {spec!r} needs --budget")
+    problem = Problem(global_budget=budget, num_layers=num_layers, b_min=min(b_min, int(budget)))
+    if name == "uniform":
+        if not arg:
+            raise ScoreError("baseline 'uniform' needs a pattern: uniform:snapkv")
+        strategy = get_solver("uniform", pattern=arg).solve(problem).strategy
+        return Entry(f"uniform-{arg}", strategy, "baseline", spec)
+    settings = {"pattern": arg} if arg else {}
+    strategy = get_solver("pyramid", **settings).solve(problem).strategy
+    return Entry(f"pyramid-{arg}" if arg else "pyramid", strategy, "baseline", spec)
+
+
+def check_baseline(spec: str, budget: float | None) -> None:
+    """Raise :class:`ScoreError` now if ``spec`` cannot be built (before any model is loaded): the spec is
+    built for a one-layer model, which checks its name, pattern and budget."""
+    baseline(spec, 1, budget)
