@@ -13,9 +13,9 @@ A CLI builds flags from ``get_solver_class(name).Settings.fields_info()`` (``--n
 and settings from strings with ``Settings.from_strings``.
 
 The registry is lazy (a solver module is imported on first use), so a solver that needs heavy
-dependencies costs nothing until it is asked for. ``optuna`` is reserved for
-``solvers/optuna_search.py`` (class ``OptunaSolver``), which needs the runtime; until that file
-exists it is listed as unavailable. Third-party solvers can be added with :func:`register_solver`.
+dependencies costs nothing until it is asked for; one whose module or dependency is missing is
+listed as unavailable, with the reason. Each solver's one-line description is its class's
+``description``. Third-party solvers can be added with :func:`register_solver`.
 """
 
 from __future__ import annotations
@@ -40,20 +40,16 @@ from solvers.base import (
     predict_degradation,
 )
 
-#: name -> (module, class, one-line description). Descriptions live here so listing imports nothing.
-_BUILTIN: dict[str, tuple[str, str, str]] = {
-    "proportional": (
-        "solvers.proportional",
-        "ProportionalSolver",
-        "PolyKV paper rule: best pattern per layer, budgets b_min + (LB - L b_min) * s_l / sum(s)",
-    ),
-    "ilp": ("solvers.ilp", "ILPSolver", "exact MILP (scipy/HiGHS): one (pattern, budget) grid cell per layer minimizing predicted degradation"),
-    "dp": ("solvers.dp", "DPSolver", "exact dynamic program for the ilp problem (knapsack over layers); agrees with ilp"),
-    "optuna": ("solvers.optuna_search", "OptunaSolver", "Optuna search over allocation-rule parameters, trials scored by the runtime"),
-    "uniform": ("solvers.uniform", "UniformSolver", "uniform-X baseline: one pattern with budget floor(B) in every layer (no table needed)"),
-    "pyramid": ("solvers.pyramid", "PyramidSolver", "PyramidKV baseline: budgets fall linearly from bottom to top layer (beta=20), mean B"),
-    "squeeze": ("solvers.squeeze", "SqueezeSolver", "SqueezeAttention baseline: 3-means on layer cosine, the most redundant group gets p*B"),
-    "cake": ("solvers.cake", "CakeSolver", "CAKE baseline (offline approximation): budget proportional to entropy^(1/t1) * variance^(1/t2)"),
+#: name -> (module, class); the order is the listing order of ``--list-methods``
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "proportional": ("solvers.proportional", "ProportionalSolver"),
+    "ilp": ("solvers.ilp", "ILPSolver"),
+    "dp": ("solvers.dp", "DPSolver"),
+    "optuna": ("solvers.optuna_search", "OptunaSolver"),
+    "uniform": ("solvers.uniform", "UniformSolver"),
+    "pyramid": ("solvers.pyramid", "PyramidSolver"),
+    "squeeze": ("solvers.squeeze", "SqueezeSolver"),
+    "cake": ("solvers.cake", "CakeSolver"),
 }
 _REGISTERED: dict[str, type[Solver]] = {}
 
@@ -84,7 +80,7 @@ def get_solver_class(name: str) -> type[Solver]:
         return _REGISTERED[name]
     if name not in _BUILTIN:
         raise SolverError(f"unknown solver {name!r}; known: {', '.join(_names())}")
-    module, cls_name, _ = _BUILTIN[name]
+    module, cls_name = _BUILTIN[name]
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as err:
@@ -108,10 +104,9 @@ def list_methods() -> list[MethodInfo]:
         try:
             cls = get_solver_class(name)
         except SolverError as err:
-            desc = _BUILTIN[name][2] if name in _BUILTIN else ""
-            out.append(MethodInfo(name, desc, None, False, str(err)))
+            out.append(MethodInfo(name, "", None, False, str(err)))
             continue
-        out.append(MethodInfo(name, cls.description or (_BUILTIN.get(name, ("", "", ""))[2]), cls.needs_table, True))
+        out.append(MethodInfo(name, cls.description, cls.needs_table, True))
     return out
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polykv_search.patterns import PATTERNS
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, allocate, setting
 
 APPROXIMATION = "offline: CAKE preference from calibration-mean entropy and variance, not per prompt"
@@ -30,8 +31,6 @@ class CakeSettings(Settings):
     tau2: float = setting(1.0, "temperature of the variance term: preference uses variance**(1/tau2)")
 
     def check(self) -> None:
-        from polykv_search.patterns import PATTERNS
-
         if self.pattern not in PATTERNS or self.pattern == "full":
             raise SolverError(f"pattern: {self.pattern!r} is not a budgeted pattern; known: {', '.join(PATTERNS)}")
         if self.tau1 <= 0 or self.tau2 <= 0:

@@ -7,9 +7,14 @@ import math
 import queue
 from typing import Any, Callable
 
+from polykv_search import scoring
+from polykv_search.data import DataError, describe_split, load_corpus, split_corpus
+from polykv_search.evaluation import samples_fingerprint
+from polykv_search.models import DEFAULT_MODEL, ModelError, load_model, model_fingerprint
 from solvers.base import Problem, SolverError
 from solvers.optuna_settings import OptunaSettings
 from solvers.optuna_study import first_line
+from strategies import PHASES
 
 Evaluator = Callable[[Any], Any]
 
@@ -38,7 +43,7 @@ def values_of(out: Any, two: bool, strategy) -> tuple[tuple[float, ...], dict[st
     if not two:
         return (quality,), extra
     if memory is None:  # fallback: KV tokens held, mean over layers and phases
-        memory = sum(c.budget for phase in ("prefill", "decoding") for c in strategy.phase(phase)) / (2 * strategy.num_layers)
+        memory = sum(c.budget for phase in PHASES for c in strategy.phase(phase)) / (len(PHASES) * strategy.num_layers)
         extra["memory_unit"] = "kv_tokens"
     return (quality, float(memory)), extra
 
@@ -59,8 +64,6 @@ class CalibrationEvaluator:
             self._pool.put(copy.deepcopy(model))
 
     def __call__(self, strategy) -> dict[str, Any]:
-        from polykv_search import scoring
-
         model = self._pool.get()
         try:
             rec = scoring.score_entry(model, self.tokenizer, scoring.Entry("trial", strategy, "strategy", "optuna"), self.task_samples)
@@ -87,9 +90,6 @@ class CalibrationEvaluator:
 def calibration_evaluator(s: OptunaSettings, problem: Problem, loaded_model=None) -> tuple[CalibrationEvaluator, dict[str, Any]]:
     """The runtime evaluator on calibration samples of ``s.tasks`` (the calibration split of
     ``s.corpus``) and the description of those samples for the study's configuration."""
-    from polykv_search import scoring
-    from polykv_search.data import DataError, describe_split, load_corpus, split_corpus
-
     try:
         tasks = scoring.resolve_tasks(s.tasks)
     except scoring.ScoreError as err:
@@ -106,8 +106,6 @@ def calibration_evaluator(s: OptunaSettings, problem: Problem, loaded_model=None
         model, tok = loaded_model
         model_name = getattr(model.config, "name_or_path", "") or "loaded"
     else:
-        from polykv_search.models import DEFAULT_MODEL, ModelError, load_model
-
         table = problem.table
         model_name = s.model or (table.provenance.get("model") if table is not None else None) or DEFAULT_MODEL
         try:
@@ -117,9 +115,6 @@ def calibration_evaluator(s: OptunaSettings, problem: Problem, loaded_model=None
     L = int(model.config.num_hidden_layers)
     if L != problem.num_layers:
         raise SolverError(f"model: {model_name!r} has {L} layers but the problem has {problem.num_layers}")
-    from polykv_search.evaluation import samples_fingerprint
-    from polykv_search.models import model_fingerprint
-
     try:
         task_samples = scoring.make_task_samples(tok, tasks, texts, n_samples=s.samples, context_len=s.context_len, seed=s.seed)
     except ValueError as err:

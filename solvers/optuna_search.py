@@ -104,7 +104,7 @@ from solvers.optuna_study import (
     stored_values,
     trial_row,
 )
-from strategies.strategy import PHASES
+from strategies.strategy import PHASES, LayerChoice, Strategy
 
 
 class OptunaSolver(Solver):
@@ -279,7 +279,7 @@ class OptunaSolver(Solver):
         )
 
     def _enqueue_anchors(self, study, problem: Problem, uniform_best: str) -> list[str]:
-        from optuna.trial import TrialState
+        from optuna.trial import TrialState  # optuna on first use, as in solvers/optuna_study.py
 
         names = []
         for name, params in anchor_params(self.settings, problem, uniform_best):
@@ -292,8 +292,6 @@ class OptunaSolver(Solver):
         return names
 
     def _objective(self, problem: Problem, signals: RuleSignals, evaluate):
-        from strategies.strategy import LayerChoice, Strategy
-
         s = self.settings
         two = s.two_objectives
         L = problem.num_layers

@@ -9,8 +9,11 @@ import numpy as np
 from scipy import stats
 
 from solvers.base import Problem, SolverError, allocate, predict_degradation
+from solvers.ilp import ILPSolver
 from solvers.optuna_settings import FLOOR_SHARE_MAX, GAMMA_MAX, ILP_OBJECTIVES, PROPORTIONAL_POINT, OptunaSettings
 from solvers.optuna_study import lowest_budget
+from solvers.proportional import ProportionalSolver
+from strategies.strategy import LayerChoice, Strategy
 
 class RuleSignals:
     """Per (phase, reference budget): pattern preference ranks and the two sensitivities.
@@ -102,8 +105,6 @@ def _unit_max(x: np.ndarray) -> np.ndarray:
 def best_uniform_pattern(problem: Problem, degradation: str = "dppl") -> tuple[str, float | None]:
     """The allowed pattern whose uniform strategy at ``floor(B)`` has the lowest predicted
     ``degradation`` (1 − cosine if none is available; the first listed pattern if neither is)."""
-    from strategies.strategy import LayerChoice, Strategy
-
     table = problem.require_table("optuna")
     b = problem.uniform_budget
     L = problem.num_layers
@@ -142,8 +143,6 @@ def anchor_params(s: OptunaSettings, problem: Problem, uniform_best: str) -> lis
     if s.space == "rule":
         proportional = {"family": "rule", **PROPORTIONAL_POINT}
     else:
-        from solvers.proportional import ProportionalSolver
-
         plan = ProportionalSolver()._solve(problem)
         proportional = {"family": "per-layer"}
         for phase in problem.phases:
@@ -166,8 +165,6 @@ def build_choices(trial, family: str, problem: Problem, signals: RuleSignals) ->
         p = trial.suggest_categorical("uniform_pattern", list(problem.patterns))
         return {phase: [(p, problem.uniform_budget)] * problem.num_layers for phase in problem.phases}
     if family == "ilp":
-        from solvers.ilp import ILPSolver
-
         objective = trial.suggest_categorical("ilp_objective", ilp_objectives(problem))
         plan = ILPSolver(objective=objective)._solve(problem)
         return {phase: [(p, int(b)) for p, b in plan.choices[phase]] for phase in problem.phases}

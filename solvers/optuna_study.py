@@ -9,10 +9,17 @@ import math
 import re
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
+from polykv_search.paths import cache_dir
 from solvers.base import Problem, SolveResult, SolverError, jsonable
 from solvers.optuna_settings import OptunaSettings
+from strategies.strategy import LayerChoice, Strategy
+
+# optuna itself is imported inside the functions that use it (import_optuna turns its absence into a
+# SolverError): listing or registering solvers loads this module without running a study.
+
 
 def make_sampler(optuna, s: OptunaSettings) -> tuple[Any, dict[str, Any]]:
     """The explicit sampler of the study and its description for provenance."""
@@ -70,8 +77,6 @@ def front_strategies(result: SolveResult) -> list[tuple[str, Any]]:
 
 
 def point_strategy(template, point: dict[str, Any], cap: float, index: int | None = None):
-    from strategies.strategy import LayerChoice, Strategy
-
     provenance = copy.deepcopy(template.provenance)
     provenance["global_budget"] = point["budget"]
     provenance["budget_cap"] = cap
@@ -169,8 +174,6 @@ def import_optuna():
 
 def make_storage(optuna, spec: str | None, study_name: str) -> tuple[Any, str]:
     """(storage object or URL, description for provenance with any password hidden)."""
-    from pathlib import Path
-
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
@@ -193,8 +196,6 @@ def make_storage(optuna, spec: str | None, study_name: str) -> tuple[Any, str]:
                     raise SolverError(f"storage {desc}: {first_line(err)}") from None
                 time.sleep(0.5 * (attempt + 1))
     if spec is None:
-        from polykv_search.paths import cache_dir
-
         path = cache_dir("optuna") / f"{study_name}.journal"
     else:
         path = Path(spec).expanduser()

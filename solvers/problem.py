@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from polykv_search.patterns import PATTERNS
 from signals.table import SignalTable
 from solvers.settings import SolverError, is_int
 from strategies.strategy import PHASES
@@ -69,8 +70,6 @@ class Problem:
     fixed_pattern: str | None = None
 
     def __post_init__(self) -> None:
-        from polykv_search.patterns import PATTERNS
-
         t = self.table
         if t is not None and not isinstance(t, SignalTable):
             raise SolverError(f"table: must be a SignalTable or None, got {type(t).__name__}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polykv_search.patterns import PATTERNS, get_pattern_class
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, allocate, setting
 
 
@@ -35,8 +36,6 @@ class PyramidSettings(Settings):
     window: int | None = setting(None, "tokens outside the schedule (default: the pattern's window parameter)")
 
     def check(self) -> None:
-        from polykv_search.patterns import PATTERNS
-
         if self.pattern not in PATTERNS or self.pattern == "full":
             raise SolverError(f"pattern: {self.pattern!r} is not a budgeted pattern; known: {', '.join(PATTERNS)}")
         if self.beta < 1:
@@ -64,8 +63,6 @@ class PyramidSolver(Solver):
     def window(self) -> int:
         if self.settings.window is not None:
             return self.settings.window
-        from polykv_search.patterns import get_pattern_class
-
         return int(getattr(get_pattern_class(self.settings.pattern)(), "window", 0) or 0)
 
     def _solve(self, problem: Problem) -> Plan:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polykv_search.patterns import PATTERNS
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, allocate, setting
 
 
@@ -38,8 +39,6 @@ class SqueezeSettings(Settings):
     reference_budget: int | None = setting(None, "grid budget where cosine is read (default: grid value closest to B)")
 
     def check(self) -> None:
-        from polykv_search.patterns import PATTERNS
-
         if self.pattern not in PATTERNS or self.pattern == "full":
             raise SolverError(f"pattern: {self.pattern!r} is not a budgeted pattern; known: {', '.join(PATTERNS)}")
         if not 0 < self.squeeze_factor <= 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polykv_search.patterns import PATTERNS
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, setting
 
 
@@ -15,8 +16,6 @@ class UniformSettings(Settings):
     pattern: str = setting("snapkv", "pattern used in every layer")
 
     def check(self) -> None:
-        from polykv_search.patterns import PATTERNS
-
         if self.pattern not in PATTERNS:
             raise SolverError(f"pattern: unknown pattern {self.pattern!r}; known: {', '.join(PATTERNS)}")
         if self.pattern == "full":

@@ -448,8 +448,7 @@ def test_registry_lists_every_method_with_a_description():
         assert m.available and m.description and "\n" not in m.description
         assert SOLVERS[name].name == name and name in SOLVERS
     assert methods["uniform"].needs_table is False and methods["ilp"].needs_table is True
-    if not methods["optuna"].available:  # reserved until solvers/optuna_search.py lands
-        assert "not available yet" in methods["optuna"].reason
+    assert methods["optuna"].available  # its own tests: tests/test_solver_optuna.py
     with pytest.raises(SolverError, match="unknown solver 'nope'; known: proportional, ilp, dp"):
         get_solver("nope")
     with pytest.raises(KeyError):
