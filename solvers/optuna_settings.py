@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from solvers.base import Settings, SolverError, setting
+from solvers.base import OBJECTIVES, Settings, SolverError, setting
 
 FAMILIES_RULE = ("rule", "ilp", "uniform")
 FAMILIES_LAYERS = ("per-layer", "ilp", "uniform")
-ILP_OBJECTIVES = ("dppl", "1-cosine", "kl")
+#: The ilp family's objectives: the ilp solver's own (signals.predict).
+ILP_OBJECTIVES = OBJECTIVES
 #: Signals the rule ranks patterns by, the ilp anchor minimizes and uniform-best is chosen by.
 DEGRADATIONS = ("auto", "dppl", "kl")
 GAMMA_MAX = 3.0
