@@ -88,8 +88,9 @@ def main(argv=None) -> int:
         layers = [int(x) for x in args.compare_layers.split(",")]
         kw = dict(patterns=PATTERNS, budgets=BUDGETS, layers=layers, journal=False, progress=True)
         cells = len(layers) * 2 * len(PATTERNS) * len(BUDGETS)
-        print(f"[compare] {cells} cells (layers {layers}, 2 phases, {len(PATTERNS)} patterns x {len(BUDGETS)} budgets), "
-              f"1 sample of {args.context_len}+{args.continuation_len}; load {load()}", flush=True)  # fmt: skip
+        print(f"[compare] {cells} cells (layers {layers}, 2 phases, {len(PATTERNS)} patterns x {len(BUDGETS)} "
+              f"budgets), 1 sample of {args.context_len}+{args.continuation_len}; load {load()}",
+              flush=True)  # fmt: skip
         t0, c0 = time.perf_counter(), time.process_time()
         fast = collect_signals(model, samples[:1], **kw)
         t_fast, c_fast = time.perf_counter() - t0, time.process_time() - c0
@@ -117,8 +118,8 @@ def main(argv=None) -> int:
             "max_abs_difference": diff,
             "full_ppl": slow.full_ppl,
         }
-        print(f"[compare] speed-up {t_slow / t_fast:.1f}x wall, {c_slow / c_fast:.1f}x CPU (target >= 10x); max |difference|: "
-              + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()), flush=True)  # fmt: skip
+        print(f"[compare] speed-up {t_slow / t_fast:.1f}x wall, {c_slow / c_fast:.1f}x CPU (target >= 10x); "
+              "max |difference|: " + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()), flush=True)  # fmt: skip
 
     if args.part in ("grid", "both"):
         k = max(1, min(8, args.grid_samples))

@@ -42,7 +42,9 @@ def mixed(L: int, B: int, seed: int) -> Strategy:
         while sum(budgets) > L * B:
             budgets[budgets.index(max(budgets))] -= 1
         layers[phase] = [(rng.choice(UNIFORM), b) for b in budgets]
-    return Strategy.from_choices(layers["prefill"], layers["decoding"], float(B), b_min=8, solver="synthetic", seed=seed)
+    return Strategy.from_choices(
+        layers["prefill"], layers["decoding"], float(B), b_min=8, solver="synthetic", seed=seed
+    )
 
 
 def entries(L: int, B: int, strategies_dir: str | None) -> list[scoring.Entry]:
@@ -64,7 +66,9 @@ def timed(fn):
 
 
 def per_sample_scores(records):
-    return [[(t, [r["score"] for r in res["per_sample"]]) for t, res in sorted(rec["tasks"].items())] for rec in records]
+    return [
+        [(t, [r["score"] for r in res["per_sample"]]) for t, res in sorted(rec["tasks"].items())] for rec in records
+    ]
 
 
 def main(argv=None) -> int:
@@ -85,9 +89,17 @@ def main(argv=None) -> int:
     es = entries(L, args.budget, args.strategies)
     texts, _ = scoring.eval_texts("austen")
     tasks = scoring.resolve_tasks(args.suite)
-    report = {"model": "smollm2-135m", "device": args.device, "threads": torch.get_num_threads(),
-              "entries": [e.name for e in es], "budget": args.budget, "contexts": {}}
-    warm = scoring.make_task_samples(tok, scoring.resolve_tasks("broad/continuation"), texts, n_samples=1, context_len=256, seed=9)
+    report = {
+        "model": "smollm2-135m",
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "entries": [e.name for e in es],
+        "budget": args.budget,
+        "contexts": {},
+    }
+    warm = scoring.make_task_samples(
+        tok, scoring.resolve_tasks("broad/continuation"), texts, n_samples=1, context_len=256, seed=9
+    )
     scoring.score_entries(model, tok, es[:2], warm)  # first calls pay one-off start-up costs
     for n in [int(c) for c in args.contexts.split(",")]:
         samples = scoring.make_task_samples(tok, tasks, texts, n_samples=args.samples, context_len=n, seed=0)
@@ -113,15 +125,25 @@ def main(argv=None) -> int:
             cost[p].append(wall)
         h2o_ratio = min(cost["h2o"]) / min(cost["snapkv"])
         report["contexts"][str(n)] = {
-            "samples": sum(len(s) for _, s in samples.values()), "runs": runs, "scores_identical": same,
-            "speedup_wall": ratio, "speedup_cpu": cpu_ratio, "h2o_s": cost["h2o"], "snapkv_s": cost["snapkv"],
+            "samples": sum(len(s) for _, s in samples.values()),
+            "runs": runs,
+            "scores_identical": same,
+            "speedup_wall": ratio,
+            "speedup_cpu": cpu_ratio,
+            "h2o_s": cost["h2o"],
+            "snapkv_s": cost["snapkv"],
             "h2o_over_snapkv": h2o_ratio,
         }
         if records:
-            print(f"context {n}: shared is {ratio:.1f}x faster (wall), {cpu_ratio:.1f}x (cpu); scores identical: {same}",
-                  flush=True)
-        print(f"context {n}: h2o/snapkv entry cost {h2o_ratio:.2f}x (best of {len(cost['h2o'])} each: "
-              f"{min(cost['h2o']):.1f} s vs {min(cost['snapkv']):.1f} s)", flush=True)
+            print(
+                f"context {n}: shared is {ratio:.1f}x faster (wall), {cpu_ratio:.1f}x (cpu); scores identical: {same}",
+                flush=True,
+            )
+        print(
+            f"context {n}: h2o/snapkv entry cost {h2o_ratio:.2f}x (best of {len(cost['h2o'])} each: "
+            f"{min(cost['h2o']):.1f} s vs {min(cost['snapkv']):.1f} s)",
+            flush=True,
+        )
     write_json(args.out, report)
     print(f"wrote {args.out}")
     return 0

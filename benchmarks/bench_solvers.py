@@ -68,7 +68,10 @@ def main(argv=None) -> int:
     solve("dp", Problem(table=warm, global_budget=12))
 
     rows, failures = [], []
-    tables = {name: random_signal_table(LAYERS, patterns=PATTERNS, budgets=grid, seed=args.seed) for name, grid in GRIDS.items()}
+    tables = {
+        name: random_signal_table(LAYERS, patterns=PATTERNS, budgets=grid, seed=args.seed)
+        for name, grid in GRIDS.items()
+    }
     for grid_name, B, k, asserted in CASES:
         grid, table = GRIDS[grid_name], tables[grid_name]
         assert table.shape == (32, 2, 8, 16)
@@ -77,7 +80,9 @@ def main(argv=None) -> int:
         t_ilp_core, ilp_core = best_of(
             lambda: sum(solve_phase_ilp(c, list(PATTERNS), grid, total, k, 60.0).objective for c in costs), args.repeat
         )
-        t_dp_core, dp_core = best_of(lambda: sum(solve_phase_dp(c, list(PATTERNS), grid, total, k).objective for c in costs), args.repeat)
+        t_dp_core, dp_core = best_of(
+            lambda: sum(solve_phase_dp(c, list(PATTERNS), grid, total, k).objective for c in costs), args.repeat
+        )
         problem = Problem(table=table, global_budget=B)
         t_ilp, r_ilp = best_of(lambda: solve("ilp", problem, max_distinct_budgets=k), args.repeat)
         t_dp, r_dp = best_of(lambda: solve("dp", problem, max_distinct_budgets=k), args.repeat)
@@ -106,16 +111,23 @@ def main(argv=None) -> int:
             failures.append(f"{grid_name} B={B} k={k}: ilp and dp disagree ({ilp_core} vs {dp_core})")
 
     print(f"ilp vs dp on a {LAYERS} x 2 x {len(PATTERNS)} x 16 table (best of {args.repeat}, both phases, seconds)")
-    head = f"{'grid':<10} {'B':>5} {'k':>2} | {'ilp core':>9} {'dp core':>9} | {'ilp solve':>9} {'dp solve':>9} | {'objective':>10} agree  < 1 s"
+    head = (
+        f"{'grid':<10} {'B':>5} {'k':>2} | {'ilp core':>9} {'dp core':>9} | "
+        f"{'ilp solve':>9} {'dp solve':>9} | {'objective':>10} agree  < 1 s"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
             f"{r['grid']:<10} {r['B']:>5} {r['k'] or '-':>2} | {r['ilp_core_s']:>9.4f} {r['dp_core_s']:>9.4f} | "
-            f"{r['ilp_solve_s']:>9.4f} {r['dp_solve_s']:>9.4f} | {r['objective_8pat']:>10.4f} {'yes' if r['agree'] else 'NO':<5}  "
+            f"{r['ilp_solve_s']:>9.4f} {r['dp_solve_s']:>9.4f} | {r['objective_8pat']:>10.4f} "
+            f"{'yes' if r['agree'] else 'NO':<5}  "
             f"{'asserted' if r['asserted'] else 'reported'}"
         )
-    print("core = per-phase solvers on the 8-pattern cost tensor; solve = Solver.solve -> validated Strategy (7 budgeted patterns)")
+    print(
+        "core = per-phase solvers on the 8-pattern cost tensor; "
+        "solve = Solver.solve -> validated Strategy (7 budgeted patterns)"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     for f in failures:

@@ -92,19 +92,67 @@ def main(argv: list[str] | None = None) -> int:
     log: dict = {}
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     patterns = [q.strip() for q in args.patterns.split(",") if q.strip()]  # also the uniform baselines
-    evaluation = ["--model", args.model, "--device", args.device, "--suite", args.suite, "--samples", str(args.samples),
-                  "--context-len", str(args.context_len), "--seed", str(args.seed)]
+    evaluation = [
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--suite",
+        args.suite,
+        "--samples",
+        str(args.samples),
+        "--context-len",
+        str(args.context_len),
+        "--seed",
+        str(args.seed),
+    ]
     signals = out / "signals.json"
-    step("collect", ["collect", "--model", args.model, "--device", args.device, "--samples", str(args.calib_samples),
-                     "--context-len", str(args.calib_context_len), "--continuation-len", str(args.calib_continuation_len),
-                     "--patterns", args.patterns, "--budgets", args.grid, "--out", str(signals)], log)
+    step(
+        "collect",
+        [
+            "collect",
+            "--model",
+            args.model,
+            "--device",
+            args.device,
+            "--samples",
+            str(args.calib_samples),
+            "--context-len",
+            str(args.calib_context_len),
+            "--continuation-len",
+            str(args.calib_continuation_len),
+            "--patterns",
+            args.patterns,
+            "--budgets",
+            args.grid,
+            "--out",
+            str(signals),
+        ],
+        log,
+    )
     results = []
     for B in budgets:
+
         def solve(name: str, solver_args: list[str], extra: list[str] = ()) -> Path:
             target = out / "strategies" / f"{name}-B{B}.json"
             if not target.exists():
-                step(f"solve {name} B={B}", ["solve", *solver_args, "--signals", str(signals), "--budget", B,
-                                             "--b-min", str(args.b_min), *extra, "--out", str(target)], log)
+                step(
+                    f"solve {name} B={B}",
+                    [
+                        "solve",
+                        *solver_args,
+                        "--signals",
+                        str(signals),
+                        "--budget",
+                        B,
+                        "--b-min",
+                        str(args.b_min),
+                        *extra,
+                        "--out",
+                        str(target),
+                    ],
+                    log,
+                )
             return target
 
         uniform = {u: solve(f"uniform-{u}", ["--method", "uniform", "--pattern", u]) for u in patterns}
@@ -115,10 +163,25 @@ def main(argv: list[str] | None = None) -> int:
         runs["budgets-only"] = ["--method", "proportional", "--fixed-pattern", default]
         runs["prefill-only"] = ["--method", "proportional", "--phases", "prefill", "--default-pattern", default]
         runs["decoding-only"] = ["--method", "proportional", "--phases", "decoding", "--default-pattern", default]
-        optuna = ["--model", args.model, "--device", args.device, "--trials", str(args.optuna_trials),
-                  "--storage", str(out / "optuna.journal"), "--study-name", f"repro-B{B}", "--samples", "1",
-                  "--context-len", str(args.calib_context_len)]
-        solved = {name: solve(name, solver_args, optuna if name == "optuna" else []) for name, solver_args in runs.items()}
+        optuna = [
+            "--model",
+            args.model,
+            "--device",
+            args.device,
+            "--trials",
+            str(args.optuna_trials),
+            "--storage",
+            str(out / "optuna.journal"),
+            "--study-name",
+            f"repro-B{B}",
+            "--samples",
+            "1",
+            "--context-len",
+            str(args.calib_context_len),
+        ]
+        solved = {
+            name: solve(name, solver_args, optuna if name == "optuna" else []) for name, solver_args in runs.items()
+        }
         if _same_strategy(solved["dp"], solved["ilp"]):
             print(f"dp == ilp at B={B}: scored once (as ilp)")
             del solved["dp"]
@@ -127,19 +190,50 @@ def main(argv: list[str] | None = None) -> int:
         scored = out / f"results-B{B}.json"
         if not scored.exists():
             baselines = ["--baseline", "full", *[a for u in patterns for a in ("--baseline", f"uniform:{u}")]]
-            step(f"score B={B}", ["score", *evaluation, "--budget", B, *baselines,
-                                  "--strategy", *map(str, solved.values()), "--out", str(scored)], log)
+            step(
+                f"score B={B}",
+                [
+                    "score",
+                    *evaluation,
+                    "--budget",
+                    B,
+                    *baselines,
+                    "--strategy",
+                    *map(str, solved.values()),
+                    "--out",
+                    str(scored),
+                ],
+                log,
+            )
         results.append(scored)
-    step("compare", ["compare", *map(str, results), "--across-budgets", "--plot", str(out / "sweep.png"),
-                     "--json", str(out / "compare.json")], log)
+    step(
+        "compare",
+        [
+            "compare",
+            *map(str, results),
+            "--across-budgets",
+            "--plot",
+            str(out / "sweep.png"),
+            "--json",
+            str(out / "compare.json"),
+        ],
+        log,
+    )
     comparison = compare([load_results(r) for r in results], sources=[str(r) for r in results], across_budgets=True)
-    lines = [f"{args.samples} samples per task, {args.context_len}-token contexts, seed {args.seed}; "
-             "score ± half-width of the 95 % paired bootstrap interval.", "", to_markdown(comparison), "",
-             *[f"- {n}" for n in notes(comparison)]]
+    lines = [
+        f"{args.samples} samples per task, {args.context_len}-token contexts, seed {args.seed}; "
+        "score ± half-width of the 95 % paired bootstrap interval.",
+        "",
+        to_markdown(comparison),
+        "",
+        *[f"- {n}" for n in notes(comparison)],
+    ]
     atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
     atomic_write_text(out / "solvers.md", solver_report(out) + "\n")
     atomic_write_text(out / "timings.json", json.dumps(log, indent=2) + "\n")
-    print(f"\ndone: {out}/ (table.md, solvers.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}")
+    print(
+        f"\ndone: {out}/ (table.md, solvers.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}"
+    )
     return 0
 
 
@@ -156,8 +250,13 @@ def solver_report(out: Path) -> str:
         path = out / "strategies" / f"{r['name']}.json"
         predicted = json.loads(path.read_text())["provenance"].get("predicted", {}) if path.exists() else {}
         name = " = ".join([r["name"], *r.get("aliases", [])])  # identical strategies are merged by compare
-        cells = [name, f"{r['budget']:g}", fmt(predicted.get("dppl"), ".3g"), fmt(predicted.get("1-cosine"), ".3g"),
-                 fmt(predicted.get("kl"), ".3g")]
+        cells = [
+            name,
+            f"{r['budget']:g}",
+            fmt(predicted.get("dppl"), ".3g"),
+            fmt(predicted.get("1-cosine"), ".3g"),
+            fmt(predicted.get("kl"), ".3g"),
+        ]
         intervals = (r.get("intervals") or {}).get("suites", {})
         for suite in suites:
             hw = (intervals.get(suite) or {}).get("half_width")
@@ -175,6 +274,7 @@ def solver_report(out: Path) -> str:
 
 def _same_strategy(a: Path, b: Path) -> bool:
     return Strategy.load(a).digest() == Strategy.load(b).digest()
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -36,8 +36,9 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -226,7 +227,9 @@ def gap_recovered_interval(
         Undefined when a score is missing, or when ``S_f - S_u`` is not clearly positive (its
         paired interval does not lie above 0).
     """
-    missing = [n for n, v in (("the entry", entry), ("the best uniform baseline", best_uniform), ("FullKV", full)) if v is None]
+    missing = [
+        n for n, v in (("the entry", entry), ("the best uniform baseline", best_uniform), ("FullKV", full)) if v is None
+    ]
     if missing:
         return Gap(None, f"no per-sample scores for {' and '.join(missing)}")
     if denominator is None:
@@ -306,16 +309,29 @@ def bootstrap_interval(
     kwargs = {"axis": -1, "vectorized": True, "paired": False, "confidence_level": level, "batch": _BATCH}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # degenerate-data and divide warnings: handled below
-        result = _stats.bootstrap(tuple(strata), statistic, n_resamples=resamples, method=method,
-                                  **kwargs, **{_RNG_KW: np.random.default_rng(seed)})
+        result = _stats.bootstrap(
+            tuple(strata),
+            statistic,
+            n_resamples=resamples,
+            method=method,
+            **kwargs,
+            **{_RNG_KW: np.random.default_rng(seed)},
+        )
         dist = result.bootstrap_distribution
         if np.ptp(dist) <= 1e-12 * max(1.0, abs(estimate)):
             return Interval(estimate, estimate, estimate, level, "degenerate", n)
         low, high = result.confidence_interval
         used = method
         if not (math.isfinite(low) and math.isfinite(high)):
-            result = _stats.bootstrap(tuple(strata), statistic, n_resamples=0, method="percentile",
-                                      bootstrap_result=result, **kwargs, **{_RNG_KW: np.random.default_rng(seed)})
+            result = _stats.bootstrap(
+                tuple(strata),
+                statistic,
+                n_resamples=0,
+                method="percentile",
+                bootstrap_result=result,
+                **kwargs,
+                **{_RNG_KW: np.random.default_rng(seed)},
+            )
             low, high = result.confidence_interval
             used = "percentile"
     return Interval(estimate, float(low), float(high), level, used, n)
@@ -365,6 +381,16 @@ def _describe(iv: Interval) -> str:
 
 
 __all__ = [
-    "GAP_CLIP", "LEVEL", "METHOD", "RESAMPLES", "Gap", "Interval", "bootstrap_interval", "gap_recovered_interval",
-    "kl_gap_interval", "mean_interval", "paired_difference_interval", "stratified_mean_interval",
+    "GAP_CLIP",
+    "LEVEL",
+    "METHOD",
+    "RESAMPLES",
+    "Gap",
+    "Interval",
+    "bootstrap_interval",
+    "gap_recovered_interval",
+    "kl_gap_interval",
+    "mean_interval",
+    "paired_difference_interval",
+    "stratified_mean_interval",
 ]

@@ -59,7 +59,14 @@ def build_strategies(num_layers: int, prompt_len: int):
         ("knorm", {}),
         ("random", {"seed": 3}),
     ]
-    dec_cycle = [("streaming_llm", {"n_sink": 4}), ("tova", {}), ("knorm", {}), ("random", {"seed": 1}), ("full", None), ("snapkv", {})]
+    dec_cycle = [
+        ("streaming_llm", {"n_sink": 4}),
+        ("tova", {}),
+        ("knorm", {}),
+        ("random", {"seed": 1}),
+        ("full", None),
+        ("snapkv", {}),
+    ]
     prefill, decoding = [], []
     for i in range(num_layers):
         b = 24 + (i * 13) % (prompt_len // 2)  # varied per layer, < prompt_len
@@ -68,13 +75,15 @@ def build_strategies(num_layers: int, prompt_len: int):
         name, params = dec_cycle[i % len(dec_cycle)]
         decoding.append(LayerChoice(name, b - 4 if i % 2 else b + 2, params or {}))
     sdpa = Strategy(prefill, decoding, global_budget=None, b_min=1, provenance={"solver": "verify_kvpress_export"})
-    h2o_pre = [LayerChoice("h2o", 20 + 7 * (i % 5)) if i % 2 == 0 else LayerChoice("knorm", 30 + i) for i in range(num_layers)]
+    h2o_pre = [
+        LayerChoice("h2o", 20 + 7 * (i % 5)) if i % 2 == 0 else LayerChoice("knorm", 30 + i) for i in range(num_layers)
+    ]
     h2o_dec = [LayerChoice("full", None)] * num_layers
     eager = Strategy(h2o_pre, h2o_dec, global_budget=None, b_min=1, provenance={"solver": "verify_kvpress_export"})
     return {"sdpa": sdpa, "eager-h2o": eager}
 
 
-CHILD = r'''
+CHILD = r"""
 import importlib.metadata, importlib.util, json, sys, traceback
 import torch
 import transformers
@@ -84,7 +93,10 @@ from transformers import DynamicCache
 spec = json.loads(sys.argv[1])
 torch.manual_seed(0)
 transformers.utils.logging.disable_progress_bar()
-print(f"kvpress {importlib.metadata.version('kvpress')}, transformers {transformers.__version__}, torch {torch.__version__}")
+print(
+    f"kvpress {importlib.metadata.version('kvpress')}, transformers {transformers.__version__}, "
+    f"torch {torch.__version__}"
+)
 
 
 def load_model(attn):
@@ -176,7 +188,8 @@ def run_check(name, check):
         if want is None:
             print(f"  {label:>8}: {got}" + ("  (information only)" if check.get("decode_informational") else "  FAIL"))
         else:
-            flag = "ok" if got == want else ("differs (information only)" if label != "prefill" and check.get("decode_informational") else "FAIL")
+            informational = label != "prefill" and check.get("decode_informational")
+            flag = "ok" if got == want else ("differs (information only)" if informational else "FAIL")
             print(f"  {label:>8}: {got}  {flag}" + ("" if got == want else f"\n  {'expected':>8}: {want}"))
     if check.get("pipeline") and tok is not None:
         # Information only: kvpress's pipeline feeds the question as one multi-token step after the
@@ -185,7 +198,8 @@ def run_check(name, check):
         try:
             pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tok)
             context = "Jane Austen wrote six novels. " * (n // 6)
-            answer = pipe(context, question=" How many novels did she write?", press=mod.make_press(), max_new_tokens=8)["answer"]
+            question = " How many novels did she write?"
+            answer = pipe(context, question=question, press=mod.make_press(), max_new_tokens=8)["answer"]
             print(f"  pipeline (information only): answer {answer!r}")
         except Exception as err:
             print(f"  pipeline (information only): {type(err).__name__}: {str(err).splitlines()[0][:160]}")
@@ -203,7 +217,7 @@ for name, check in spec["checks"].items():
         results[name] = False
 print("\nsummary: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in results.items()))
 sys.exit(0 if all(results.values()) else 1)
-'''
+"""
 
 
 def ensure_venv(venv: Path, kvpress_spec: str, torch_spec: str) -> Path:
@@ -226,8 +240,12 @@ def num_layers_of(model: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="'tiny' (random-init Llama, default) or a local HF checkpoint directory")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default="tiny", help="'tiny' (random-init Llama, default) or a local HF checkpoint directory"
+    )
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"virtualenv for kvpress (default {DEFAULT_VENV})")
     ap.add_argument("--kvpress", default="kvpress>=0.5,<0.6", help="pip requirement for kvpress")
     ap.add_argument("--torch", default="torch==2.13.0", help="pip requirement for torch in the virtualenv")

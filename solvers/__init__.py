@@ -21,9 +21,9 @@ listed as unavailable, with the reason. Each solver's one-line description is it
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from solvers.base import (
     OBJECTIVES,
@@ -33,9 +33,9 @@ from solvers.base import (
     Problem,
     SettingInfo,
     Settings,
-    SolveResult,
     Solver,
     SolverError,
+    SolveResult,
     allocate,
     predict_degradation,
 )

@@ -41,7 +41,8 @@ from __future__ import annotations
 import dataclasses
 import time
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -194,14 +195,18 @@ def cost_tensor(
         raise SolverError(str(err)) from None
 
 
-def predict_degradation(table: SignalTable, strategy: Strategy, phases: Sequence[str], objective: str = "dppl") -> float | None:
+def predict_degradation(
+    table: SignalTable, strategy: Strategy, phases: Sequence[str], objective: str = "dppl"
+) -> float | None:
     """The table's predicted degradation of ``strategy`` (:func:`signals.predict.predict_degradation`)."""
     return _table_prediction(table, strategy, phases, objective)
 
 
 def predictions(table: SignalTable | None, strategy: Strategy, phases: Sequence[str]) -> dict[str, float | None]:
     """``{objective: predicted degradation}`` for every objective (None without a table or value)."""
-    return {kind: (_table_prediction(table, strategy, phases, kind) if table is not None else None) for kind in OBJECTIVES}
+    return {
+        kind: (_table_prediction(table, strategy, phases, kind) if table is not None else None) for kind in OBJECTIVES
+    }
 
 
 __all__ = [

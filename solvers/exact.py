@@ -48,13 +48,19 @@ TIE_BREAKS = ("spend", "save")
 
 @dataclass(frozen=True)
 class ExactSettings(Settings):
-    objective: str = setting("auto", "predicted degradation to minimize (auto: kl when the table has it, else dppl)", ("auto", *OBJECTIVES))
+    objective: str = setting(
+        "auto", "predicted degradation to minimize (auto: kl when the table has it, else dppl)", ("auto", *OBJECTIVES)
+    )
     noise: str = setting(
-        "auto", "measured value -> cost: clip at 0; 0 when its interval contains FullKV; upper end of the interval", NOISE_CHOICES
+        "auto",
+        "measured value -> cost: clip at 0; 0 when its interval contains FullKV; upper end of the interval",
+        NOISE_CHOICES,
     )
     confidence: float = setting(0.95, "interval level of noise=interval and noise=upper")
     tie_break: str = setting("spend", "among (near-)optimal assignments: spend the most budget, or save it", TIE_BREAKS)
-    tie_tolerance: float = setting(0.0, "assignments within this much of the optimal cost count as ties (objective units)")
+    tie_tolerance: float = setting(
+        0.0, "assignments within this much of the optimal cost count as ties (objective units)"
+    )
     max_distinct_budgets: int | None = setting(None, "at most k distinct budget values per phase (memory pools)")
 
     def check(self) -> None:
@@ -86,7 +92,9 @@ def phase_costs(problem: Problem, phase: str, settings: ExactSettings) -> tuple[
     grid = problem.selection_grid()
     pidx = problem.pattern_indices()
     gidx = [table.budget_index(b) for b in grid]
-    cost = cost_tensor(table, phase, objective_of(settings, problem), pidx, gidx, noise_rule(settings, problem), settings.confidence)
+    cost = cost_tensor(
+        table, phase, objective_of(settings, problem), pidx, gidx, noise_rule(settings, problem), settings.confidence
+    )
     return cost, [table.patterns[i] for i in pidx], grid
 
 

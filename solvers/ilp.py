@@ -293,7 +293,12 @@ class ILPSolver(Solver):
             )  # fmt: skip
             choices[phase] = list(zip(sol.patterns, sol.budgets))
             unused[phase] = problem.total - sum(sol.budgets)
-            info[phase] = {"objective": sol.objective, "optimal": sol.optimal, "variables": sol.variables, "highs": sol.message}
+            info[phase] = {
+                "objective": sol.objective,
+                "optimal": sol.optimal,
+                "variables": sol.variables,
+                "highs": sol.message,
+            }
             objective += sol.objective
             optimal &= sol.optimal
             if not sol.optimal:

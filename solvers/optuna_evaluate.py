@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import math
 import queue
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from polykv_search import scoring
 from polykv_search.data import DataError, describe_split, load_corpus, split_corpus
@@ -66,7 +67,9 @@ class CalibrationEvaluator:
     def __call__(self, strategy) -> dict[str, Any]:
         model = self._pool.get()
         try:
-            rec = scoring.score_entry(model, self.tokenizer, scoring.Entry("trial", strategy, "strategy", "optuna"), self.task_samples)
+            rec = scoring.score_entry(
+                model, self.tokenizer, scoring.Entry("trial", strategy, "strategy", "optuna"), self.task_samples
+            )
         finally:
             self._pool.put(model)
         scores = rec["scores"]
@@ -87,7 +90,9 @@ class CalibrationEvaluator:
         }
 
 
-def calibration_evaluator(s: OptunaSettings, problem: Problem, loaded_model=None) -> tuple[CalibrationEvaluator, dict[str, Any]]:
+def calibration_evaluator(
+    s: OptunaSettings, problem: Problem, loaded_model=None
+) -> tuple[CalibrationEvaluator, dict[str, Any]]:
     """The runtime evaluator on calibration samples of ``s.tasks`` (the calibration split of
     ``s.corpus``) and the description of those samples for the study's configuration."""
     try:
@@ -116,7 +121,9 @@ def calibration_evaluator(s: OptunaSettings, problem: Problem, loaded_model=None
     if L != problem.num_layers:
         raise SolverError(f"model: {model_name!r} has {L} layers but the problem has {problem.num_layers}")
     try:
-        task_samples = scoring.make_task_samples(tok, tasks, texts, n_samples=s.samples, context_len=s.context_len, seed=s.seed)
+        task_samples = scoring.make_task_samples(
+            tok, tasks, texts, n_samples=s.samples, context_len=s.context_len, seed=s.seed
+        )
     except ValueError as err:
         raise SolverError(f"calibration samples: {first_line(err)}") from None
     calib = {

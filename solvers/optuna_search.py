@@ -52,7 +52,8 @@ Storage and workers
     earlier runs and other workers included): a killed study resumes from its storage and runs
     only what is missing. A trial that lands on a strategy already scored (e.g. the ``ilp`` family
     again) reuses its values, costs no runtime and does not count (``cached`` in its user
-    attributes); a study stops after ``4·trials`` trials in all even so. ``storage`` defaults to a journal file ``<cache>/optuna/<study_name>.journal``; a path
+    attributes); a study stops after ``4·trials`` trials in all even so. ``storage`` defaults to a
+    journal file ``<cache>/optuna/<study_name>.journal``; a path
     is a journal file too, ``memory`` keeps the study in memory, and any optuna RDB URL
     (``sqlite:///s.db``, ``postgresql://...``) lets several workers (``polykv-search solve`` on
     several machines with the same ``--storage`` and ``--study-name``) share one study. The default
@@ -74,9 +75,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from solvers.base import Choice, Plan, Problem, Settings, SolveResult, Solver, SolverError, jsonable, predictions
+from solvers.base import Choice, Plan, Problem, Settings, Solver, SolverError, SolveResult, jsonable, predictions
 from solvers.optuna_evaluate import CalibrationEvaluator, Evaluator, calibration_evaluator, values_of
 from solvers.optuna_settings import FAMILIES_LAYERS, FAMILIES_RULE, MAX_TRIALS_FACTOR, OptunaSettings
 from solvers.optuna_space import (
@@ -149,7 +151,9 @@ class OptunaSolver(Solver):
             strategy.provenance["budget_total"] = total
             strategy.provenance["unused_budget"] = dict(result.unused_budget)
             result.choices = [
-                Choice(l, phase, strategy.phase(phase)[l].pattern, strategy.phase(phase)[l].budget, phase in problem.phases)
+                Choice(
+                    l, phase, strategy.phase(phase)[l].pattern, strategy.phase(phase)[l].budget, phase in problem.phases
+                )
                 for phase in PHASES
                 for l in range(problem.num_layers)
             ]
@@ -178,7 +182,9 @@ class OptunaSolver(Solver):
                     storage=storage, sampler=sampler, study_name=study_name, directions=directions, load_if_exists=True
                 )
             except Exception as err:  # noqa: BLE001 - storage errors come in many types
-                raise SolverError(f"storage {storage_desc}: cannot open study {study_name!r} ({first_line(err)})") from None
+                raise SolverError(
+                    f"storage {storage_desc}: cannot open study {study_name!r} ({first_line(err)})"
+                ) from None
             self.study = study
             check_config(study, config, study_name, storage_desc)
             self._enqueue_anchors(study, problem, uniform_best)
@@ -203,7 +209,12 @@ class OptunaSolver(Solver):
         if not complete:
             raise SolverError(f"optuna: study {study_name!r} has no finished trial")
         anchor_rows = [
-            {"anchor": t.user_attrs["anchor"], "trial": t.number, "values": list(t.values), "family": t.params.get("family")}
+            {
+                "anchor": t.user_attrs["anchor"],
+                "trial": t.number,
+                "values": list(t.values),
+                "family": t.params.get("family"),
+            }
             for t in complete
             if "anchor" in t.user_attrs
         ]
@@ -222,7 +233,9 @@ class OptunaSolver(Solver):
                 "storage": storage_desc,
                 "sampler": sampler_desc,
                 "objectives": {"quality": "maximize", **({"memory": "minimize"} if two else {})},
-                "quality": f"mean task score (0-100) of {s.tasks}" if s.metric == "score" else f"-mean log perplexity of {s.tasks}",
+                "quality": f"mean task score (0-100) of {s.tasks}"
+                if s.metric == "score"
+                else f"-mean log perplexity of {s.tasks}",
                 "memory_unit": best.user_attrs.get("memory_unit") if two else None,
                 "space": s.space,
                 "families": list(FAMILIES_RULE if s.space == "rule" else FAMILIES_LAYERS),
@@ -304,7 +317,11 @@ class OptunaSolver(Solver):
         def objective(trial):
             budget = problem.global_budget
             if two:
-                budget = trial.suggest_float("budget", lo_budget, problem.global_budget) if lo_budget < problem.global_budget else budget
+                budget = (
+                    trial.suggest_float("budget", lo_budget, problem.global_budget)
+                    if lo_budget < problem.global_budget
+                    else budget
+                )
             sub = problem if budget == problem.global_budget else dataclasses.replace(problem, global_budget=budget)
             family = trial.suggest_categorical("family", families)
             try:

@@ -29,10 +29,16 @@ class OptunaSettings(Settings):
         None, "optuna storage: journal file path, 'memory', or an RDB URL (default: <cache>/optuna/<study>.journal)"
     )
     jobs: int = setting(1, "trials run in parallel threads (n_jobs); each thread uses its own model copy")
-    study_name: str | None = setting(None, "study name (default: a hash of the problem and settings, so a rerun resumes)")
+    study_name: str | None = setting(
+        None, "study name (default: a hash of the problem and settings, so a rerun resumes)"
+    )
     seed: int = setting(0, "sampler seed and calibration sample seed")
-    objectives: str = setting("quality", "objectives: quality, or quality,memory for a Pareto front", ("quality", "quality,memory"))
-    space: str = setting("rule", "search space: allocation-rule parameters, or per-layer patterns (ablation)", ("rule", "per-layer"))
+    objectives: str = setting(
+        "quality", "objectives: quality, or quality,memory for a Pareto front", ("quality", "quality,memory")
+    )
+    space: str = setting(
+        "rule", "search space: allocation-rule parameters, or per-layer patterns (ablation)", ("rule", "per-layer")
+    )
     model: str | None = setting(None, "model that scores trials (default: the signal table's model)")
     device: str = setting("cpu", "device of the scoring model")
     dtype: str = setting("float32", "dtype of the scoring model")
@@ -40,20 +46,30 @@ class OptunaSettings(Settings):
     context_len: int = setting(1024, "prompt length in tokens of the calibration samples")
     corpus: str = setting("austen", "corpus spec; its calibration split is used")
     tasks: str = setting("broad/continuation", "tasks scored per trial, comma separated (suite or task names)")
-    metric: str = setting("score", "quality: mean task score, or -mean log perplexity of teacher-forced tasks", ("score", "log-ppl"))
+    metric: str = setting(
+        "score", "quality: mean task score, or -mean log perplexity of teacher-forced tasks", ("score", "log-ppl")
+    )
     startup_trials: int = setting(10, "random trials before TPE models the space (anchors count)")
     mo_sampler: str = setting("tpe", "sampler for quality,memory: multi-objective TPE or NSGA-II", ("tpe", "nsga2"))
     population: int = setting(16, "NSGA-II population size")
     min_budget_share: float = setting(0.25, "quality,memory: the smallest budget tried, as a share of B")
     degradation: str = setting(
         "auto",
-        "signal of the rule's degradation rank and worst-case sensitivity, the ilp anchor and uniform-best (auto: kl if the table has it)",
+        "signal of the rule's degradation rank and worst-case sensitivity, the ilp anchor and uniform-best "
+        "(auto: kl if the table has it)",
         DEGRADATIONS,
     )
     verbose: bool = setting(False, "show optuna's per-trial log")
 
     def check(self) -> None:
-        for name, low in (("trials", 1), ("jobs", 1), ("samples", 1), ("context_len", 8), ("startup_trials", 0), ("population", 2)):
+        for name, low in (
+            ("trials", 1),
+            ("jobs", 1),
+            ("samples", 1),
+            ("context_len", 8),
+            ("startup_trials", 0),
+            ("population", 2),
+        ):
             value = getattr(self, name)
             if value < low:
                 raise SolverError(f"{name}: must be >= {low}, got {value}")

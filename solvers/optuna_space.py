@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -15,6 +16,7 @@ from solvers.optuna_study import lowest_budget
 from solvers.proportional import ProportionalSolver
 from strategies.strategy import LayerChoice, Strategy
 
+
 class RuleSignals:
     """Per (phase, reference budget): pattern preference ranks and the two sensitivities.
 
@@ -25,7 +27,9 @@ class RuleSignals:
         self.problem = problem
         self.table = problem.require_table("optuna")
         if degradation not in self.table.signals:
-            raise SolverError(f"degradation: the signal table has no {degradation!r} signal (version 1); recollect it or use dppl")
+            raise SolverError(
+                f"degradation: the signal table has no {degradation!r} signal (version 1); recollect it or use dppl"
+            )
         self.degradation = degradation
         self.pidx = problem.pattern_indices()
         self.names = [self.table.patterns[i] for i in self.pidx]
@@ -78,11 +82,17 @@ def _unit_rank(values: np.ndarray) -> np.ndarray:
 
 
 def rule_patterns(sig: dict[str, np.ndarray], names: Sequence[str], alpha: float) -> list[str]:
-    score = sig["u_cos"] if alpha == 1.0 else (sig["u_ppl"] if alpha == 0.0 else alpha * sig["u_cos"] + (1 - alpha) * sig["u_ppl"])
+    score = (
+        sig["u_cos"]
+        if alpha == 1.0
+        else (sig["u_ppl"] if alpha == 0.0 else alpha * sig["u_cos"] + (1 - alpha) * sig["u_ppl"])
+    )
     return [names[int(np.argmax(row))] for row in score]  # first maximum = first listed pattern
 
 
-def rule_budgets(sig: dict[str, np.ndarray], problem: Problem, beta: float, gamma: float, floor_share: float) -> list[int]:
+def rule_budgets(
+    sig: dict[str, np.ndarray], problem: Problem, beta: float, gamma: float, floor_share: float
+) -> list[int]:
     ent = np.maximum(sig["entropy"], 0.0)
     worst = np.maximum(sig["worst"], 0.0)
     if beta == 1.0:
@@ -173,7 +183,10 @@ def build_choices(trial, family: str, problem: Problem, signals: RuleSignals) ->
         alpha = trial.suggest_float("alpha", 0.0, 1.0)
     else:
         layer_patterns = {
-            phase: [trial.suggest_categorical(pattern_param(phase, l), list(problem.patterns)) for l in range(problem.num_layers)]
+            phase: [
+                trial.suggest_categorical(pattern_param(phase, l), list(problem.patterns))
+                for l in range(problem.num_layers)
+            ]
             for phase in problem.phases
         }
     beta = trial.suggest_float("beta", 0.0, 1.0)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from polykv_search.paths import cache_dir
-from solvers.base import Problem, SolveResult, SolverError, jsonable
+from solvers.base import Problem, SolverError, SolveResult, jsonable
 from solvers.optuna_settings import OptunaSettings
 from strategies.strategy import LayerChoice, Strategy
 
@@ -26,8 +26,16 @@ def make_sampler(optuna, s: OptunaSettings) -> tuple[Any, dict[str, Any]]:
     from optuna.exceptions import ExperimentalWarning
 
     if s.two_objectives and s.mo_sampler == "nsga2":
-        desc = {"class": "NSGAIISampler", "population_size": s.population, "seed": s.seed, "crossover_prob": 0.9, "swapping_prob": 0.5}
-        return optuna.samplers.NSGAIISampler(population_size=s.population, seed=s.seed, crossover_prob=0.9, swapping_prob=0.5), desc
+        desc = {
+            "class": "NSGAIISampler",
+            "population_size": s.population,
+            "seed": s.seed,
+            "crossover_prob": 0.9,
+            "swapping_prob": 0.5,
+        }
+        return optuna.samplers.NSGAIISampler(
+            population_size=s.population, seed=s.seed, crossover_prob=0.9, swapping_prob=0.5
+        ), desc
     desc = {
         "class": "TPESampler",
         "seed": s.seed,
@@ -41,7 +49,12 @@ def make_sampler(optuna, s: OptunaSettings) -> tuple[Any, dict[str, Any]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(
-            seed=s.seed, n_startup_trials=s.startup_trials, n_ei_candidates=24, multivariate=True, group=True, constant_liar=True
+            seed=s.seed,
+            n_startup_trials=s.startup_trials,
+            n_ei_candidates=24,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
         )
     return sampler, desc
 
@@ -73,14 +86,18 @@ def front_strategies(result: SolveResult) -> list[tuple[str, Any]]:
     if cap is None:
         cap = max(p["budget"] for p in front)
     width = max(2, len(str(len(front) - 1)))
-    return [(f"-pareto{i:0{width}d}", point_strategy(result.strategy, point, cap, index=i)) for i, point in enumerate(front)]
+    return [
+        (f"-pareto{i:0{width}d}", point_strategy(result.strategy, point, cap, index=i)) for i, point in enumerate(front)
+    ]
 
 
 def point_strategy(template, point: dict[str, Any], cap: float, index: int | None = None):
     provenance = copy.deepcopy(template.provenance)
     provenance["global_budget"] = point["budget"]
     provenance["budget_cap"] = cap
-    provenance["pareto_point"] = {k: v for k, v in point.items() if k != "choices"} | ({"index": index} if index is not None else {})
+    provenance["pareto_point"] = {k: v for k, v in point.items() if k != "choices"} | (
+        {"index": index} if index is not None else {}
+    )
     ch = point["choices"]
     return Strategy(
         [LayerChoice(p, int(b)) for p, b in ch["prefill"]],
@@ -213,8 +230,6 @@ def make_storage(optuna, spec: str | None, study_name: str) -> tuple[Any, str]:
 
 def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(jsonable(obj), sort_keys=True).encode()).hexdigest()
-
-
 
 
 def first_line(err: BaseException) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -233,7 +234,7 @@ class Problem:
             "fixed_pattern": self.fixed_pattern,
         }
 
-    def for_solver(self) -> "Problem":
+    def for_solver(self) -> Problem:
         """The problem a solver sees: with ``uniform_budgets`` and ``floor(B)`` on the grid, the grid
         narrows to that one value so selecting solvers pick the best pattern at it."""
         b = self.uniform_budget

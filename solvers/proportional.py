@@ -30,12 +30,16 @@ from solvers.base import Plan, Problem, Settings, Solver, SolverError, allocate,
 @dataclass(frozen=True)
 class ProportionalSettings(Settings):
     preference: str = setting(
-        "cosine", "pattern per layer: highest cosine, lowest dPPL or lowest KL at the reference budget", ("cosine", "ppl", "kl")
+        "cosine",
+        "pattern per layer: highest cosine, lowest dPPL or lowest KL at the reference budget",
+        ("cosine", "ppl", "kl"),
     )
     sensitivity: str = setting(
         "entropy", "budget share: attention entropy, or worst-case dPPL or KL over patterns", ("entropy", "ppl", "kl")
     )
-    reference_budget: int | None = setting(None, "grid budget where signals are read (default: grid value closest to B)")
+    reference_budget: int | None = setting(
+        None, "grid budget where signals are read (default: grid value closest to B)"
+    )
     exponent: float = setting(1.0, "budget share is proportional to sensitivity**exponent (paper: 1)")
 
     def check(self) -> None:
@@ -53,7 +57,9 @@ class ProportionalSolver(Solver):
         table = problem.require_table(self.name)
         s = self.settings
         if "kl" in (s.preference, s.sensitivity) and "kl" not in table.signals:
-            raise SolverError("signals: the table has no KL signal (version 1); recollect it or use preference/sensitivity ppl")
+            raise SolverError(
+                "signals: the table has no KL signal (version 1); recollect it or use preference/sensitivity ppl"
+            )
         ref = problem.reference_budget(s.reference_budget)
         g = table.budget_index(ref)
         pidx = problem.pattern_indices()
@@ -70,7 +76,8 @@ class ProportionalSolver(Solver):
                 row = pref[layer]
                 if not np.isfinite(row).any():
                     raise SolverError(
-                        f"signals: layer {layer} {phase} has no {s.preference} value at budget {ref} for patterns {names}"
+                        f"signals: layer {layer} {phase} has no {s.preference} value at budget {ref} "
+                        f"for patterns {names}"
                     )
                 patterns.append(names[int(np.argmax(row))])  # first maximum = first listed pattern
             if s.sensitivity == "entropy":
@@ -86,7 +93,9 @@ class ProportionalSolver(Solver):
                     name = "dPPL" if s.sensitivity == "ppl" else "KL"
                     raise SolverError(f"signals: {name} at budget {ref} missing for {phase} layers {missing}")
             weights = np.maximum(sens, 0.0) ** s.exponent if s.exponent != 0 else np.ones_like(sens)
-            budgets = allocate(problem.total, weights=weights, base=float(problem.b_min), lo=problem.b_min, hi=problem.max_budget)
+            budgets = allocate(
+                problem.total, weights=weights, base=float(problem.b_min), lo=problem.b_min, hi=problem.max_budget
+            )
             choices[phase] = [(p, int(b)) for p, b in zip(patterns, budgets)]
             info[phase] = {"sensitivity": sens.tolist()}
         return Plan(

@@ -71,7 +71,9 @@ class PyramidSolver(Solver):
         if B - w <= 0:
             raise SolverError(f"pyramid: B={B:g} must exceed the window {w} (set --window lower)")
         targets = pyramid_targets(problem.num_layers, B, self.settings.beta, w)
-        budgets = allocate(problem.total, base=targets, weights=np.ones(problem.num_layers), lo=problem.b_min, hi=problem.max_budget)
+        budgets = allocate(
+            problem.total, base=targets, weights=np.ones(problem.num_layers), lo=problem.b_min, hi=problem.max_budget
+        )
         chosen = [(self.settings.pattern, int(b)) for b in budgets]
         return Plan(
             {phase: list(chosen) for phase in problem.phases},

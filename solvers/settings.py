@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -77,12 +78,18 @@ class Settings:
         for f in dataclasses.fields(cls):
             kind, optional = _kind(hints[f.name])
             out.append(
-                SettingInfo(f.name, kind + ("|None" if optional else ""), f.default, f.metadata.get("help", ""), f.metadata.get("choices"))
+                SettingInfo(
+                    f.name,
+                    kind + ("|None" if optional else ""),
+                    f.default,
+                    f.metadata.get("help", ""),
+                    f.metadata.get("choices"),
+                )
             )
         return out
 
     @classmethod
-    def from_strings(cls, values: Mapping[str, str | None]) -> "Settings":
+    def from_strings(cls, values: Mapping[str, str | None]) -> Settings:
         """Build from CLI strings (``{"beta": "20", "window": "none"}``); unknown names are errors."""
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}

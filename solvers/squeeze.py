@@ -124,5 +124,9 @@ class SqueezeSolver(Solver):
                 targets[~redundant] = B + (1.0 - s.squeeze_factor) * B * n_red / (L - n_red)
             budgets = allocate(problem.total, base=targets, weights=np.ones(L), lo=problem.b_min, hi=problem.max_budget)
             choices[phase] = [(s.pattern, int(b)) for b in budgets]
-            info[phase] = {"cosine": signal.tolist(), "groups": labels.tolist(), "squeezed_layers": np.nonzero(redundant)[0].tolist() if n_groups > 1 else []}
+            info[phase] = {
+                "cosine": signal.tolist(),
+                "groups": labels.tolist(),
+                "squeezed_layers": np.nonzero(redundant)[0].tolist() if n_groups > 1 else [],
+            }
         return Plan(choices, message=f"p={s.squeeze_factor:g}, cosine read at budget {ref}", info=info)

@@ -12,7 +12,8 @@ says what to import, never a strategy that skipped its checks.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class PatternLike(Protocol):

@@ -62,7 +62,9 @@ class TRTLLMExporter:
             what_it_keeps="keeps only full layers and sliding windows with sinks (full, streaming_llm)",
         )
         # One sink count for the whole model: the streaming_llm layers' own; mapped layers follow it.
-        own = [(x, c) for x, c in zip(layers, strategy.prefill) if x.window is not None and c.pattern == "streaming_llm"]
+        own = [
+            (x, c) for x, c in zip(layers, strategy.prefill) if x.window is not None and c.pattern == "streaming_llm"
+        ]
         sinks = most_common([x.n_sink for x, _ in own]) if own else 0
         if own:
             first = next(x.layer for x, _ in own if x.n_sink == sinks)
@@ -112,7 +114,10 @@ def _yaml(strategy: Strategy, layers, sinks: int, max_seq_len: int | None, notes
         lines += ["# Every layer keeps every token (FullKV): nothing to limit.", "kv_cache_config: {}"]
         return "\n".join(lines) + "\n"
     lines += [
-        _comment("max_attention_window[l]: the tokens layer l keeps (its budget, sinks included); full layers get max_seq_len."),
+        _comment(
+            "max_attention_window[l]: the tokens layer l keeps (its budget, sinks included); "
+            "full layers get max_seq_len."
+        ),
         "kv_cache_config:",
         "  max_attention_window:",
     ]
@@ -126,4 +131,6 @@ def _yaml(strategy: Strategy, layers, sinks: int, max_seq_len: int | None, notes
 def _comment(text: str) -> str:
     import textwrap
 
-    return textwrap.fill(text, width=100, initial_indent="# ", subsequent_indent="#   ", break_on_hyphens=False, break_long_words=False)
+    return textwrap.fill(
+        text, width=100, initial_indent="# ", subsequent_indent="#   ", break_on_hyphens=False, break_long_words=False
+    )

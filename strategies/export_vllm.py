@@ -50,9 +50,10 @@ class VLLMExporter:
         layers, issues = window_plan(
             strategy,
             target=TARGET,
-            what_it_keeps="keeps only full layers and sliding windows without sinks (full, streaming_llm with n_sink=0)",
+            what_it_keeps="keeps only full layers and sliding windows without sinks "
+            "(full, streaming_llm with n_sink=0)",
         )
-        for x, c in zip(layers, strategy.prefill):
+        for x, _ in zip(layers, strategy.prefill):
             if x.window is not None and x.n_sink:
                 issues.append(
                     _Issue(

@@ -71,7 +71,7 @@ class Exporter(Protocol):
     suffix: ClassVar[str | None]
     uses: ClassVar[frozenset[str]]
 
-    def render(self, strategy: "Strategy", out: Path, options: ExportOptions) -> Export: ...
+    def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export: ...
 
 
 #: format name -> "module:Class". Modules are imported on first use.
@@ -96,7 +96,7 @@ def get_exporter(name: str) -> Exporter:
     return getattr(importlib.import_module(module), cls)()
 
 
-def render_export(strategy: "Strategy", fmt: str, out: str | Path, options: ExportOptions | None = None) -> Export:
+def render_export(strategy: Strategy, fmt: str, out: str | Path, options: ExportOptions | None = None) -> Export:
     """Check the options against the format, then render (nothing is written)."""
     options = options or ExportOptions()
     exporter = get_exporter(fmt)
@@ -121,7 +121,7 @@ def write_export(export: Export) -> list[Path]:
         raise ExportError(f"cannot write {name}: {err.strerror or err}") from None
 
 
-def export_strategy(strategy: "Strategy", fmt: str, out: str | Path, options: ExportOptions | None = None) -> Export:
+def export_strategy(strategy: Strategy, fmt: str, out: str | Path, options: ExportOptions | None = None) -> Export:
     """Render then write; raises :class:`ExportError` (and writes nothing) when the format refuses."""
     export = render_export(strategy, fmt, out, options)
     write_export(export)
@@ -129,7 +129,7 @@ def export_strategy(strategy: "Strategy", fmt: str, out: str | Path, options: Ex
 
 
 # ----------------------------------------------------------------------------- shared helpers
-def describe(choice: "LayerChoice") -> str:
+def describe(choice: LayerChoice) -> str:
     """``snapkv(window=8) budget 40`` / ``full``: a layer choice in one short phrase."""
     if choice.pattern == "full" or choice.budget is None:
         return "full" if choice.pattern == "full" else f"{choice.pattern} (unbounded)"
@@ -137,7 +137,7 @@ def describe(choice: "LayerChoice") -> str:
     return f"{choice.pattern}{f'({params})' if params else ''} budget {choice.budget}"
 
 
-def n_sink_of(choice: "LayerChoice") -> int:
+def n_sink_of(choice: LayerChoice) -> int:
     return int(make_pattern(choice.pattern, **dict(choice.params)).n_sink)
 
 
@@ -160,11 +160,11 @@ class _Issue:
 
 
 def window_plan(
-    strategy: "Strategy",
+    strategy: Strategy,
     *,
     target: str,
     what_it_keeps: str,
-) -> tuple[list[WindowLayer], list["_Issue"]]:
+) -> tuple[list[WindowLayer], list[_Issue]]:
     """Map every layer to full attention or a sliding window (with the layer's own sink count).
 
     The targets apply one setting per layer to both phases, so a layer is expressible when its
@@ -220,7 +220,7 @@ def check_issues(issues: list[_Issue], *, fmt: str, approximate: bool) -> list[s
     return [x.change for x in issues]
 
 
-def _window_key(choice: "LayerChoice") -> tuple:
+def _window_key(choice: LayerChoice) -> tuple:
     if choice.pattern == "full" or choice.budget is None:
         return ("full",)
     if choice.pattern == "streaming_llm":
@@ -234,7 +234,7 @@ def most_common(values: list[int]) -> int:
     return max(counts, key=lambda v: (counts[v], v))
 
 
-def header_lines(strategy: "Strategy") -> list[str]:
+def header_lines(strategy: Strategy) -> list[str]:
     """Provenance lines every exported file starts with (as comments where the format allows)."""
     prov = strategy.provenance
     B = "none (FullKV)" if strategy.global_budget is None else f"{strategy.global_budget:g}"

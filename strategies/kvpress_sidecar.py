@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from strategies.exporters import ExportError
 from strategies.kvpress_presses import (
     DECODING_INTERVAL,
     KVPRESS_REQUIREMENT,
@@ -20,7 +21,6 @@ from strategies.kvpress_presses import (
     Press,
     pattern_params,
 )
-from strategies.exporters import ExportError
 from strategies.strategy import LayerChoice, Strategy
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from strategies.catalog import pattern_class
 from strategies.io import atomic_write_text
@@ -94,9 +95,7 @@ class Strategy:
         if len(self.prefill) == 0:
             raise StrategyError("layers: a strategy needs at least one layer")
         if len(self.prefill) != len(self.decoding):
-            raise StrategyError(
-                f"layers: prefill has {len(self.prefill)} layers but decoding has {len(self.decoding)}"
-            )
+            raise StrategyError(f"layers: prefill has {len(self.prefill)} layers but decoding has {len(self.decoding)}")
         if not _is_int(self.b_min) or self.b_min < 1:
             raise StrategyError(f"b_min: must be a positive integer, got {self.b_min!r}")
         B = self.global_budget
@@ -141,13 +140,11 @@ class Strategy:
     def check_model(self, num_layers: int) -> None:
         """Raise if this strategy does not fit a model with ``num_layers`` layers."""
         if num_layers != self.num_layers:
-            raise StrategyError(
-                f"layers: strategy has {self.num_layers} layers but the model has {num_layers}"
-            )
+            raise StrategyError(f"layers: strategy has {self.num_layers} layers but the model has {num_layers}")
 
     # --------------------------------------------------------------- builders
     @classmethod
-    def full(cls, num_layers: int, **provenance: Any) -> "Strategy":
+    def full(cls, num_layers: int, **provenance: Any) -> Strategy:
         """FullKV: no eviction in any layer."""
         choices = [LayerChoice("full", None) for _ in range(num_layers)]
         return cls(list(choices), list(choices), None, 1, {"solver": "full", **provenance})
@@ -162,7 +159,7 @@ class Strategy:
         params: Mapping[str, Any] | None = None,
         b_min: int = 1,
         **provenance: Any,
-    ) -> "Strategy":
+    ) -> Strategy:
         """uniform-X: ``pattern`` with ``budget`` in every layer and both phases (B = budget)."""
         if pattern == "full":
             return cls.full(num_layers, **provenance)
@@ -183,7 +180,7 @@ class Strategy:
         global_budget: float | None,
         b_min: int = 1,
         **provenance: Any,
-    ) -> "Strategy":
+    ) -> Strategy:
         """Build from ``(pattern, budget)`` pairs (or :class:`LayerChoice` objects) per layer."""
 
         def norm(items):
@@ -219,13 +216,15 @@ class Strategy:
         return atomic_write_text(path, self.dumps())
 
     @classmethod
-    def from_json(cls, data: Any) -> "Strategy":
+    def from_json(cls, data: Any) -> Strategy:
         if not isinstance(data, dict):
             raise StrategyError("strategy: the top level must be a JSON object")
         if data.get("schema") != SCHEMA_NAME:
             raise StrategyError(f"schema: expected {SCHEMA_NAME!r}, got {data.get('schema')!r}")
         if data.get("version") != SCHEMA_VERSION:
-            raise StrategyError(f"version: unsupported schema version {data.get('version')!r} (expected {SCHEMA_VERSION})")
+            raise StrategyError(
+                f"version: unsupported schema version {data.get('version')!r} (expected {SCHEMA_VERSION})"
+            )
         layers = data.get("layers")
         if not isinstance(layers, list):
             raise StrategyError("layers: must be a list")
@@ -258,7 +257,7 @@ class Strategy:
         return cls(choices["prefill"], choices["decoding"], data.get("global_budget"), b_min, provenance)
 
     @classmethod
-    def loads(cls, text: str) -> "Strategy":
+    def loads(cls, text: str) -> Strategy:
         """Parse and validate a strategy document; NaN and infinities anywhere are refused by path."""
         try:
             data = json.loads(text)
@@ -272,7 +271,7 @@ class Strategy:
         return cls.from_json(data)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Strategy":
+    def load(cls, path: str | Path) -> Strategy:
         """Read ``path`` (UTF-8 JSON); every error names the file: ``PATH: field: what is wrong``."""
         path = Path(path)
         try:

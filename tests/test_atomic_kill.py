@@ -71,7 +71,9 @@ CHILD = textwrap.dedent(
 
 def run_child(what: str, target: Path, point: str) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, what, str(target), point], env=env, capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, what, str(target), point], env=env, capture_output=True, timeout=300
+    )
     return proc.returncode
 
 

@@ -168,7 +168,12 @@ CASES = [
     # ---- top level
     row("", "choose a command", id="no-command"),
     row("nosuch", "invalid choice: 'nosuch'", id="unknown-command"),
-    row("show s.json --bogus", "show: unrecognized arguments: --bogus (see `polykv-search show --help`)", S, id="unknown-flag"),
+    row(
+        "show s.json --bogus",
+        "show: unrecognized arguments: --bogus (see `polykv-search show --help`)",
+        S,
+        id="unknown-flag",
+    ),
     # ---- show
     row("show missing.json", "cannot read missing.json", id="show-missing-file"),
     row("show bad.json", "bad.json: not UTF-8 text", {"bad.json": "latin1"}, id="show-not-utf8"),
@@ -176,8 +181,15 @@ CASES = [
     row("show bad.json", "bad.json: not a JSON object", {"bad.json": "json-array"}, id="show-json-array"),
     row("show bad.json", "unknown schema 'something-else'", {"bad.json": "unknown-schema"}, id="show-unknown-schema"),
     row("show bad.json", "bad.json: not a JSON object", {"bad.json": "truncated-strategy"}, id="show-truncated"),
-    row("show bad.json", "global_budget: nan is not a finite number", {"bad.json": "strategy-nan-budget"}, id="show-nan-budget"),
-    row("show bad.json", "layers[1].prefill.params.window: inf", {"bad.json": "strategy-inf-param"}, id="show-inf-param"),
+    row(
+        "show bad.json",
+        "global_budget: nan is not a finite number",
+        {"bad.json": "strategy-nan-budget"},
+        id="show-nan-budget",
+    ),
+    row(
+        "show bad.json", "layers[1].prefill.params.window: inf", {"bad.json": "strategy-inf-param"}, id="show-inf-param"
+    ),
     row("show bad.json", "provenance.score: nan", {"bad.json": "strategy-nan-provenance"}, id="show-nan-provenance"),
     row("show s.json --plot p.png", "--plot draws signal tables; s.json is a strategy", S, id="show-plot-of-strategy"),
     row("show sig.json --plot d", "--plot d: is a directory", {**SIG, "d": "dir"}, id="show-plot-is-dir"),
@@ -186,22 +198,55 @@ CASES = [
     # ---- export
     row("export bad.json --format json --out o.json", "not UTF-8 text", {"bad.json": "latin1"}, id="export-not-utf8"),
     row("export s.json --format json --out d", "--out d: is a directory", {**S, "d": "dir"}, id="export-out-is-dir"),
-    row("export s.json --format json --out f/o.json", "f is not a directory", {**S, "f": "prose"}, id="export-out-under-file"),
-    row(f"export s.json --format json --out {READ_ONLY}", "cannot write in /proc", S, id="export-out-read-only", marks=ro),
-    row("export s.json --format kvpress --out press.py", "--out press.json: is a directory", {**S, "press.json": "dir"},
-        id="export-kvpress-sidecar-is-dir"),
+    row(
+        "export s.json --format json --out f/o.json",
+        "f is not a directory",
+        {**S, "f": "prose"},
+        id="export-out-under-file",
+    ),
+    row(
+        f"export s.json --format json --out {READ_ONLY}",
+        "cannot write in /proc",
+        S,
+        id="export-out-read-only",
+        marks=ro,
+    ),
+    row(
+        "export s.json --format kvpress --out press.py",
+        "--out press.json: is a directory",
+        {**S, "press.json": "dir"},
+        id="export-kvpress-sidecar-is-dir",
+    ),
     row("export s.json --format onnx --out o.json", "invalid choice: 'onnx'", S, id="export-unknown-format"),
-    row("export s.json --format trtllm --out t.yaml --max-seq-len 0", "expected a positive integer", S, id="export-max-seq-len-0"),
-    row("export bad.json --format json --out o.json", "layers[1].prefill.params.window: inf", {"bad.json": "strategy-inf-param"},
-        id="export-inf-param"),
+    row(
+        "export s.json --format trtllm --out t.yaml --max-seq-len 0",
+        "expected a positive integer",
+        S,
+        id="export-max-seq-len-0",
+    ),
+    row(
+        "export bad.json --format json --out o.json",
+        "layers[1].prefill.params.window: inf",
+        {"bad.json": "strategy-inf-param"},
+        id="export-inf-param",
+    ),
     # ---- generate
     row("generate --temperature nan", "expected a finite number >= 0, got 'nan'", id="generate-temperature-nan"),
     row("generate --temperature -1", "expected a finite number >= 0, got '-1'", id="generate-temperature-negative"),
     row("generate --temperature inf", "expected a finite number >= 0, got 'inf'", id="generate-temperature-inf"),
     row("generate --seed 3", "--seed applies to sampling", id="generate-seed-without-sampling"),
-    row("generate --decode-interval 2", "--decode-interval applies with --strategy", id="generate-interval-without-strategy"),
+    row(
+        "generate --decode-interval 2",
+        "--decode-interval applies with --strategy",
+        id="generate-interval-without-strategy",
+    ),
     row("generate --max-new-tokens 0", "expected a positive integer", id="generate-max-new-tokens-0"),
-    row("generate --prompt-file p.txt", "--prompt-file p.txt: not UTF-8 text", {"p.txt": "latin1"}, id="generate-prompt-not-utf8"),
+    row(
+        "generate --prompt-file p.txt",
+        "--prompt-file p.txt: not UTF-8 text",
+        {"p.txt": "latin1"},
+        id="generate-prompt-not-utf8",
+    ),
     row("generate --prompt-file nope.txt", "cannot read --prompt-file nope.txt", id="generate-prompt-missing"),
     row("generate --prompt-file p.txt", "the prompt is empty", {"p.txt": "empty"}, id="generate-prompt-empty-file"),
     row("generate --prompt ''", "the prompt is empty", id="generate-prompt-empty"),
@@ -217,35 +262,87 @@ CASES = [
     row("collect --budgets , --out o.json", "expected a comma-separated list of budgets", id="collect-empty-list"),
     row("collect --patterns snapkv,nosuch --out o.json", "unknown 'nosuch'", id="collect-unknown-pattern"),
     row("collect --phases prefill,bogus --out o.json", "phases", id="collect-unknown-phase"),
-    row("collect --context-len 1 --out o.json", "--context-len 1 must exceed the largest of --budgets", id="collect-context-too-short"),
-    row("collect --continuation-len 1 --out o.json", "--continuation-len must be at least 2", id="collect-continuation-1"),
+    row(
+        "collect --context-len 1 --out o.json",
+        "--context-len 1 must exceed the largest of --budgets",
+        id="collect-context-too-short",
+    ),
+    row(
+        "collect --continuation-len 1 --out o.json",
+        "--continuation-len must be at least 2",
+        id="collect-continuation-1",
+    ),
     row("collect --samples 0 --out o.json", "expected a positive integer", id="collect-samples-0"),
     row("collect --seed -1 --out o.json", "expected a non-negative integer", id="collect-seed-negative"),
     row("collect --layers 3-1 --out o.json", "empty layer range '3-1'", id="collect-layers-backwards"),
-    row("collect --layers 0,,2 --out o.json", "expected 'all' or layers like 0,5,10-12", id="collect-layers-empty-item"),
+    row(
+        "collect --layers 0,,2 --out o.json", "expected 'all' or layers like 0,5,10-12", id="collect-layers-empty-item"
+    ),
     row("collect --out d", "--out d: is a directory", {"d": "dir"}, id="collect-out-is-dir"),
     row("collect --out f/o.json", "f is not a directory", {"f": "prose"}, id="collect-out-under-file"),
     row(f"collect --out {READ_ONLY}", "cannot write in /proc", id="collect-out-read-only", marks=ro),
     row("collect --resume --fresh --out o.json", "contradict", id="collect-resume-and-fresh"),
     row("collect --resume --out o.json", "nothing to resume", id="collect-resume-without-journal"),
-    row("collect --address tcp://h:1 --out o.json", "--address applies to --backend dask or ray", id="collect-address-without-backend"),
+    row(
+        "collect --address tcp://h:1 --out o.json",
+        "--address applies to --backend dask or ray",
+        id="collect-address-without-backend",
+    ),
     row("collect --backend loky --out o.json", "give --jobs 2 or more", id="collect-loky-one-job"),
     row("collect --calib nope.txt --out o.json", "no such corpus file", id="collect-calib-missing"),
-    row("collect --calib c.txt --out o.json", "c.txt: not UTF-8 text", {"c.txt": "latin1"}, id="collect-calib-not-utf8"),
-    row("collect --calib c.csv --out o.json", "unsupported corpus file type .csv", {"c.csv": "prose"}, id="collect-calib-csv"),
+    row(
+        "collect --calib c.txt --out o.json", "c.txt: not UTF-8 text", {"c.txt": "latin1"}, id="collect-calib-not-utf8"
+    ),
+    row(
+        "collect --calib c.csv --out o.json",
+        "unsupported corpus file type .csv",
+        {"c.csv": "prose"},
+        id="collect-calib-csv",
+    ),
     # ---- solve
-    row("solve --budget 0 --num-layers 4 --method uniform --out o.json", "expected a finite number >= 1, got '0'", id="solve-budget-0"),
+    row(
+        "solve --budget 0 --num-layers 4 --method uniform --out o.json",
+        "expected a finite number >= 1, got '0'",
+        id="solve-budget-0",
+    ),
     row("solve --budget nan --num-layers 4 --method uniform --out o.json", "got 'nan'", id="solve-budget-nan"),
     row("solve --budget inf --num-layers 4 --method uniform --out o.json", "got 'inf'", id="solve-budget-inf"),
-    row("solve --budget 64 --num-layers 4 --method uniform --out d", "is a directory", {"d": "dir"}, id="solve-out-is-dir"),
-    row("solve --budget 64 --num-layers 4 --method uniform --out f/o.json", "f", {"f": "prose"}, id="solve-out-under-file"),
-    row("solve --budget 64 --signals bad.json --out o.json", "UTF-8", {"bad.json": "latin1"}, id="solve-signals-not-utf8"),
-    row("solve --budget 64 --signals bad.json --out o.json", "nan", {"bad.json": "signals-nan-cell"}, id="solve-signals-nan-cell"),
-    row("solve --budget 64 --signals sig.json --grid 32,,64 --method ilp --out o.json", "empty budget", SIG, id="solve-grid-empty-item"),
+    row(
+        "solve --budget 64 --num-layers 4 --method uniform --out d",
+        "is a directory",
+        {"d": "dir"},
+        id="solve-out-is-dir",
+    ),
+    row(
+        "solve --budget 64 --num-layers 4 --method uniform --out f/o.json",
+        "f",
+        {"f": "prose"},
+        id="solve-out-under-file",
+    ),
+    row(
+        "solve --budget 64 --signals bad.json --out o.json",
+        "UTF-8",
+        {"bad.json": "latin1"},
+        id="solve-signals-not-utf8",
+    ),
+    row(
+        "solve --budget 64 --signals bad.json --out o.json",
+        "nan",
+        {"bad.json": "signals-nan-cell"},
+        id="solve-signals-nan-cell",
+    ),
+    row(
+        "solve --budget 64 --signals sig.json --grid 32,,64 --method ilp --out o.json",
+        "empty budget",
+        SIG,
+        id="solve-grid-empty-item",
+    ),
     # ---- score
     row("score --suite nosuch --baseline full --out o.json", "nosuch", id="score-unknown-suite"),
     row("score --baseline full --budget nan --out o.json", "got 'nan'", id="score-budget-nan"),
-    row("score --strategy bad.json --out o.json", "not UTF-8 text", {"bad.json": "latin1"}, id="score-strategy-not-utf8"),
+    row(
+        "score --strategy bad.json --out o.json", "not UTF-8 text", {"bad.json": "latin1"}, id="score-strategy-not-utf8"
+    ),
     row("score --baseline bogus --out o.json", "bogus", id="score-unknown-baseline"),
     row("score --baseline uniform:snapkv --out o.json", "--budget", id="score-uniform-without-budget"),
     row("score --baseline full --out d", "is a directory", {"d": "dir"}, id="score-out-is-dir"),
@@ -335,7 +432,9 @@ def test_ctrl_c_exits_130_with_one_line(where, tmp_path, monkeypatch, capsys):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "build_parser", interrupt) if where == "start-up" else monkeypatch.setattr(show, "run", interrupt)
+    monkeypatch.setattr(cli, "build_parser", interrupt) if where == "start-up" else monkeypatch.setattr(
+        show, "run", interrupt
+    )
     make("strategy", tmp_path / "s.json")
     assert main(["show", str(tmp_path / "s.json")]) == 130
     out, err = capsys.readouterr()
@@ -352,7 +451,10 @@ def test_ctrl_c_says_where_the_finished_work_is_in_the_same_line(tmp_path, monke
     monkeypatch.setattr(show, "run", interrupt)
     make("strategy", tmp_path / "s.json")
     assert main(["show", str(tmp_path / "s.json")]) == 130
-    assert capsys.readouterr().err == "interrupted: finished cells are kept in o.json.journal; rerun the same command to continue\n"
+    assert (
+        capsys.readouterr().err
+        == "interrupted: finished cells are kept in o.json.journal; rerun the same command to continue\n"
+    )
 
 
 def test_a_command_run_by_another_raises_for_its_caller(tmp_path, capsys):
@@ -370,7 +472,10 @@ def test_a_command_run_by_another_raises_for_its_caller(tmp_path, capsys):
 
 
 #: runs ``python -m polykv_search`` after saying "ready" (Python's SIGINT handler is in place by then)
-READY_THEN_CLI = "import runpy, sys; sys.stderr.write('ready\\n'); sys.stderr.flush(); runpy.run_module('polykv_search', run_name='__main__')"
+READY_THEN_CLI = (
+    "import runpy, sys; sys.stderr.write('ready\\n'); sys.stderr.flush(); "
+    "runpy.run_module('polykv_search', run_name='__main__')"
+)
 
 
 @pytest.mark.skipif(not LINUX, reason="POSIX signals")
@@ -420,7 +525,11 @@ def test_a_reader_that_leaves_early_is_not_an_error_report(tmp_path):
 # Malformed strategy documents, generated: always a StrategyError, never another exception
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
@@ -437,7 +546,9 @@ def mutated_strategy(draw) -> str:
         doc["layers"][draw(st.integers(0, L - 1))] = draw(json_values)
     elif mode == "choice":
         layer = doc["layers"][draw(st.integers(0, L - 1))]
-        layer[draw(st.sampled_from(["prefill", "decoding"]))][draw(st.sampled_from(["pattern", "budget", "params"]))] = draw(json_values)
+        layer[draw(st.sampled_from(["prefill", "decoding"]))][
+            draw(st.sampled_from(["pattern", "budget", "params"]))
+        ] = draw(json_values)
     text = json.dumps(doc)
     if mode == "truncate":
         text = text[: draw(st.integers(0, len(text) - 1))]
@@ -478,9 +589,15 @@ def test_number_types_refuse_nan_infinities_and_out_of_range_values():
 
     from polykv_search.cli.common import finite_float, non_negative_float, non_negative_int, positive_float
 
-    assert (finite_float("-2.5"), non_negative_float("0"), positive_float("1"), non_negative_int("0")) == (-2.5, 0.0, 1.0, 0)
+    assert (finite_float("-2.5"), non_negative_float("0"), positive_float("1"), non_negative_int("0")) == (
+        -2.5,
+        0.0,
+        1.0,
+        0,
+    )
     for parse, text in [(finite_float, "nan"), (finite_float, "-inf"), (non_negative_float, "-0.1"),
-                        (positive_float, "0.5"), (positive_float, "inf"), (non_negative_int, "-1"), (non_negative_int, "1.5")]:  # fmt: skip
+                        (positive_float, "0.5"), (positive_float, "inf"), (non_negative_int, "-1"),
+                        (non_negative_int, "1.5")]:  # fmt: skip
         with pytest.raises(argparse.ArgumentTypeError):
             parse(text)
 
@@ -553,8 +670,14 @@ def test_malformed_signal_tables_are_shown_or_refused_in_one_line(text, tmp_path
     assert rc == 0 or (rc == 2 and err.startswith("error: ") and err.count("\n") == 1), err
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 @given(text=mutated(results_doc))
 def test_malformed_results_are_compared_or_refused_in_one_line(text, tmp_path_factory):
     rc, err = _cli_on(tmp_path_factory, ["compare"], text)

@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny import tiny_model
 
 from polykv_search.data import Sample
 from signals import SignalTable
 from signals.collect import CollectError, collect_signals
 from signals.journal import journal_path
-from tiny import tiny_model
 
 ALL_PATTERNS = ["snapkv", "tova", "h2o", "streaming_llm", "knorm", "random"]
 
@@ -198,7 +198,9 @@ def test_jobs_split_units_into_tasks_and_give_the_same_table(tmp_path):
     kw = dict(patterns=["snapkv", "h2o"], budgets=[4, 8])
     serial = collect_signals(model, samples, journal=False, **kw)
     records = []
-    tasked = collect_signals(model, samples, out=tmp_path / "p.json", jobs=2, backend="sequential", on_record=records.append, **kw)
+    tasked = collect_signals(
+        model, samples, out=tmp_path / "p.json", jobs=2, backend="sequential", on_record=records.append, **kw
+    )
     assert tasked.digest() == serial.digest()
     assert sorted(r["sample"] for r in records if r["kind"] == "full") == [0, 1]  # once per sample
     assert sum(r["kind"] == "unit" for r in records) == 2 * 2 * 2
@@ -259,7 +261,9 @@ def tiny_checkpoint(tmp_path_factory):
     vocab.update({c: i + 4 for i, c in enumerate(chars)})
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
     path = tmp_path_factory.mktemp("tiny-llama")
     tiny_model("llama", layers=2).save_pretrained(path)
     tok.save_pretrained(path)
@@ -335,7 +339,8 @@ def test_cli_bad_input_exits_2_without_output(tiny_checkpoint, tmp_path, capsys,
     ckpt, corpus = tiny_checkpoint
     out = tmp_path / "signals.json"
     argv = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "1", "--context-len", "40",
-            "--continuation-len", "4", "--patterns", "snapkv", "--budgets", "8", "--out", str(out), "--no-progress"]  # fmt: skip
+            "--continuation-len", "4", "--patterns", "snapkv", "--budgets", "8", "--out", str(out),
+            "--no-progress"]  # fmt: skip
     assert run_cli(argv + extra) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
@@ -358,7 +363,8 @@ def test_show_on_a_partial_table_and_bad_plot_path(tmp_path, capsys):
 # --------------------------------------------------------------------------- SmolLM2
 @pytest.mark.slow
 def test_replay_equals_naive_on_smollm2():
-    from polykv_search.data import load_corpus, make_samples as cut
+    from polykv_search.data import load_corpus
+    from polykv_search.data import make_samples as cut
     from polykv_search.models import load_model
 
     torch.set_num_threads(2)

@@ -22,10 +22,16 @@ def strategy(kind: str, budget: float | None = 64) -> Strategy:
     b = int(budget)
     if kind == "proportional":  # heterogeneous patterns and budgets, sums to L*B
         prefill = [("streaming_llm", b + b // 2), ("snapkv", b + b // 4), ("h2o", b - b // 4), ("tova", b - b // 2)]
-        return Strategy.from_choices(prefill, [("tova", b)] * L, float(b), solver="proportional", settings={"preference": "cosine"})
+        return Strategy.from_choices(
+            prefill, [("tova", b)] * L, float(b), solver="proportional", settings={"preference": "cosine"}
+        )
     if kind == "pyramid":
-        return Strategy.from_choices([("pyramidkv", b + 8), ("pyramidkv", b + 4), ("pyramidkv", b - 4), ("pyramidkv", b - 8)],
-                                     [("pyramidkv", b)] * L, float(b), solver="pyramid")
+        return Strategy.from_choices(
+            [("pyramidkv", b + 8), ("pyramidkv", b + 4), ("pyramidkv", b - 4), ("pyramidkv", b - 8)],
+            [("pyramidkv", b)] * L,
+            float(b),
+            solver="pyramid",
+        )
     raise ValueError(kind)
 
 
@@ -53,7 +59,9 @@ def entry(name: str, suites: dict[str, float], budget: float | None = 64, kind: 
     }
 
 
-def doc(entries: list[dict], budget: float | None = 64, model_fp: str = "m1", samples: dict | None = None, **settings) -> dict:
+def doc(
+    entries: list[dict], budget: float | None = 64, model_fp: str = "m1", samples: dict | None = None, **settings
+) -> dict:
     samples = SAMPLES if samples is None else samples
     return {
         "schema": "polykv-results",
@@ -61,7 +69,14 @@ def doc(entries: list[dict], budget: float | None = 64, model_fp: str = "m1", sa
         "provenance": {
             "model": "tiny",
             "model_fingerprint": model_fp,
-            "settings": {"budget": budget, "samples": 2, "context_len": 512, "seed": 0, "decode_interval": 1, **settings},
+            "settings": {
+                "budget": budget,
+                "samples": 2,
+                "context_len": 512,
+                "seed": 0,
+                "decode_interval": 1,
+                **settings,
+            },
             "tasks": {t: {"version": "1", "suite": t.split("/")[0], "samples": fp} for t, fp in samples.items()},
         },
         "entries": entries,
@@ -77,7 +92,12 @@ PROP = {"ruler": 65.0, "broad": 65.0}
 
 def standard(budget: float = 64, **kw) -> dict:
     return doc(
-        [entry("proportional", PROP, budget), entry("full", FULL, None), entry("uniform-snapkv", SNAP, budget), entry("uniform-tova", TOVA, budget)],
+        [
+            entry("proportional", PROP, budget),
+            entry("full", FULL, None),
+            entry("uniform-snapkv", SNAP, budget),
+            entry("uniform-tova", TOVA, budget),
+        ],
         budget,
         **kw,
     )
@@ -126,7 +146,17 @@ def test_gap_is_none_without_full_or_uniform_or_when_they_tie():
     assert row(no_full, "proportional").gap == {"ruler": None, "broad": None}
     no_uniform = cmp.compare([doc([entry("proportional", PROP), entry("full", FULL, None)])])
     assert row(no_uniform, "proportional").gap == {"ruler": None, "broad": None}
-    tie = cmp.compare([doc([entry("proportional", PROP), entry("full", FULL, None), entry("uniform-tova", {"ruler": 80.0, "broad": 60.0})])])
+    tie = cmp.compare(
+        [
+            doc(
+                [
+                    entry("proportional", PROP),
+                    entry("full", FULL, None),
+                    entry("uniform-tova", {"ruler": 80.0, "broad": 60.0}),
+                ]
+            )
+        ]
+    )
     assert row(tie, "proportional").gap == pytest.approx({"ruler": None, "broad": (65 - 60) / 30})
     md = cmp.to_markdown(no_full)
     assert "n/a" in md
@@ -191,14 +221,22 @@ def test_refuses_different_budgets_unless_across_budgets():
     assert [(r.name, r.budget) for r in c.rows][:2] == [("full", None), ("uniform-snapkv", 64.0)]
     assert len(c.rows) == 7  # FullKV once, 3 rows per budget
     assert {(r.budget, r.suite): r.best_uniform for r in c.references} == {
-        (64.0, "ruler"): "uniform-tova", (64.0, "broad"): "uniform-snapkv",
-        (128.0, "ruler"): "uniform-tova", (128.0, "broad"): "uniform-snapkv",
+        (64.0, "ruler"): "uniform-tova",
+        (64.0, "broad"): "uniform-snapkv",
+        (128.0, "ruler"): "uniform-tova",
+        (128.0, "broad"): "uniform-snapkv",
     }
 
 
 def test_gap_is_computed_within_each_budget_group():
     a = standard(64)
-    b = doc([entry("uniform-tova", {"ruler": 70.0, "broad": 80.0}, 128), entry("proportional", {"ruler": 75.0, "broad": 85.0}, 128)], 128)
+    b = doc(
+        [
+            entry("uniform-tova", {"ruler": 70.0, "broad": 80.0}, 128),
+            entry("proportional", {"ruler": 75.0, "broad": 85.0}, 128),
+        ],
+        128,
+    )
     c = cmp.compare([a, b], across_budgets=True)
     assert row(c, "proportional", 64).gap["ruler"] == pytest.approx(0.5)
     assert row(c, "proportional", 128).gap["ruler"] == pytest.approx((75 - 70) / (80 - 70))
@@ -224,8 +262,15 @@ def test_cli_refusal_is_one_line_exit_2(tmp_path, capsys):
 
 # --------------------------------------------------------------------------------- rendering
 def test_markdown_exact_for_a_small_case():
-    d = doc([entry("full", {"ruler": 80.0}, None), entry("uniform-snapkv", {"ruler": 40.0}), entry("uniform-tova", {"ruler": 50.0}),
-             entry("proportional", {"ruler": 65.0})], samples={"ruler/niah_single": "aaaa"})
+    d = doc(
+        [
+            entry("full", {"ruler": 80.0}, None),
+            entry("uniform-snapkv", {"ruler": 40.0}),
+            entry("uniform-tova", {"ruler": 50.0}),
+            entry("proportional", {"ruler": 65.0}),
+        ],
+        samples={"ruler/niah_single": "aaaa"},
+    )
     d["entries"][3]["kv_bytes"] *= 0.5
     d["entries"][3]["kv_ratio"] *= 0.5
     assert cmp.to_markdown(cmp.compare([d])) == (
@@ -276,8 +321,14 @@ def test_families_follow_the_budget_suffix_and_never_collide():
         e.update(name=f"{name}-B{budget}", strategy=s.to_json(), strategy_digest=s.digest())
         return e
 
-    docs = [doc([entry("full", FULL, None)] + [named(n, 64, {"ruler": 60.0, "broad": 60.0}) for n in ("proportional", "patterns-only")], 64),
-            doc([named(n, 128, {"ruler": 70.0, "broad": 70.0}) for n in ("proportional", "patterns-only")], 128)]
+    docs = [
+        doc(
+            [entry("full", FULL, None)]
+            + [named(n, 64, {"ruler": 60.0, "broad": 60.0}) for n in ("proportional", "patterns-only")],
+            64,
+        ),
+        doc([named(n, 128, {"ruler": 70.0, "broad": 70.0}) for n in ("proportional", "patterns-only")], 128),
+    ]
     c = cmp.compare(docs, across_budgets=True)
     fams = {(r.family, r.budget) for r in c.rows if r.budget}
     assert fams == {("proportional", 64.0), ("patterns-only", 64.0), ("proportional", 128.0), ("patterns-only", 128.0)}

@@ -79,7 +79,9 @@ def test_unknown_results_version_is_refused_in_one_line(tmp_path, capsys):
 def test_malformed_per_sample_records_are_refused(tmp_path):
     doc = json.loads(V1.read_text())
     doc["entries"][2]["tasks"]["ruler/vt"]["per_sample"][3].pop("score")
-    with pytest.raises(cmp.CompareError, match=r"uniform-h2o.*ruler/vt.*per_sample\[3\] needs an id and a finite score"):
+    with pytest.raises(
+        cmp.CompareError, match=r"uniform-h2o.*ruler/vt.*per_sample\[3\] needs an id and a finite score"
+    ):
         cmp.load_results(write(tmp_path, "bad.json", doc))
 
 
@@ -120,7 +122,9 @@ def test_gap_recovered_interval_resamples_entry_uniform_and_full_jointly(v2):
     full, bu, r = row(v2, "full"), row(v2, "uniform-snapkv"), row(v2, "proportional-B64")
     expected = stats.gap_recovered_interval(per_sample(r, "broad"), per_sample(bu, "broad"), per_sample(full, "broad"))
     assert r.gap_iv["broad"] == expected and expected.defined
-    assert r.gap["broad"] == pytest.approx((r.suites["broad"] - bu.suites["broad"]) / (full.suites["broad"] - bu.suites["broad"]))
+    assert r.gap["broad"] == pytest.approx(
+        (r.suites["broad"] - bu.suites["broad"]) / (full.suites["broad"] - bu.suites["broad"])
+    )
     assert v2.reference(0, 64.0, "broad").full_minus_uniform == expected.denominator
 
 
@@ -129,7 +133,9 @@ def test_kl_gap_is_measured_against_the_lowest_kl_uniform(v2):
     lowest = min((r for r in v2.rows if r.is_uniform), key=lambda r: r.kl["broad"].estimate)
     assert ref.kl_best_uniform == lowest.name
     r = row(v2, "proportional-B64")
-    assert r.kl_gap["broad"] == stats.kl_gap_interval(per_sample(r, "broad", "kl")[:1], per_sample(lowest, "broad", "kl")[:1])
+    assert r.kl_gap["broad"] == stats.kl_gap_interval(
+        per_sample(r, "broad", "kl")[:1], per_sample(lowest, "broad", "kl")[:1]
+    )
     assert row(v2, "full").kl["broad"].estimate == 0.0 and "ruler" not in r.kl
 
 
@@ -147,7 +153,9 @@ def test_gap_is_undefined_when_full_minus_best_uniform_is_not_clearly_positive()
     for r in c.rows:
         if not r.is_full:
             assert r.gap["ruler"] is None and r.gap_iv["ruler"].reason == ref.gap_note and r.gap["broad"] is not None
-    assert any(line.startswith("gap n/a: FullKV − best uniform (uniform-snapkv) on ruler at B=64") for line in cmp.notes(c))
+    assert any(
+        line.startswith("gap n/a: FullKV − best uniform (uniform-snapkv) on ruler at B=64") for line in cmp.notes(c)
+    )
     md = cmp.to_markdown(c)
     assert [cell.strip() for cell in md.splitlines()[4].strip("|").split("|")][9] == "n/a"
     saved = c.to_json()
@@ -189,8 +197,10 @@ def test_without_per_sample_scores_the_points_remain_and_nothing_is_invented():
 # -------------------------------------------------------------------------------------- tables
 def test_markdown_shows_score_plus_minus_half_width_and_the_difference_columns(v2):
     lines = cmp.to_markdown(v2).splitlines()
-    assert lines[0] == ("| entry | B | broad | ruler | Δ broad | Δ ruler | KV MiB | KV % FullKV | gap broad | gap ruler "
-                        "| KL broad | KL gap broad |")
+    assert lines[0] == (
+        "| entry | B | broad | ruler | Δ broad | Δ ruler | KV MiB | KV % FullKV | gap broad | gap ruler "
+        "| KL broad | KL gap broad |"
+    )
     r = row(v2, "proportional-B64")
     cells = next(l for l in lines if l.startswith("| proportional-B64 |")).replace("**", "").split(" | ")
     iv = r.suite_iv["broad"]
@@ -253,15 +263,23 @@ def test_json_carries_every_interval_and_is_strict_json(v2, tmp_path):
     saved = json.loads(path.read_text())
     json.dumps(saved, allow_nan=False)
     assert saved["version"] == cmp.COMPARISON_VERSION == 2
-    assert saved["statistics"]["level"] == 0.95 and saved["statistics"]["resamples"] == 500 and saved["statistics"]["seed"] == 0
+    assert (
+        saved["statistics"]["level"] == 0.95
+        and saved["statistics"]["resamples"] == 500
+        and saved["statistics"]["seed"] == 0
+    )
     prop = next(r for r in saved["rows"] if r["name"] == "proportional-B64")
     assert set(prop["intervals"]["scores"]) == set(SUITE_TASKS["broad"] + SUITE_TASKS["ruler"])
     broad = prop["intervals"]["suites"]["broad"]
     assert broad["low"] <= broad["estimate"] <= broad["high"] and broad["method"] in ("BCa", "percentile")
     vs = prop["vs_best_uniform"]["broad"]
     assert vs["resolved"] == (vs["difference"]["low"] > 0 or vs["difference"]["high"] < 0)
-    assert prop["gap_recovered_interval"]["broad"]["interval"]["estimate"] == pytest.approx(prop["gap_recovered"]["broad"])
-    assert prop["fidelity"]["kl"]["broad"]["estimate"] > 0 and "interval" in prop["fidelity"]["kl_gap_recovered"]["broad"]
+    assert prop["gap_recovered_interval"]["broad"]["interval"]["estimate"] == pytest.approx(
+        prop["gap_recovered"]["broad"]
+    )
+    assert (
+        prop["fidelity"]["kl"]["broad"]["estimate"] > 0 and "interval" in prop["fidelity"]["kl_gap_recovered"]["broad"]
+    )
     ref = next(r for r in saved["references"] if r["suite"] == "broad")
     assert ref["gap_defined"] and ref["full_minus_uniform"]["low"] > 0 and ref["kl_best_uniform"]
 
@@ -305,7 +323,9 @@ def test_plot_across_budgets_with_error_bars_via_cli(tmp_path, capsys):
             if e["global_budget"] is not None:
                 e["global_budget"] = float(budget)
         docs.append(write(tmp_path, f"r{budget}.json", doc))
-    assert main(["compare", *docs, "--across-budgets", "--plot", str(tmp_path / "sweep.png"), "--resamples", "300"]) == 0
+    assert (
+        main(["compare", *docs, "--across-budgets", "--plot", str(tmp_path / "sweep.png"), "--resamples", "300"]) == 0
+    )
     assert _is_png(tmp_path / "sweep.png")
     out = capsys.readouterr().out
     assert "proportional-B64" in out and "±" in out

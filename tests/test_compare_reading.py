@@ -34,12 +34,32 @@ REFUSED = [
     ("v1", ["provenance"], None, "provenance: expected an object, got null"),
     ("v1", ["entries"], {}, "entries: expected a list, got an object"),
     ("v1", ["provenance", "settings"], None, "provenance.settings: expected an object, got null"),
-    ("v1", ["provenance", "settings", "budget"], "64", 'provenance.settings.budget: expected a finite number or null, got the string "64"'),
-    ("v1", ["provenance", "settings", "samples"], 1.5, "provenance.settings.samples: expected an integer or null, got 1.5"),
+    (
+        "v1",
+        ["provenance", "settings", "budget"],
+        "64",
+        'provenance.settings.budget: expected a finite number or null, got the string "64"',
+    ),
+    (
+        "v1",
+        ["provenance", "settings", "samples"],
+        1.5,
+        "provenance.settings.samples: expected an integer or null, got 1.5",
+    ),
     ("v1", ["provenance", "tasks"], [], "provenance.tasks: expected an object, got a list"),
     ("v1", ["provenance", "tasks", TASK], None, f"provenance.tasks.{TASK}: expected an object, got null"),
-    ("v1", ["provenance", "tasks", TASK, "suite"], ["broad"], f"provenance.tasks.{TASK}.suite: expected a string or null, got a list"),
-    ("v1", ["provenance", "tasks", TASK, "samples"], 7, f"provenance.tasks.{TASK}.samples: expected a string or null, got 7"),
+    (
+        "v1",
+        ["provenance", "tasks", TASK, "suite"],
+        ["broad"],
+        f"provenance.tasks.{TASK}.suite: expected a string or null, got a list",
+    ),
+    (
+        "v1",
+        ["provenance", "tasks", TASK, "samples"],
+        7,
+        f"provenance.tasks.{TASK}.samples: expected a string or null, got 7",
+    ),
     ("v1", ["provenance", "model"], {}, "provenance.model: expected a string or null, got an object"),
     ("v2", ["provenance", "engine"], True, "provenance.engine: expected a string or null, got true"),
     ("v1", [*E2, "solver"], ["uniform"], "entries[2].solver: expected a string or null, got a list"),
@@ -51,22 +71,63 @@ REFUSED = [
     ("v1", [*E2, "extra"], [], "entries[2].extra: expected an object or null, got a list"),
     ("v1", [*E2, "tasks"], "x", 'entries[2].tasks: expected an object or null, got the string "x"'),
     ("v1", [*E2, "tasks", TASK], [], f"entries[2].tasks.{TASK}: expected an object, got a list"),
-    ("v1", [*E2, "tasks", TASK, "per_sample"], {}, f"entries[2].tasks.{TASK}.per_sample: expected a list or null, got an object"),
-    ("v1", [*E2, "tasks", TASK, "per_sample", 0, "id"], [1], f"entries[2].tasks.{TASK}.per_sample[0].id: expected a string or integer, got a list"),
-    ("v2", [*E2, "tasks", TASK, "per_sample", 1, "kl"], "0.1",
-     f'entries[2].tasks.{TASK}.per_sample[1].kl: expected a finite number or null, got the string "0.1"'),
-    ("v2", [*E2, "tasks", TASK, "per_sample", 1, "dnll"], float("nan"), f"entries[2].tasks.{TASK}.per_sample[1].dnll: expected a finite number or null, got nan"),
+    (
+        "v1",
+        [*E2, "tasks", TASK, "per_sample"],
+        {},
+        f"entries[2].tasks.{TASK}.per_sample: expected a list or null, got an object",
+    ),
+    (
+        "v1",
+        [*E2, "tasks", TASK, "per_sample", 0, "id"],
+        [1],
+        f"entries[2].tasks.{TASK}.per_sample[0].id: expected a string or integer, got a list",
+    ),
+    (
+        "v2",
+        [*E2, "tasks", TASK, "per_sample", 1, "kl"],
+        "0.1",
+        f'entries[2].tasks.{TASK}.per_sample[1].kl: expected a finite number or null, got the string "0.1"',
+    ),
+    (
+        "v2",
+        [*E2, "tasks", TASK, "per_sample", 1, "dnll"],
+        float("nan"),
+        f"entries[2].tasks.{TASK}.per_sample[1].dnll: expected a finite number or null, got nan",
+    ),
     ("v1", [*E2, "strategy"], [], "entries[2].strategy: expected an object or null, got a list"),
     ("v1", [*E2, "strategy", "layers"], {}, "entries[2].strategy.layers: expected a list or null, got an object"),
     ("v1", [*E2, "strategy", "layers", 1], 5, "entries[2].strategy.layers[1]: expected an object, got 5"),
-    ("v1", [*E2, "strategy", "layers", 0, "prefill"], None, "entries[2].strategy.layers[0].prefill: expected an object, got null"),
-    ("v1", [*E2, "strategy", "layers", 0, "decoding", "pattern"], ["h2o"],
-     "entries[2].strategy.layers[0].decoding.pattern: expected a string, got a list"),
-    ("v1", [*E2, "strategy", "layers", 0, "prefill", "budget"], False,
-     "entries[2].strategy.layers[0].prefill.budget: expected a finite number or null, got false"),
-    ("v1", [*E2, "strategy", "provenance"], "uniform", 'entries[2].strategy.provenance: expected an object or null, got the string "uniform"'),
-    ("v1", [*E2, "strategy", "provenance", "settings"], {"pattern": {}},
-     "entries[2].strategy.provenance.settings.pattern: expected a string or null, got an object"),
+    (
+        "v1",
+        [*E2, "strategy", "layers", 0, "prefill"],
+        None,
+        "entries[2].strategy.layers[0].prefill: expected an object, got null",
+    ),
+    (
+        "v1",
+        [*E2, "strategy", "layers", 0, "decoding", "pattern"],
+        ["h2o"],
+        "entries[2].strategy.layers[0].decoding.pattern: expected a string, got a list",
+    ),
+    (
+        "v1",
+        [*E2, "strategy", "layers", 0, "prefill", "budget"],
+        False,
+        "entries[2].strategy.layers[0].prefill.budget: expected a finite number or null, got false",
+    ),
+    (
+        "v1",
+        [*E2, "strategy", "provenance"],
+        "uniform",
+        'entries[2].strategy.provenance: expected an object or null, got the string "uniform"',
+    ),
+    (
+        "v1",
+        [*E2, "strategy", "provenance", "settings"],
+        {"pattern": {}},
+        "entries[2].strategy.provenance.settings.pattern: expected a string or null, got an object",
+    ),
     ("v1", [*E2, "scores", "odd\nkey"], 1.0, None),  # a new task: accepted (no per-sample records)
     ("v1", [*E2, "suites", "odd\nkey"], "high", r'entries[2] (uniform-h2o) suites."odd\nkey" must be a finite number'),
     ("v1", [*E2, "name"], ["h2o"], "entries[2] must be an object with a name (a string)"),
@@ -113,5 +174,7 @@ def test_valid_results_load_unchanged(fixture):
 
 def test_paths_quote_keys_that_are_not_plain_words():
     doc = mutated("v1", ["provenance", "tasks", "a b.c"], {"suite": 1})
-    with pytest.raises(cmp.CompareError, match=re.escape('r.json: provenance.tasks."a b.c".suite: expected a string or null, got 1')):
+    with pytest.raises(
+        cmp.CompareError, match=re.escape('r.json: provenance.tasks."a b.c".suite: expected a string or null, got 1')
+    ):
         cmp.check_results(doc, "r.json")

@@ -19,9 +19,36 @@ def test_compare_a_results_file_written_by_score(tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(haystack_texts()[:40])))
     results = tmp_path / "results.json"
-    assert main(["score", "--model", str(ckpt), "--corpus", str(corpus), "--baseline", "full", "--baseline", "uniform:snapkv",
-                 "--baseline", "uniform:h2o", "--budget", "16", "--suite", "broad/continuation,ruler/niah_single",
-                 "--samples", "3", "--context-len", "300", "--max-new-tokens", "4", "--out", str(results)]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--model",
+                str(ckpt),
+                "--corpus",
+                str(corpus),
+                "--baseline",
+                "full",
+                "--baseline",
+                "uniform:snapkv",
+                "--baseline",
+                "uniform:h2o",
+                "--budget",
+                "16",
+                "--suite",
+                "broad/continuation,ruler/niah_single",
+                "--samples",
+                "3",
+                "--context-len",
+                "300",
+                "--max-new-tokens",
+                "4",
+                "--out",
+                str(results),
+            ]
+        )
+        == 0
+    )
     doc = cmp.load_results(results)
     c = cmp.compare([doc], resamples=500)
     assert doc["version"] == 2 and c.runs[0]["engine"] == "shared"
@@ -33,7 +60,22 @@ def test_compare_a_results_file_written_by_score(tmp_path, capsys):
     assert snap.kl["broad"].estimate == pytest.approx(doc["entries"][1]["extra"]["broad/continuation"]["kl"])
     capsys.readouterr()
     out = tmp_path / "compare.json"
-    assert main(["compare", str(results), "--details", "--resamples", "500", "--json", str(out), "--plot", str(tmp_path / "c.png")]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(results),
+                "--details",
+                "--resamples",
+                "500",
+                "--json",
+                str(out),
+                "--plot",
+                str(tmp_path / "c.png"),
+            ]
+        )
+        == 0
+    )
     shown = capsys.readouterr().out
     assert "KL gap" in shown and "uniform-h2o" in shown
     saved = json.loads(out.read_text())

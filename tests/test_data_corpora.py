@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polykv_search.data import DataError, load_corpus
-from polykv_search.data import austen, debian_faq
+from polykv_search.data import DataError, austen, debian_faq, load_corpus
 from polykv_search.data.debian_faq import split_chapters
 
 
@@ -91,10 +90,12 @@ def test_hf_save_to_disk_dataset(tmp_path, offline_datasets):
 
 
 def test_hf_dataset_dict_split(tmp_path, offline_datasets):
-    dd = offline_datasets.DatasetDict({
-        "train": offline_datasets.Dataset.from_dict({"text": ["train doc"]}),
-        "test": offline_datasets.Dataset.from_dict({"text": ["test doc", " "]}),
-    })
+    dd = offline_datasets.DatasetDict(
+        {
+            "train": offline_datasets.Dataset.from_dict({"text": ["train doc"]}),
+            "test": offline_datasets.Dataset.from_dict({"text": ["test doc", " "]}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     assert [d.text for d in load_corpus(f"hf:{tmp_path / 'dd'}").documents] == ["train doc"]
     assert [d.text for d in load_corpus(f"hf:{tmp_path / 'dd'}::test").documents] == ["test doc"]
@@ -106,7 +107,8 @@ def test_hf_local_data_files_directory(tmp_path, offline_datasets):
     folder = tmp_path / "files"
     folder.mkdir()
     (folder / "train.jsonl").write_text(
-        "\n".join(json.dumps({"id": f"r{i}", "text": f"row {i}"}) for i in range(3)) + "\n", "utf-8")
+        "\n".join(json.dumps({"id": f"r{i}", "text": f"row {i}"}) for i in range(3)) + "\n", "utf-8"
+    )
     corpus = load_corpus(f"hf:{folder}")
     assert [(d.id, d.text) for d in corpus.documents] == [("r0", "row 0"), ("r1", "row 1"), ("r2", "row 2")]
     assert corpus.name == f"hf:{folder}"
@@ -129,17 +131,20 @@ def test_pydoc_topics():
     corpus = load_corpus("pydoc")
     ids = [d.id for d in corpus.documents]
     assert corpus.name == "pydoc" and len(ids) > 50 and ids == sorted(ids)
-    assert "if" in ids and "The \"if\" statement" in corpus["if"].text
+    assert "if" in ids and 'The "if" statement' in corpus["if"].text
     assert load_corpus("pydoc").fingerprint == corpus.fingerprint
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("nonsense", "unknown corpus spec 'nonsense'"),
-    ("", "empty corpus spec"),
-    ("missing.txt", "no such corpus file or directory"),
-    ("some/dir", "no such corpus file or directory"),
-    ("pydoc:extra", "unknown corpus spec"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nonsense", "unknown corpus spec 'nonsense'"),
+        ("", "empty corpus spec"),
+        ("missing.txt", "no such corpus file or directory"),
+        ("some/dir", "no such corpus file or directory"),
+        ("pydoc:extra", "unknown corpus spec"),
+    ],
+)
 def test_bad_specs_are_one_line_data_errors(spec, message):
     with pytest.raises(DataError, match=message) as err:
         load_corpus(spec)
@@ -162,9 +167,11 @@ def test_duplicate_ids_are_rejected(tmp_path):
 
 
 # -- debian-faq and the apt fallback -----------------------------------------------------------
-FAQ = ("The Debian GNU/Linux FAQ\n\nTable of Contents\n\n1. One\n2. Two\n\n"
-       "Chapter\u00a01.\u00a0One\n\n1.1. Why?\n\n    Because.\n\n"
-       "Chapter\u00a02.\u00a0Two\n\n2.1. How?\n\n    Like this.\n")
+FAQ = (
+    "The Debian GNU/Linux FAQ\n\nTable of Contents\n\n1. One\n2. Two\n\n"
+    "Chapter\u00a01.\u00a0One\n\n1.1. Why?\n\n    Because.\n\n"
+    "Chapter\u00a02.\u00a0Two\n\n2.1. How?\n\n    Like this.\n"
+)
 
 
 def test_faq_chapters():

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from polykv_search.data import DataError, RDataError, load_corpus, read_lazyload_db, read_rds, unserialize
-from polykv_search.data import austen
+from polykv_search.data import DataError, RDataError, austen, load_corpus, read_lazyload_db, read_rds, unserialize
 from polykv_search.data.r_serialized import read_lazyload_record
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data" / "janeaustenr"
@@ -55,8 +54,9 @@ def symbol(name: str) -> bytes:
 
 
 def pairlist(items: list[tuple[str | None, bytes]], sxp: int = 2) -> bytes:
-    nodes = [flags(sxp, tag=tag is not None) + (symbol(tag) if tag is not None else b"") + value
-             for tag, value in items]
+    nodes = [
+        flags(sxp, tag=tag is not None) + (symbol(tag) if tag is not None else b"") + value for tag, value in items
+    ]
     return b"".join(nodes) + NIL
 
 
@@ -114,8 +114,14 @@ def test_character_matrix_keeps_its_dim_attribute():
     assert obj.type == "character"
     nrow, ncol = obj.attributes["dim"].value
     assert len(obj.value) == nrow * ncol and nrow == 6
-    assert obj.value[:nrow] == ["emma", "mansfieldpark", "northangerabbey", "persuasion",
-                                "prideprejudice", "sensesensibility"]
+    assert obj.value[:nrow] == [
+        "emma",
+        "mansfieldpark",
+        "northangerabbey",
+        "persuasion",
+        "prideprejudice",
+        "sensesensibility",
+    ]
 
 
 def test_lazyload_index_of_the_novels():
@@ -146,8 +152,14 @@ def test_unsupported_content_and_missing_names_are_one_line_errors():
 
 # -- streams built by hand ----------------------------------------------------------------------
 def test_strings_na_and_encodings():
-    item = flags(16) + i32(4) + charsxp("café") + charsxp("naïve", levels=LATIN1, encoding="latin-1") \
-        + charsxp(None) + charsxp("plain", levels=ASCII)
+    item = (
+        flags(16)
+        + i32(4)
+        + charsxp("café")
+        + charsxp("naïve", levels=LATIN1, encoding="latin-1")
+        + charsxp(None)
+        + charsxp("plain", levels=ASCII)
+    )
     assert unserialize(stream(item)).value == ["café", "naïve", None, "plain"]
 
 
@@ -164,8 +176,16 @@ def test_named_list_with_symbol_references():
     # R writes a symbol once, then REFSXP (255) with its 1-based index in the upper flag bits
     inner = flags(13, attr=True) + i32(2, 7, 8) + pairlist([("names", strsxp(["a", "b"]))])
     names_ref = i32((1 << 8) | 255)
-    outer = flags(19, attr=True) + i32(2) + inner + strsxp(["x"]) \
-        + flags(2, tag=True) + names_ref + strsxp(["second", "first"]) + NIL
+    outer = (
+        flags(19, attr=True)
+        + i32(2)
+        + inner
+        + strsxp(["x"])
+        + flags(2, tag=True)
+        + names_ref
+        + strsxp(["second", "first"])
+        + NIL
+    )
     assert unserialize(stream(outer)).to_python() == {"second": {"a": 7, "b": 8}, "first": ["x"]}
 
 
@@ -211,8 +231,9 @@ def test_garbage_is_rejected():
 def fake_janeaustenr(root: Path) -> Path:
     pkg = root / "usr" / "lib" / "R" / "site-library" / "janeaustenr"
     (pkg / "data").mkdir(parents=True)
-    novels = {rname: strsxp([title.upper(), "", f"{title} line one", None, "last line"])
-              for rname, title in austen.NOVELS}
+    novels = {
+        rname: strsxp([title.upper(), "", f"{title} line one", None, "last line"]) for rname, title in austen.NOVELS
+    }
     lazyload_db(pkg / "data" / "Rdata", novels)
     return root
 

@@ -9,8 +9,17 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from polykv_search.data import (
-    CALIB_TITLES, EVAL_TITLES, NOVELS, Corpus, DataError, Document, describe_samples, describe_split,
-    make_samples, samples_fingerprint, split_corpus,
+    CALIB_TITLES,
+    EVAL_TITLES,
+    NOVELS,
+    Corpus,
+    DataError,
+    Document,
+    describe_samples,
+    describe_split,
+    make_samples,
+    samples_fingerprint,
+    split_corpus,
 )
 
 
@@ -20,14 +29,17 @@ def word_tokenizer(corpus: Corpus) -> PreTrainedTokenizerFast:
     vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2} | {w: i + 3 for i, w in enumerate(words)}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", bos_token="<s>",
-                                   eos_token="</s>", model_max_length=64)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", bos_token="<s>", eos_token="</s>", model_max_length=64
+    )
 
 
 def corpus_of(name: str, lengths: dict[str, int]) -> Corpus:
     """Documents whose words are unique (``ID.k``), so a window's ids pin down where it was cut."""
-    docs = [Document(id=i, title=i, text=" ".join(f"{i.replace(' ', '_')}.{k}" for k in range(n)))
-            for i, n in lengths.items()]
+    docs = [
+        Document(id=i, title=i, text=" ".join(f"{i.replace(' ', '_')}.{k}" for k in range(n)))
+        for i, n in lengths.items()
+    ]
     return Corpus(name=name, documents=docs)
 
 

@@ -16,21 +16,56 @@ TOK = char_tokenizer()
 CHAT_TOK = char_tokenizer(chat=True)
 
 HOTPOT = [
-    {"input": "Which city is the capital of France?", "context": "Passage 1:\nParis is the capital of France.\n"
-     "Passage 2:\nBerlin is the capital of Germany.", "answers": ["Paris"], "length": 14,
-     "all_classes": None, "dataset": "hotpotqa", "_id": "h1"},
-    {"input": "Who wrote Emma?", "context": "Passage 1:\nEmma is a novel by Jane Austen.", "answers": ["Jane Austen"],
-     "length": 8, "all_classes": None, "dataset": "hotpotqa", "_id": "h2"},
-    {"input": "What colour is the sky?", "context": "Passage 1:\nThe sky is blue. " * 40, "answers": ["blue"],
-     "length": 200, "all_classes": None, "dataset": "hotpotqa", "_id": "h3"},
+    {
+        "input": "Which city is the capital of France?",
+        "context": "Passage 1:\nParis is the capital of France.\nPassage 2:\nBerlin is the capital of Germany.",
+        "answers": ["Paris"],
+        "length": 14,
+        "all_classes": None,
+        "dataset": "hotpotqa",
+        "_id": "h1",
+    },
+    {
+        "input": "Who wrote Emma?",
+        "context": "Passage 1:\nEmma is a novel by Jane Austen.",
+        "answers": ["Jane Austen"],
+        "length": 8,
+        "all_classes": None,
+        "dataset": "hotpotqa",
+        "_id": "h2",
+    },
+    {
+        "input": "What colour is the sky?",
+        "context": "Passage 1:\nThe sky is blue. " * 40,
+        "answers": ["blue"],
+        "length": 200,
+        "all_classes": None,
+        "dataset": "hotpotqa",
+        "_id": "h3",
+    },
 ]
 TREC = [
-    {"input": "Question: Where is Lyon?\nType:", "context": "Question: Who is Emma?\nType: Individual\n",
-     "answers": ["Location"], "length": 9, "all_classes": ["Location", "Individual", "City"],
-     "dataset": "trec", "_id": "t1"},
+    {
+        "input": "Question: Where is Lyon?\nType:",
+        "context": "Question: Who is Emma?\nType: Individual\n",
+        "answers": ["Location"],
+        "length": 9,
+        "all_classes": ["Location", "Individual", "City"],
+        "dataset": "trec",
+        "_id": "t1",
+    },
 ]
-LCC = [{"input": "", "context": "def add(a, b):\n", "answers": ["    return a + b"], "length": 3,
-        "all_classes": None, "dataset": "lcc", "_id": "c1"}]
+LCC = [
+    {
+        "input": "",
+        "context": "def add(a, b):\n",
+        "answers": ["    return a + b"],
+        "length": 3,
+        "all_classes": None,
+        "dataset": "lcc",
+        "_id": "c1",
+    }
+]
 
 
 def write_jsonl(path, rows):
@@ -96,11 +131,26 @@ def test_hf_specs_go_through_datasets_with_config_split_and_fallback(monkeypatch
 def test_prompts_split_after_the_context_so_the_question_is_never_compressed():
     context, question = split_prompt("hotpotqa", "CTX", "Q?")
     assert context.endswith("The following are given passages.\nCTX")
-    assert question == "\n\nAnswer the question based on the given passages. Only give me the answer and do not " \
-                       "output any other words.\n\nQuestion: Q?\nAnswer:"
-    assert "".join(split_prompt("lcc", "code\n", "")) == "Please complete the code given below. \ncode\nNext line of code:\n"
-    assert set(PROMPTS) >= {"narrativeqa", "qasper", "hotpotqa", "2wikimqa", "gov_report", "trec",
-                            "triviaqa", "lcc", "repobench-p", "passage_count"}
+    assert (
+        question == "\n\nAnswer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nQuestion: Q?\nAnswer:"
+    )
+    assert (
+        "".join(split_prompt("lcc", "code\n", ""))
+        == "Please complete the code given below. \ncode\nNext line of code:\n"
+    )
+    assert set(PROMPTS) >= {
+        "narrativeqa",
+        "qasper",
+        "hotpotqa",
+        "2wikimqa",
+        "gov_report",
+        "trec",
+        "triviaqa",
+        "lcc",
+        "repobench-p",
+        "passage_count",
+    }
 
 
 def test_task_samples_follow_the_seed_and_use_the_chat_template_like_longbench(data_dir):

@@ -24,8 +24,12 @@ def generate(name, n=3, seed=0, tok=TOK, texts=TEXTS, length=None):
 
 def test_the_ruler_suite_has_the_six_paper_tasks():
     assert RULER == [
-        "ruler/niah_single", "ruler/niah_multikey", "ruler/niah_multivalue",
-        "ruler/niah_multiquery", "ruler/vt", "ruler/cwe",
+        "ruler/niah_single",
+        "ruler/niah_multikey",
+        "ruler/niah_multivalue",
+        "ruler/niah_multiquery",
+        "ruler/vt",
+        "ruler/cwe",
     ]
 
 
@@ -98,7 +102,7 @@ def test_common_words_have_a_clear_top_ten_and_pad_a_small_vocabulary():
     (sample,) = generate("ruler/cwe", n=1, texts=["tiny text"], length=2200)
     get_task("ruler/cwe").check(sample)
     assert len(sample.answers) == 10
-    assert CommonWordsExtraction.vocabulary(["Alpha beta gamma x"]) [:2] == ["abundant", "acorn"]
+    assert CommonWordsExtraction.vocabulary(["Alpha beta gamma x"])[:2] == ["abundant", "acorn"]
 
 
 def test_chat_prompts_split_after_the_context_and_force_the_answer_prefix():

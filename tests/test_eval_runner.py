@@ -103,7 +103,12 @@ def test_the_runner_context_wraps_every_sample_and_sees_each_record(model, tok):
     seen = []
     progress = []
     result = run_task(
-        model, tok, task, samples, runner=runner, max_new_tokens=2,
+        model,
+        tok,
+        task,
+        samples,
+        runner=runner,
+        max_new_tokens=2,
         progress=lambda done, total: progress.append((done, total)),
         on_sample=lambda value, sample, record: (seen.append((value, sample.id)), record.update(kv_bytes=value)),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pydoc_data.topics
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 

@@ -58,15 +58,21 @@ def test_refusal_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     rc, stdout, err = run(capsys, src, "--format", "trtllm", "--out", out / "t.yaml", "--max-seq-len", 4096)
     assert rc == 2 and stdout == ""
     assert err.count("\n") == 1
-    assert err.startswith("error: trtllm cannot express layer 2 (prefill snapkv budget 32): TensorRT-LLM keeps only full")
+    assert err.startswith(
+        "error: trtllm cannot express layer 2 (prefill snapkv budget 32): TensorRT-LLM keeps only full"
+    )
     assert files_in(out) == ["t.yaml"] and (out / "t.yaml").read_text() == "old\n"  # untouched, no temp files
 
 
 def test_approximate_prints_a_warning_per_change(tmp_path, capsys):
     src, _ = strategy_file(tmp_path)
-    rc, _, err = run(capsys, src, "--format", "trtllm", "--out", tmp_path / "t.yaml", "--max-seq-len", 4096, "--approximate")
+    rc, _, err = run(
+        capsys, src, "--format", "trtllm", "--out", tmp_path / "t.yaml", "--max-seq-len", 4096, "--approximate"
+    )
     assert rc == 0
-    assert "warning: approximated layer 2: snapkv budget 32 -> sliding window of 32 with the model's 4 sink tokens" in err
+    assert (
+        "warning: approximated layer 2: snapkv budget 32 -> sliding window of 32 with the model's 4 sink tokens" in err
+    )
     assert "warning: approximated layer 2: decoding tova budget 32 -> same as prefill" in err
     assert "trtllm, 3 layers, 2 approximations" in err
     assert "    - 32  # layer 2: snapkv budget 32\n" in (tmp_path / "t.yaml").read_text()
@@ -75,10 +81,19 @@ def test_approximate_prints_a_warning_per_change(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--format", "json", "--out", "s.json", "--max-seq-len", "10"], "error: --max-seq-len does not apply to --format json"),
+        (
+            ["--format", "json", "--out", "s.json", "--max-seq-len", "10"],
+            "error: --max-seq-len does not apply to --format json",
+        ),
         (["--format", "kvpress", "--out", "press.txt"], "error: --out for --format kvpress must end in .py, got"),
-        (["--format", "vllm", "--out", "v.json"], "error: vllm cannot express layer 1 (prefill streaming_llm budget 64)"),
-        (["--format", "trtllm", "--out", "t.yaml", "--approximate"], "error: trtllm needs --max-seq-len: layer 0 is full"),
+        (
+            ["--format", "vllm", "--out", "v.json"],
+            "error: vllm cannot express layer 1 (prefill streaming_llm budget 64)",
+        ),
+        (
+            ["--format", "trtllm", "--out", "t.yaml", "--approximate"],
+            "error: trtllm needs --max-seq-len: layer 0 is full",
+        ),
     ],
 )
 def test_bad_requests_exit_2_with_one_line(tmp_path, capsys, monkeypatch, args, message):
@@ -94,8 +109,10 @@ def test_bad_strategy_files_exit_2(tmp_path, capsys):
     rc, _, err = run(capsys, tmp_path / "missing.json", "--format", "json", "--out", tmp_path / "o.json")
     assert rc == 2 and err.startswith("error: strategy: cannot read")
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema": "polykv-strategy", "version": 1, "layers": [{"prefill": {"pattern": "nope", "budget": 1}, '
-                   '"decoding": {"pattern": "full", "budget": null}}]}')
+    bad.write_text(
+        '{"schema": "polykv-strategy", "version": 1, "layers": [{"prefill": {"pattern": "nope", "budget": 1}, '
+        '"decoding": {"pattern": "full", "budget": null}}]}'
+    )
     rc, _, err = run(capsys, bad, "--format", "vllm", "--out", tmp_path / "o.json")
     assert rc == 2 and err.startswith(f"error: strategy {bad}: layers[0].prefill.pattern: unknown pattern 'nope'")
     assert files_in(tmp_path) == ["bad.json"]

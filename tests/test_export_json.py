@@ -98,7 +98,11 @@ def real_strategies() -> list[Strategy]:
             out.append(Strategy.uniform(4, name, 64))
             defaults = {f.name: f.default for f in dataclasses.fields(cls)}
             out.append(Strategy.uniform(3, name, 32, params=defaults))
-    for method, settings in [("uniform", {"pattern": "snapkv"}), ("pyramid", {}), ("uniform", {"pattern": "streaming_llm"})]:
+    for method, settings in [
+        ("uniform", {"pattern": "snapkv"}),
+        ("pyramid", {}),
+        ("uniform", {"pattern": "streaming_llm"}),
+    ]:
         out.append(get_solver(method, **settings).solve(Problem(num_layers=30, global_budget=64)).strategy)
     out.append(
         Strategy(
@@ -135,7 +139,10 @@ BROKEN = [
     ("fractional budget", lambda d: d["layers"][0]["prefill"].update(budget=20.5)),
     ("missing budget", lambda d: d["layers"][0]["prefill"].pop("budget")),
     ("null budget with a pattern", lambda d: d["layers"][0]["prefill"].update(budget=None)),
-    ("null budget under a global budget", lambda d: d["layers"][0]["prefill"].update(pattern="full", params={}, budget=None)),
+    (
+        "null budget under a global budget",
+        lambda d: d["layers"][0]["prefill"].update(pattern="full", params={}, budget=None),
+    ),
     ("unknown choice key", lambda d: d["layers"][0]["decoding"].update(ratio=0.5)),
     ("unknown layer key", lambda d: d["layers"][0].update(note="x")),
     ("missing phase", lambda d: d["layers"][1].pop("decoding")),

@@ -21,7 +21,11 @@ from strategies.exporters import ExportError, render_export
 
 def mixed() -> Strategy:
     return Strategy(
-        [LayerChoice("full", 32), LayerChoice("snapkv", 40, {"window": 8, "pooling": "maxpool"}), LayerChoice("h2o", 24)],
+        [
+            LayerChoice("full", 32),
+            LayerChoice("snapkv", 40, {"window": 8, "pooling": "maxpool"}),
+            LayerChoice("h2o", 24),
+        ],
         [LayerChoice("streaming_llm", 32, {"n_sink": 2}), LayerChoice("tova", 32), LayerChoice("h2o", 32)],
         global_budget=32,
         b_min=16,
@@ -193,71 +197,103 @@ def sidecar() -> dict:
             "export them again together"
         )
     return doc
-'''
+'''  # noqa: E501 - generated code, byte for byte
 
-GOLDEN_SIDECAR = {'schema': 'polykv-kvpress-export',
- 'version': 1,
- 'module': 'mixed_press.py',
- 'kvpress': 'kvpress>=0.5,<0.6',
- 'strategy_digest': '54d0484d75cd9d9e',
- 'num_layers': 3,
- 'global_budget': 32,
- 'b_min': 16,
- 'prefill_ratio': 'compression_ratio = 1 - (budget + 0.5) / prompt_length if prompt_length > budget else 0',
- 'decoding_interval': 1,
- 'layers': [{'layer': 0,
-             'prefill': {'pattern': 'full', 'params': {}, 'budget': 32, 'kvpress': None, 'differences': []},
-             'decoding': {'pattern': 'streaming_llm',
-                          'params': {'n_sink': 2},
-                          'budget': 32,
-                          'kvpress': {'class': 'DecodingPress',
-                                      'params': {'base_press': {'class': 'StreamingLLMPress',
-                                                                'params': {'n_sink': 2}},
-                                                 'compression_interval': 1,
-                                                 'target_size': 32,
-                                                 'hidden_states_buffer_size': 0}},
-                          'differences': []}},
-            {'layer': 1,
-             'prefill': {'pattern': 'snapkv',
-                         'params': {'window': 8, 'kernel': 5, 'pooling': 'maxpool'},
-                         'budget': 40,
-                         'kvpress': {'class': 'SnapKVPress', 'params': {'window_size': 8, 'kernel_size': 5}},
-                         'differences': ["max pooling -> average pooling (kvpress's SnapKVPress only "
-                                         'averages)']},
-             'decoding': {'pattern': 'tova',
-                          'params': {},
-                          'budget': 32,
-                          'kvpress': {'class': 'DecodingPress',
-                                      'params': {'base_press': {'class': 'TOVAPress', 'params': {}},
-                                                 'compression_interval': 1,
-                                                 'target_size': 32,
-                                                 'hidden_states_buffer_size': 0}},
-                          'differences': ['kvpress always keeps the newest token']}},
-            {'layer': 2,
-             'prefill': {'pattern': 'h2o',
-                         'params': {'recent_ratio': 0.5, 'chunk': 512},
-                         'budget': 24,
-                         'kvpress': {'class': 'ObservedAttentionPress', 'params': {}},
-                         'differences': ['ObservedAttentionPress scores by the attention each token received '
-                                         'from the prompt (averaged over the queries that see it; needs '
-                                         "attn_implementation='eager') and protects no recent window "
-                                         '(recent_ratio=0.5 is not applied)']},
-             'decoding': {'pattern': 'h2o',
-                          'params': {'recent_ratio': 0.5, 'chunk': 512},
-                          'budget': 32,
-                          'kvpress': None,
-                          'differences': ["dropped: kvpress has no decoding counterpart of H2O's attention "
-                                          'accumulated over all steps (ObservedAttentionPress only sees one '
-                                          'step); the layer keeps every generated token']}}],
- 'notes': ["layers hold different numbers of tokens, which transformers' one attention mask per forward does "
-           "not allow for: run with attn_implementation='flash_attention_2', or 'sdpa' with batch size 1, no "
-           "padding and one token per decoding step; kvpress's pipeline feeds the question as one "
-           "multi-token step, so it needs flash_attention_2 (kvpress's PerLayerCompressionPress has the same "
-           'limit)',
-           'ObservedAttentionPress (h2o layers) reads attention weights: load the model with '
-           "attn_implementation='eager', and with eager only prefill works once layer lengths differ",
-           'SnapKVPress needs prompts longer than its window_size (up to 8 here; kvpress asserts it)'],
- 'provenance': {'solver': 'test'}}
+GOLDEN_SIDECAR = {
+    "schema": "polykv-kvpress-export",
+    "version": 1,
+    "module": "mixed_press.py",
+    "kvpress": "kvpress>=0.5,<0.6",
+    "strategy_digest": "54d0484d75cd9d9e",
+    "num_layers": 3,
+    "global_budget": 32,
+    "b_min": 16,
+    "prefill_ratio": "compression_ratio = 1 - (budget + 0.5) / prompt_length if prompt_length > budget else 0",
+    "decoding_interval": 1,
+    "layers": [
+        {
+            "layer": 0,
+            "prefill": {"pattern": "full", "params": {}, "budget": 32, "kvpress": None, "differences": []},
+            "decoding": {
+                "pattern": "streaming_llm",
+                "params": {"n_sink": 2},
+                "budget": 32,
+                "kvpress": {
+                    "class": "DecodingPress",
+                    "params": {
+                        "base_press": {"class": "StreamingLLMPress", "params": {"n_sink": 2}},
+                        "compression_interval": 1,
+                        "target_size": 32,
+                        "hidden_states_buffer_size": 0,
+                    },
+                },
+                "differences": [],
+            },
+        },
+        {
+            "layer": 1,
+            "prefill": {
+                "pattern": "snapkv",
+                "params": {"window": 8, "kernel": 5, "pooling": "maxpool"},
+                "budget": 40,
+                "kvpress": {"class": "SnapKVPress", "params": {"window_size": 8, "kernel_size": 5}},
+                "differences": ["max pooling -> average pooling (kvpress's SnapKVPress only averages)"],
+            },
+            "decoding": {
+                "pattern": "tova",
+                "params": {},
+                "budget": 32,
+                "kvpress": {
+                    "class": "DecodingPress",
+                    "params": {
+                        "base_press": {"class": "TOVAPress", "params": {}},
+                        "compression_interval": 1,
+                        "target_size": 32,
+                        "hidden_states_buffer_size": 0,
+                    },
+                },
+                "differences": ["kvpress always keeps the newest token"],
+            },
+        },
+        {
+            "layer": 2,
+            "prefill": {
+                "pattern": "h2o",
+                "params": {"recent_ratio": 0.5, "chunk": 512},
+                "budget": 24,
+                "kvpress": {"class": "ObservedAttentionPress", "params": {}},
+                "differences": [
+                    "ObservedAttentionPress scores by the attention each token received "
+                    "from the prompt (averaged over the queries that see it; needs "
+                    "attn_implementation='eager') and protects no recent window "
+                    "(recent_ratio=0.5 is not applied)"
+                ],
+            },
+            "decoding": {
+                "pattern": "h2o",
+                "params": {"recent_ratio": 0.5, "chunk": 512},
+                "budget": 32,
+                "kvpress": None,
+                "differences": [
+                    "dropped: kvpress has no decoding counterpart of H2O's attention "
+                    "accumulated over all steps (ObservedAttentionPress only sees one "
+                    "step); the layer keeps every generated token"
+                ],
+            },
+        },
+    ],
+    "notes": [
+        "layers hold different numbers of tokens, which transformers' one attention mask per forward does "
+        "not allow for: run with attn_implementation='flash_attention_2', or 'sdpa' with batch size 1, no "
+        "padding and one token per decoding step; kvpress's pipeline feeds the question as one "
+        "multi-token step, so it needs flash_attention_2 (kvpress's PerLayerCompressionPress has the same "
+        "limit)",
+        "ObservedAttentionPress (h2o layers) reads attention weights: load the model with "
+        "attn_implementation='eager', and with eager only prefill works once layer lengths differ",
+        "SnapKVPress needs prompts longer than its window_size (up to 8 here; kvpress asserts it)",
+    ],
+    "provenance": {"solver": "test"},
+}
 
 
 def test_module_and_sidecar_are_exactly_as_expected(tmp_path):
@@ -339,13 +375,26 @@ def fake_kvpress(calls: list) -> types.ModuleType:
         hidden_states_buffer_size: int = 256
 
         def forward_hook(self, module, input, kwargs, output):
-            calls.append(("decoding", module.layer_idx, type(self.base_press).__name__, self.target_size, self.compression_interval))
+            calls.append(
+                (
+                    "decoding",
+                    module.layer_idx,
+                    type(self.base_press).__name__,
+                    self.target_size,
+                    self.compression_interval,
+                )
+            )
             return output
 
         def reset(self):
             calls.append(("reset",))
 
-    kv.BasePress, kv.PrefillDecodingPress, kv.ScorerPress, kv.DecodingPress = BasePress, PrefillDecodingPress, ScorerPress, DecodingPress
+    kv.BasePress, kv.PrefillDecodingPress, kv.ScorerPress, kv.DecodingPress = (
+        BasePress,
+        PrefillDecodingPress,
+        ScorerPress,
+        DecodingPress,
+    )
     kv.SnapKVPress, kv.StreamingLLMPress = SnapKVPress, StreamingLLMPress
     for name in ("TOVAPress", "ObservedAttentionPress", "KnormPress"):
         setattr(kv, name, dataclass(type(name, (ScorerPress,), {})))
@@ -371,14 +420,27 @@ def test_generated_press_routes_each_layer_to_its_press_and_budget(tmp_path, mon
     n = 100
     with press(model):
         for i in range(3):  # prefill: the prompt enters an empty cache
-            press.forward_hook(SimpleNamespace(layer_idx=i), (), {"hidden_states": torch.zeros(1, n, 4), "cache_position": torch.arange(n)}, None)
+            press.forward_hook(
+                SimpleNamespace(layer_idx=i),
+                (),
+                {"hidden_states": torch.zeros(1, n, 4), "cache_position": torch.arange(n)},
+                None,
+            )
         for i in range(3):  # one decoding step
-            press.forward_hook(SimpleNamespace(layer_idx=i), (), {"hidden_states": torch.zeros(1, 1, 4), "cache_position": torch.tensor([n])}, None)
+            press.forward_hook(
+                SimpleNamespace(layer_idx=i),
+                (),
+                {"hidden_states": torch.zeros(1, 1, 4), "cache_position": torch.tensor([n])},
+                None,
+            )
     prefill = [c for c in calls if c[0] == "prefill"]
     assert [(c[1], c[2], c[4]) for c in prefill] == [(1, "SnapKVPress", 40), (2, "ObservedAttentionPress", 24)]
     assert prefill[0][3]["window_size"] == 8 and prefill[0][3]["kernel_size"] == 5
     assert press.prefill_presses[1][0].compression_ratio == 0.0  # restored after the call
-    assert [c for c in calls if c[0] == "decoding"] == [("decoding", 0, "StreamingLLMPress", 32, 1), ("decoding", 1, "TOVAPress", 32, 1)]
+    assert [c for c in calls if c[0] == "decoding"] == [
+        ("decoding", 0, "StreamingLLMPress", 32, 1),
+        ("decoding", 1, "TOVAPress", 32, 1),
+    ]
     assert calls[-2:] == [("reset",), ("reset",)]  # both decoding presses are reset on exit
     with pytest.raises(ValueError, match="exported for 3 layers; the model has 30"):
         with press(SimpleNamespace(config=SimpleNamespace(num_hidden_layers=30))):

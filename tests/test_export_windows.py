@@ -14,7 +14,9 @@ NO_SINK = {"n_sink": 0}
 
 
 def S(prefill, decoding, B=64, b_min=16) -> Strategy:
-    return Strategy([LayerChoice(*c) for c in prefill], [LayerChoice(*c) for c in decoding], B, b_min, {"solver": "test"})
+    return Strategy(
+        [LayerChoice(*c) for c in prefill], [LayerChoice(*c) for c in decoding], B, b_min, {"solver": "test"}
+    )
 
 
 def same(*layers) -> Strategy:
@@ -29,7 +31,7 @@ def render(strategy, fmt, tmp_path, **options):
 
 
 # ------------------------------------------------------------------------------------- trtllm
-TRTLLM_EXACT = '''# TensorRT-LLM KV-cache settings exported by polykv-search: strategy 472199577541122b, 4 layers, B = 64, b_min = 16, solver test.
+TRTLLM_EXACT = """# TensorRT-LLM KV-cache settings exported by polykv-search: strategy 472199577541122b, 4 layers, B = 64, b_min = 16, solver test.
 # Use: trtllm-serve MODEL --extra_llm_api_options THIS_FILE, or
 #      LLM(MODEL, kv_cache_config=KvCacheConfig(**yaml.safe_load(open(THIS_FILE))["kv_cache_config"])).
 # Note: TensorRT-LLM applies each layer's window in both phases: prompt tokens of a windowed layer
@@ -47,9 +49,9 @@ kv_cache_config:
     - 32  # layer 2: streaming_llm budget 32
     - 4096  # layer 3: full
   sink_token_length: 4
-'''
+"""  # noqa: E501 - generated settings, byte for byte
 
-TRTLLM_APPROX = '''# TensorRT-LLM KV-cache settings exported by polykv-search: strategy be765d5e2656be4c, 4 layers, B = 64, b_min = 16, solver test.
+TRTLLM_APPROX = """# TensorRT-LLM KV-cache settings exported by polykv-search: strategy be765d5e2656be4c, 4 layers, B = 64, b_min = 16, solver test.
 # Use: trtllm-serve MODEL --extra_llm_api_options THIS_FILE, or
 #      LLM(MODEL, kv_cache_config=KvCacheConfig(**yaml.safe_load(open(THIS_FILE))["kv_cache_config"])).
 # Note: TensorRT-LLM applies each layer's window in both phases: prompt tokens of a windowed layer
@@ -72,7 +74,7 @@ kv_cache_config:
     - 48  # layer 2: snapkv budget 48
     - 48  # layer 3: streaming_llm budget 48
   sink_token_length: 4
-'''
+"""  # noqa: E501 - generated settings, byte for byte
 
 
 def trt_exact():
@@ -96,7 +98,9 @@ def test_trtllm_exact_file(tmp_path):
 def test_trtllm_file_is_the_kv_cache_config_yaml(tmp_path):
     yaml = pytest.importorskip("yaml")
     text, _ = render(trt_exact(), "trtllm", tmp_path, max_seq_len=4096)
-    assert yaml.safe_load(text) == {"kv_cache_config": {"max_attention_window": [4096, 64, 32, 4096], "sink_token_length": 4}}
+    assert yaml.safe_load(text) == {
+        "kv_cache_config": {"max_attention_window": [4096, 64, 32, 4096], "sink_token_length": 4}
+    }
     text, _ = render(Strategy.full(3), "trtllm", tmp_path)
     assert yaml.safe_load(text) == {"kv_cache_config": {}}
 
@@ -109,11 +113,17 @@ def test_trtllm_refuses_naming_the_first_layer_and_pattern(tmp_path):
         "sink_token_length for all layers and layer 3 has n_sink=4; 2 more layers cannot be expressed either. "
         "Pass --approximate to change such layers (it prints every change), or use --format kvpress"
     )
-    with pytest.raises(ExportError, match=r"^trtllm cannot express layer 0 \(prefill h2o budget 64\): TensorRT-LLM keeps "
-                       r"only full layers and sliding windows with sinks \(full, streaming_llm\); 1 more layer"):
+    with pytest.raises(
+        ExportError,
+        match=r"^trtllm cannot express layer 0 \(prefill h2o budget 64\): TensorRT-LLM keeps "
+        r"only full layers and sliding windows with sinks \(full, streaming_llm\); 1 more layer",
+    ):
         render(same(("h2o", 64), ("knorm", 64)), "trtllm", tmp_path)
-    with pytest.raises(ExportError, match=r"layer 0 \(prefill streaming_llm budget 64, decoding streaming_llm budget 48\): "
-                       r"TensorRT-LLM applies one setting per layer to both phases\. Pass --approximate"):
+    with pytest.raises(
+        ExportError,
+        match=r"layer 0 \(prefill streaming_llm budget 64, decoding streaming_llm budget 48\): "
+        r"TensorRT-LLM applies one setting per layer to both phases\. Pass --approximate",
+    ):
         render(S([("streaming_llm", 64)], [("streaming_llm", 48)]), "trtllm", tmp_path)
 
 
@@ -132,8 +142,10 @@ def test_trtllm_needs_max_seq_len_only_for_full_layers_beside_windows(tmp_path):
     with pytest.raises(ExportError, match=r"^trtllm needs --max-seq-len: layer 0 is full"):
         render(trt_exact(), "trtllm", tmp_path)
     text, export = render(same(("streaming_llm", 64), ("streaming_llm", 64)), "trtllm", tmp_path)
-    assert text.endswith("  max_attention_window:\n    - 64  # layer 0: streaming_llm budget 64\n"
-                         "    - 64  # layer 1: streaming_llm budget 64\n  sink_token_length: 4\n")
+    assert text.endswith(
+        "  max_attention_window:\n    - 64  # layer 0: streaming_llm budget 64\n"
+        "    - 64  # layer 1: streaming_llm budget 64\n  sink_token_length: 4\n"
+    )
     text, export = render(Strategy.full(3), "trtllm", tmp_path)
     assert text.endswith("# Every layer keeps every token (FullKV): nothing to limit.\nkv_cache_config: {}\n")
     assert export.notes == []
@@ -148,8 +160,10 @@ def test_trtllm_clamps_windows_to_max_seq_len(tmp_path):
 def test_trtllm_approximated_patterns_get_no_sinks_when_no_layer_has_any(tmp_path):
     text, export = render(same(("h2o", 64), ("streaming_llm", 64, NO_SINK)), "trtllm", tmp_path, approximate=True)
     assert export.warnings == ["layer 0: h2o budget 64 -> sliding window of 64"]
-    assert text.endswith("    - 64  # layer 0: h2o budget 64\n    - 64  # layer 1: streaming_llm(n_sink=0) budget 64\n"
-                         "  sink_token_length: 0\n")
+    assert text.endswith(
+        "    - 64  # layer 0: h2o budget 64\n    - 64  # layer 1: streaming_llm(n_sink=0) budget 64\n"
+        "  sink_token_length: 0\n"
+    )
 
 
 # --------------------------------------------------------------------------------------- vllm
@@ -180,7 +194,11 @@ def vllm_mixed():
 
 
 def test_vllm_exact_files(tmp_path):
-    text, export = render(same(("full", 96), ("streaming_llm", 48, NO_SINK), ("streaming_llm", 48, NO_SINK), ("full", 64)), "vllm", tmp_path)
+    text, export = render(
+        same(("full", 96), ("streaming_llm", 48, NO_SINK), ("streaming_llm", 48, NO_SINK), ("full", 64)),
+        "vllm",
+        tmp_path,
+    )
     assert text == VLLM_EXACT
     assert json.loads(text)["sliding_window"] == 48
     assert export.warnings == []
@@ -196,11 +214,17 @@ def test_vllm_refuses_naming_the_first_layer_and_pattern(tmp_path):
         "for all layers and layer 1 has 64; 1 more layer cannot be expressed either. Pass --approximate to "
         "change such layers (it prints every change), or use --format kvpress"
     )
-    with pytest.raises(ExportError, match=r"^vllm cannot express layer 0 \(prefill streaming_llm budget 64\): "
-                       r"vLLM's sliding window keeps no sink tokens; 1 more layer"):
+    with pytest.raises(
+        ExportError,
+        match=r"^vllm cannot express layer 0 \(prefill streaming_llm budget 64\): "
+        r"vLLM's sliding window keeps no sink tokens; 1 more layer",
+    ):
         render(Strategy.uniform(2, "streaming_llm", 64), "vllm", tmp_path)
-    with pytest.raises(ExportError, match=r"^vllm cannot express layer 1 \(prefill tova budget 64\): vLLM keeps only full "
-                       r"layers and sliding windows without sinks"):
+    with pytest.raises(
+        ExportError,
+        match=r"^vllm cannot express layer 1 \(prefill tova budget 64\): vLLM keeps only full "
+        r"layers and sliding windows without sinks",
+    ):
         render(same(("full", 64), ("tova", 64)), "vllm", tmp_path)
 
 

@@ -127,7 +127,10 @@ def test_fullkv_equals_hf_and_near_total_eviction_changes_loglikelihoods(work):
     assert kv_full["kv_bytes"] == kv_full["full_kv_bytes"] == evicted["config"]["polykv"]["full_kv_bytes"]
     assert kv_evicted["strategy"] == "uniform-streaming_llm" and kv_evicted["global_budget"] == 2.0
     assert 0 < kv_evicted["kv_ratio"] < 0.1
-    assert kv_evicted["tasks"]["tiny_mc"]["requests"] == 3 * N_DOCS and kv_evicted["tasks"]["tiny_gen"]["requests"] == N_DOCS
+    assert (
+        kv_evicted["tasks"]["tiny_mc"]["requests"] == 3 * N_DOCS
+        and kv_evicted["tasks"]["tiny_gen"]["requests"] == N_DOCS
+    )
     assert "continuation" in kv_evicted["protocol"]
     json.dumps(lm_eval.utils.handle_non_serializable(kv_evicted))  # the block goes into lm-eval's results file
 
@@ -136,9 +139,13 @@ def test_a_loglikelihood_request_is_a_context_call_then_a_continuation_call(work
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(work["ckpt"], dtype="float32").eval()
-    lm = PolyKVLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(work["ckpt"]), strategy=Strategy.uniform(2, "h2o", 3))
+    lm = PolyKVLM(
+        pretrained=model, tokenizer=AutoTokenizer.from_pretrained(work["ckpt"]), strategy=Strategy.uniform(2, "h2o", 3)
+    )
     calls: list[int] = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
         context, continuation = list(range(4, 40)), [50, 51, 52, 53]
         ((logprob, greedy),) = lm._loglikelihood_tokens([(None, context, continuation)])
@@ -170,7 +177,10 @@ def test_score_folds_lm_eval_tasks_into_results_that_compare_reads(work, tmp_pat
     assert full["kv_ratio"] == 1.0 and 0 < evicted["kv_ratio"] < 0.1
     assert evicted["extra"]["lm-eval/tiny_mc"]["kv_ratio"] < 0.1
     assert evicted["lm_eval"]["polykv"]["requests"] == 4 * N_DOCS
-    assert doc["provenance"]["lm_eval"]["version"] == lm_eval.__version__ and doc["provenance"]["lm_eval"]["limit"] == N_DOCS
+    assert (
+        doc["provenance"]["lm_eval"]["version"] == lm_eval.__version__
+        and doc["provenance"]["lm_eval"]["limit"] == N_DOCS
+    )
     c = cmp.compare([doc], resamples=200)
     assert all(r.suite_iv["lm-eval"].n == 2 * N_DOCS for r in c.rows)  # paired intervals over both tasks' documents
     capsys.readouterr()
@@ -209,8 +219,8 @@ def test_smollm2_default_model_fullkv_equals_hf_and_snapkv_holds_less(tmp_path):
     full = PolyKVLM(device="cpu")  # pretrained defaults to smollm2-135m, from the local cache
     plain = evaluate(work, HFLM(pretrained=full.model, tokenizer=full.tokenizer), ("tiny_mc",))
     ours = evaluate(work, full, ("tiny_mc",))
-    snap = evaluate(work, PolyKVLM(pretrained=full.model, tokenizer=full.tokenizer, strategy="uniform:snapkv", budget=16),
-                    ("tiny_mc",))  # fmt: skip
+    snapkv = PolyKVLM(pretrained=full.model, tokenizer=full.tokenizer, strategy="uniform:snapkv", budget=16)
+    snap = evaluate(work, snapkv, ("tiny_mc",))
     ll = lambda r: [x for doc in responses(r, "tiny_mc") for [(x, _)] in doc]  # noqa: E731
     assert ll(ours) == pytest.approx(ll(plain), abs=1e-3)
     assert ll(snap) != pytest.approx(ll(plain), abs=1e-3)
@@ -224,7 +234,21 @@ def test_polykv_lm_eval_is_lm_evals_cli_with_polykv_registered(work, tmp_path, c
 
     common = ["--tasks", "tiny_mc", "--include_path", str(work["tasks"]), "--limit", "2"]
     args = f"pretrained={work['ckpt']},strategy=uniform:h2o,budget=3,decode_interval=2"  # no device: cpu here
-    assert lm_eval_main(["--model", "polykv", "--model_args", args, *common, "--output_path", str(tmp_path / "out"), "--log_samples"]) == 0
+    assert (
+        lm_eval_main(
+            [
+                "--model",
+                "polykv",
+                "--model_args",
+                args,
+                *common,
+                "--output_path",
+                str(tmp_path / "out"),
+                "--log_samples",
+            ]
+        )
+        == 0
+    )
     (results,) = (tmp_path / "out").rglob("results_*.json")
     saved = json.loads(results.read_text())
     assert saved["config"]["model"] == "polykv" and saved["config"]["polykv"]["decode_interval"] == 2

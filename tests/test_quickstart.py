@@ -11,10 +11,24 @@ from polykv_search.cli import main
 pytestmark = pytest.mark.slow
 
 REDUCED = [
-    "--calib-samples", "1", "--context-len", "320", "--continuation-len", "8",
-    "--patterns", "snapkv,streaming_llm", "--budgets", "32,64", "--budget", "32",
-    "--eval-samples", "3", "--suite", "ruler/niah_single,broad/continuation",
-    "--methods", "proportional,ilp,pyramid",
+    "--calib-samples",
+    "1",
+    "--context-len",
+    "320",
+    "--continuation-len",
+    "8",
+    "--patterns",
+    "snapkv,streaming_llm",
+    "--budgets",
+    "32,64",
+    "--budget",
+    "32",
+    "--eval-samples",
+    "3",
+    "--suite",
+    "ruler/niah_single,broad/continuation",
+    "--methods",
+    "proportional,ilp,pyramid",
 ]
 
 
@@ -24,7 +38,9 @@ def test_quickstart_writes_every_artifact_and_reuses_finished_work(tmp_path):
     for name in ("signals.json", "results-B32.json", "compare.json", "compare.png", "report.md"):
         assert (out / name).stat().st_size > 0, name
     assert sorted(p.name for p in (out / "strategies").iterdir()) == [
-        "ilp-B32.json", "proportional-B32.json", "pyramid-B32.json"
+        "ilp-B32.json",
+        "proportional-B32.json",
+        "pyramid-B32.json",
     ]
     results = json.loads((out / "results-B32.json").read_text())
     names = {e["name"] for e in results["entries"]}

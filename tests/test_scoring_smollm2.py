@@ -11,9 +11,9 @@ pytestmark = pytest.mark.slow
 def test_shared_engine_equals_per_entry_path_on_smollm2():
     from polykv_search import scoring
     from polykv_search.cli.baselines import baseline
+    from polykv_search.evaluation.runner import eos_token_ids
     from polykv_search.models import load_model
     from polykv_search.runtime import apply_strategy, strategy_plans
-    from polykv_search.evaluation.runner import eos_token_ids
     from polykv_search.scoring import per_entry
     from polykv_search.scoring.engine import sample_job
     from polykv_search.scoring.shared import SharedScorer
@@ -23,7 +23,9 @@ def test_shared_engine_equals_per_entry_path_on_smollm2():
     L = model.config.num_hidden_layers
     entries = [baseline(spec, L, 64) for spec in ("full", "uniform:snapkv", "uniform:h2o", "uniform:tova", "pyramid")]
     mixed = Strategy.from_choices(
-        [("snapkv", 96), ("h2o", 32), ("streaming_llm", 64)] * (L // 3), [("tova", 64), ("h2o", 64), ("snapkv", 64)] * (L // 3), 64.0
+        [("snapkv", 96), ("h2o", 32), ("streaming_llm", 64)] * (L // 3),
+        [("tova", 64), ("h2o", 64), ("snapkv", 64)] * (L // 3),
+        64.0,
     )
     entries.append(scoring.Entry("mixed", mixed, "strategy", "mixed"))
     texts, _ = scoring.eval_texts("austen")

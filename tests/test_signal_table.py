@@ -13,7 +13,9 @@ from signals.table import SCHEMA_NAME, SCHEMA_VERSION
 
 
 def small_table() -> SignalTable:
-    t = SignalTable.empty(3, ["decoding", "prefill"], ["snapkv", "tova"], [64, 32, 128], {"model": "tiny", "code_version": "0"})
+    t = SignalTable.empty(
+        3, ["decoding", "prefill"], ["snapkv", "tova"], [64, 32, 128], {"model": "tiny", "code_version": "0"}
+    )
     for layer in range(3):
         for phase in t.phases:
             t.set_layer(layer, phase, entropy=0.5 + 0.1 * layer, variance=1e-3 * (layer + 1))
@@ -154,7 +156,7 @@ def test_random_table_is_deterministic_under_seed():
     t = random_signal_table(6, seed=3)
     assert t.is_complete()
     d = t.dppl_array()
-    assert (np.diff(d, axis=-1).mean() < 0)  # degradation falls as the budget grows, on average
+    assert np.diff(d, axis=-1).mean() < 0  # degradation falls as the budget grows, on average
 
 
 def _write(tmp_path, obj) -> str:
@@ -188,8 +190,14 @@ def _mutate(fn):
         (_mutate(lambda d: d["dppl"][0][1][0].append(1.0)), r"dppl\[0\]\[1\]\[0\]: expected 3 budgets"),
         (_mutate(lambda d: d["dppl"][0][1][0].__setitem__(2, "x")), r"dppl\[0\]\[1\]\[0\]\[2\]: expected a number"),
         (_mutate(lambda d: d["dppl"][0][1][0].__setitem__(2, "inf")), r"dppl\[0\]\[1\]\[0\]\[2\]: not a finite number"),
-        (_mutate(lambda d: d["kl"][2][0][1].__setitem__(0, float("nan"))), r"kl\[2\]\[0\]\[1\]\[0\]: not a finite number"),
-        (_mutate(lambda d: d["cosine"][1][1][0].__setitem__(1, float("-inf"))), r"cosine\[1\]\[1\]\[0\]\[1\]: not a finite number"),
+        (
+            _mutate(lambda d: d["kl"][2][0][1].__setitem__(0, float("nan"))),
+            r"kl\[2\]\[0\]\[1\]\[0\]: not a finite number",
+        ),
+        (
+            _mutate(lambda d: d["cosine"][1][1][0].__setitem__(1, float("-inf"))),
+            r"cosine\[1\]\[1\]\[0\]\[1\]: not a finite number",
+        ),
         (_mutate(lambda d: d["entropy"][1].__setitem__(0, float("nan"))), r"entropy\[1\]\[0\]: not a finite number"),
         (_mutate(lambda d: d.update(uncertainty={"se_dof": 0, "se": {}})), "uncertainty.se_dof"),
         (_mutate(lambda d: d.update(uncertainty=[])), "uncertainty: must be an object"),
@@ -249,7 +257,14 @@ def test_a_version_1_table_loads_without_kl_or_uncertainty(tmp_path):
 def test_uncertainty_round_trips_and_per_sample_values_are_kept(tmp_path):
     t = small_table()
     t.set_se_dof(7)
-    t.set_cell(0, "prefill", "snapkv", 32, se={"dppl": 0.5, "cosine": 0.01, "kl": 0.02}, per_sample={"dppl": [1.0, 2.0], "cosine": [0.9, 0.8], "kl": [0.1, 0.2]})
+    t.set_cell(
+        0,
+        "prefill",
+        "snapkv",
+        32,
+        se={"dppl": 0.5, "cosine": 0.01, "kl": 0.02},
+        per_sample={"dppl": [1.0, 2.0], "cosine": [0.9, 0.8], "kl": [0.1, 0.2]},
+    )
     assert t.n_samples == 2 and t.has_uncertainty
     u = SignalTable.load(t.save(tmp_path / "u.json"))
     assert u == t and u.se_dof == 7
@@ -266,7 +281,16 @@ def test_intervals_use_student_t_and_mark_cells_indistinguishable_from_fullkv():
     t.set_se_dof(3)  # 4 (sample, block) units
     q = stats.t.ppf(0.975, 3)  # 3.18
     for b, (dppl, se) in zip((8, 16, 32), [(5.0, 1.0), (-0.3, 0.1), (0.2, 0.1)]):
-        t.set_cell(0, "prefill", "snapkv", b, cosine=0.9, dppl=dppl, kl=abs(dppl) / 10, se={"dppl": se, "kl": se / 10, "cosine": 0.5})
+        t.set_cell(
+            0,
+            "prefill",
+            "snapkv",
+            b,
+            cosine=0.9,
+            dppl=dppl,
+            kl=abs(dppl) / 10,
+            se={"dppl": se, "kl": se / 10, "cosine": 0.5},
+        )
     lo, hi = t.interval("dppl")
     np.testing.assert_allclose(lo[0, 0, 0], [5 - q, -0.3 - 0.1 * q, 0.2 - 0.1 * q])
     # 5 ± 3.18: clearly worse than FullKV; -0.3 ± 0.32 and 0.2 ± 0.32 both contain 0

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_collect import make_samples
+from tiny import tiny_model
 
 from signals.collect import collect_signals
 from signals.uncertainty import block_means, block_sizes, ratio_mean_se, t_quantile
-from test_collect import make_samples
-from tiny import tiny_model
 
 
 def test_blocks_cover_the_continuation_in_contiguous_near_equal_pieces():

@@ -43,7 +43,9 @@ def test_uniform_budgets_flag_gives_patterns_only(tmp_path, signals):
 
 
 def test_fixed_pattern_flag_gives_budgets_only(tmp_path, signals):
-    rc, out = solve(tmp_path, "--method", "proportional", "--signals", signals, "--budget", 64, "--fixed-pattern", "h2o")
+    rc, out = solve(
+        tmp_path, "--method", "proportional", "--signals", signals, "--budget", 64, "--fixed-pattern", "h2o"
+    )
     assert rc == 0
     s = Strategy.load(out)
     assert set(s.patterns("prefill")) == set(s.patterns("decoding")) == {"h2o"}
@@ -59,8 +61,19 @@ def test_phases_flag_leaves_the_other_phase_uniform(tmp_path, signals):
 
 
 def test_default_pattern_flag_sets_the_phase_not_optimized(tmp_path, signals):
-    rc, out = solve(tmp_path, "--method", "ilp", "--signals", signals, "--budget", 64, "--phases", "decoding",
-                    "--default-pattern", "tova")
+    rc, out = solve(
+        tmp_path,
+        "--method",
+        "ilp",
+        "--signals",
+        signals,
+        "--budget",
+        64,
+        "--phases",
+        "decoding",
+        "--default-pattern",
+        "tova",
+    )
     assert rc == 0
     assert [(c.pattern, c.budget) for c in Strategy.load(out).phase("prefill")] == [("tova", 64)] * 6
 
@@ -99,7 +112,13 @@ def test_solve_reports_the_unused_budget_and_takes_the_new_settings(tmp_path, si
     s = Strategy.load(out)
     unused = s.provenance["unused_budget"]
     assert s.provenance["budget_total"] == 6 * 64 and unused["prefill"] == 6 * 64 - sum(s.budgets("prefill"))
-    assert s.provenance["objective_cost"] == {"objective": "kl", "noise": "clip", "confidence": 0.95, "tie_break": "save", "tie_tolerance": 0.0}
+    assert s.provenance["objective_cost"] == {
+        "objective": "kl",
+        "noise": "clip",
+        "confidence": 0.95,
+        "tie_break": "save",
+        "tie_tolerance": 0.0,
+    }
     err = " ".join(capsys.readouterr().err.split())
     assert f"unused budget (of 384 tokens per phase): prefill {unused['prefill']}" in err
     assert "optimal kl (noise=clip)" in err

@@ -74,14 +74,18 @@ def test_registered_with_settings_as_flags():
     assert info.available and info.needs_table
     flags = {i.flag for i in get_solver_class("optuna").Settings.fields_info()}
     assert {"--trials", "--storage", "--jobs", "--study-name", "--objectives", "--space", "--tasks"} <= flags
-    s = get_solver_class("optuna").Settings.from_strings({"trials": "5", "objectives": "quality,memory", "storage": "memory"})
+    s = get_solver_class("optuna").Settings.from_strings(
+        {"trials": "5", "objectives": "quality,memory", "storage": "memory"}
+    )
     assert s.trials == 5 and s.two_objectives
 
 
 # ------------------------------------------------------------------- real runtime study
 def test_short_study_on_tiny_model_beats_or_matches_its_anchors(loaded, tmp_path):
     prob = problem()
-    solver = OptunaSolver(loaded_model=loaded, trials=10, storage=str(tmp_path / "s.journal"), metric="log-ppl", **RUNTIME)
+    solver = OptunaSolver(
+        loaded_model=loaded, trials=10, storage=str(tmp_path / "s.journal"), metric="log-ppl", **RUNTIME
+    )
     result = solver.solve(prob)
     study = solver.study
     done = [t for t in study.trials if t.state.name == "COMPLETE"]
@@ -95,7 +99,9 @@ def test_short_study_on_tiny_model_beats_or_matches_its_anchors(loaded, tmp_path
     assert strategy_choices(result.strategy, prob) == trial_choices(best, prob)
     check_feasible(result.strategy, prob)
     # the anchors are the real solvers' strategies
-    assert trial_choices(anchors["proportional"], prob) == strategy_choices(get_solver("proportional").solve(prob).strategy, prob)
+    assert trial_choices(anchors["proportional"], prob) == strategy_choices(
+        get_solver("proportional").solve(prob).strategy, prob
+    )
     assert trial_choices(anchors["ilp"], prob) == strategy_choices(get_solver("ilp").solve(prob).strategy, prob)
     pattern, _ = best_uniform_pattern(prob)
     assert anchors["uniform-best"].params["uniform_pattern"] == pattern
@@ -172,8 +178,14 @@ def test_resuming_a_study_made_for_another_problem_is_refused(tmp_path):
 def test_quality_memory_gives_a_pareto_front_of_feasible_strategies(loaded, mo_sampler):
     prob = problem(phases=("prefill",))
     solver = OptunaSolver(
-        loaded_model=loaded, trials=10, storage="memory", objectives="quality,memory", mo_sampler=mo_sampler,
-        population=4, metric="log-ppl", **RUNTIME,
+        loaded_model=loaded,
+        trials=10,
+        storage="memory",
+        objectives="quality,memory",
+        mo_sampler=mo_sampler,
+        population=4,
+        metric="log-ppl",
+        **RUNTIME,
     )
     result = solver.solve(prob)
     points = front_strategies(result)
@@ -215,7 +227,9 @@ def test_rule_at_the_proportional_point_is_proportional_on_random_tables():
         prob = problem(L=6, B=20 + seed, b_min=2, seed=seed)
         solver = OptunaSolver(evaluator=predicted_quality(prob), trials=1, storage="memory")
         result = solver.solve(prob)  # one trial: the proportional anchor
-        assert strategy_choices(result.strategy, prob) == strategy_choices(get_solver("proportional").solve(prob).strategy, prob)
+        assert strategy_choices(result.strategy, prob) == strategy_choices(
+            get_solver("proportional").solve(prob).strategy, prob
+        )
 
 
 # ------------------------------------------------------------------------------ errors
@@ -243,9 +257,20 @@ def test_bad_settings_are_one_line_errors(settings, message):
 def test_bad_inputs_at_solve_time_are_one_line_errors(loaded, tmp_path):
     prob = problem()
     cases = [
-        (OptunaSolver(loaded_model=loaded, tasks="ruler/nope", storage="memory", **{k: v for k, v in RUNTIME.items() if k != "tasks"}), "tasks:"),
+        (
+            OptunaSolver(
+                loaded_model=loaded,
+                tasks="ruler/nope",
+                storage="memory",
+                **{k: v for k, v in RUNTIME.items() if k != "tasks"},
+            ),
+            "tasks:",
+        ),
         (OptunaSolver(loaded_model=loaded, storage=str(tmp_path), **RUNTIME), "is a directory"),
-        (OptunaSolver(loaded_model=(tiny_model("llama", layers=2), loaded[1]), storage="memory", **RUNTIME), "has 2 layers"),
+        (
+            OptunaSolver(loaded_model=(tiny_model("llama", layers=2), loaded[1]), storage="memory", **RUNTIME),
+            "has 2 layers",
+        ),
         (OptunaSolver(evaluator=lambda s: "bad", storage="memory"), "quality must be a number"),
     ]
     for solver, message in cases:
@@ -264,7 +289,9 @@ def test_kl_degradation_drives_the_rule_rank_and_the_anchors():
     result = solver.solve(prob)
     anchors = {t.user_attrs["anchor"]: t for t in solver.study.trials if "anchor" in t.user_attrs}
     assert anchors["ilp"].params["ilp_objective"] == "kl"
-    assert trial_choices(anchors["ilp"], prob) == strategy_choices(get_solver("ilp", objective="kl").solve(prob).strategy, prob)
+    assert trial_choices(anchors["ilp"], prob) == strategy_choices(
+        get_solver("ilp", objective="kl").solve(prob).strategy, prob
+    )
     assert anchors["uniform-best"].params["uniform_pattern"] == best_uniform_pattern(prob, "kl")[0]
     assert result.strategy.provenance["optuna"]["uniform_best"]["degradation"] == "kl"
     assert set(result.unused_budget) == set(PHASES)

@@ -36,7 +36,9 @@ def random_problem(seed: int, **overrides) -> Problem:
     rng = np.random.default_rng(seed)
     L = int(rng.integers(2, 13))
     budgets = sorted(rng.choice(np.arange(8, 300), size=int(rng.integers(3, 7)), replace=False).tolist())
-    table = random_signal_table(L, budgets=budgets, seed=seed, patterns=("snapkv", "tova", "h2o", "knorm", "streaming_llm"))
+    table = random_signal_table(
+        L, budgets=budgets, seed=seed, patterns=("snapkv", "tova", "h2o", "knorm", "streaming_llm")
+    )
     b_min = int(rng.integers(1, budgets[0] + 1))
     B = float(rng.uniform(budgets[0] + 1, budgets[-1]))
     kwargs = dict(table=table, global_budget=round(B, 2), b_min=b_min, seed=seed)
@@ -147,7 +149,9 @@ def test_uniform_budgets_with_ilp_picks_the_best_pattern_at_B_per_layer():
     result = solve("ilp", problem, objective="dppl")
     j = t.budget_index(64)
     for layer, choice in enumerate(result.strategy.phase("prefill")):
-        row = [t.dppl_array()[layer, t.phase_index("prefill"), t.pattern_index(p), j] for p in ("snapkv", "tova", "h2o")]
+        row = [
+            t.dppl_array()[layer, t.phase_index("prefill"), t.pattern_index(p), j] for p in ("snapkv", "tova", "h2o")
+        ]
         assert choice.pattern == ("snapkv", "tova", "h2o")[int(np.argmin(row))]
         assert choice.budget == 64
 
@@ -406,22 +410,67 @@ def test_bad_problems_give_one_clear_error(kwargs, message):
     [
         ("ilp", dict(num_layers=4, global_budget=64), {}, "solver 'ilp' needs a signal table"),
         ("proportional", dict(num_layers=4, global_budget=64), {}, "solver 'proportional' needs a signal table"),
-        ("ilp", dict(table=_table(), global_budget=64, b_min=65 - 1, budgets=[16, 32]), {}, "budgets: no grid value is >= b_min=64"),
-        ("dp", dict(table=_table(), global_budget=64, b_min=40, budgets=[16, 32]), {}, "budgets: no grid value is >= b_min=40"),
+        (
+            "ilp",
+            dict(table=_table(), global_budget=64, b_min=65 - 1, budgets=[16, 32]),
+            {},
+            "budgets: no grid value is >= b_min=64",
+        ),
+        (
+            "dp",
+            dict(table=_table(), global_budget=64, b_min=40, budgets=[16, 32]),
+            {},
+            "budgets: no grid value is >= b_min=40",
+        ),
         ("dp", dict(table=_table(), global_budget=12), {}, "infeasible: the smallest usable grid value 16"),
-        ("ilp", dict(table=random_signal_table(4, phases=["prefill"]), global_budget=64, phases=["decoding"]), {}, "phases: 'decoding' is not in the signal table"),
-        ("proportional", dict(table=_table(), global_budget=64), {"preference": "entropy"}, "preference: 'entropy' is not one of"),
-        ("proportional", dict(table=_table(), global_budget=64), {"reference_budget": 48}, "reference_budget: 48 is not on the grid"),
+        (
+            "ilp",
+            dict(table=random_signal_table(4, phases=["prefill"]), global_budget=64, phases=["decoding"]),
+            {},
+            "phases: 'decoding' is not in the signal table",
+        ),
+        (
+            "proportional",
+            dict(table=_table(), global_budget=64),
+            {"preference": "entropy"},
+            "preference: 'entropy' is not one of",
+        ),
+        (
+            "proportional",
+            dict(table=_table(), global_budget=64),
+            {"reference_budget": 48},
+            "reference_budget: 48 is not on the grid",
+        ),
         ("ilp", dict(table=_table(), global_budget=64), {"objective": "ppl"}, "objective: 'ppl' is not one of"),
-        ("ilp", dict(table=_table(), global_budget=64), {"max_distinct_budgets": 0}, "max_distinct_budgets: must be >= 1"),
+        (
+            "ilp",
+            dict(table=_table(), global_budget=64),
+            {"max_distinct_budgets": 0},
+            "max_distinct_budgets: must be >= 1",
+        ),
         ("uniform", dict(num_layers=4, global_budget=64), {"pattern": "full"}, "pattern: 'full' has no budget"),
         ("uniform", dict(num_layers=4, global_budget=64), {"pattern": "lru"}, "pattern: unknown pattern 'lru'"),
-        ("uniform", dict(num_layers=4, global_budget=64), {"colour": "red"}, r"uniform: unknown setting\(s\) \['colour'\]"),
+        (
+            "uniform",
+            dict(num_layers=4, global_budget=64),
+            {"colour": "red"},
+            r"uniform: unknown setting\(s\) \['colour'\]",
+        ),
         ("pyramid", dict(num_layers=4, global_budget=64), {"beta": 0.5}, "beta: must be >= 1"),
         ("pyramid", dict(num_layers=4, global_budget=64), {"beta": "20"}, "beta: must be a float"),
-        ("squeeze", dict(table=_table(), global_budget=64), {"squeeze_factor": 0.0}, r"squeeze_factor: must be in \(0, 1\]"),
+        (
+            "squeeze",
+            dict(table=_table(), global_budget=64),
+            {"squeeze_factor": 0.0},
+            r"squeeze_factor: must be in \(0, 1\]",
+        ),
         ("cake", dict(table=_table(), global_budget=64), {"tau1": 0}, "tau1/tau2: must be > 0"),
-        ("dp", dict(table=random_signal_table(4, budgets=tuple(range(8, 28)), seed=0), global_budget=20), {"max_distinct_budgets": 10, "max_subsets": 100}, r"dp: C\(20, 10\) = 184756 budget subsets exceeds"),
+        (
+            "dp",
+            dict(table=random_signal_table(4, budgets=tuple(range(8, 28)), seed=0), global_budget=20),
+            {"max_distinct_budgets": 10, "max_subsets": 100},
+            r"dp: C\(20, 10\) = 184756 budget subsets exceeds",
+        ),
     ],
 )
 def test_bad_solver_input_gives_one_clear_error(name, problem_kwargs, settings, message):

@@ -121,7 +121,8 @@ def test_two_phases_add_up():
     assert math.isclose(a.objective, b.objective, rel_tol=1e-9)
     assert math.isclose(a.objective, a.info["prefill"]["objective"] + a.info["decoding"]["objective"])
     per_phase = [
-        solve("dp", Problem(table=t, global_budget=90, b_min=8, phases=[phase])).objective for phase in ("prefill", "decoding")
+        solve("dp", Problem(table=t, global_budget=90, b_min=8, phases=[phase])).objective
+        for phase in ("prefill", "decoding")
     ]
     assert math.isclose(sum(per_phase), b.objective)
 
@@ -130,14 +131,18 @@ def test_ilp_presolve_keeps_an_optimal_cell_in_every_layer():
     from solvers.ilp import reduce_cells
 
     for seed in range(20):
-        t = random_signal_table(12, phases=("prefill",), patterns=PATTERNS[:4], budgets=(8, 16, 24, 40, 64, 100), seed=seed)
+        t = random_signal_table(
+            12, phases=("prefill",), patterns=PATTERNS[:4], budgets=(8, 16, 24, 40, 64, 100), seed=seed
+        )
         cost = cost_tensor(t, "prefill", "dppl", range(4), range(6))
         total = 12 * int(np.random.default_rng(seed).integers(9, 90))
         keep, _ = reduce_cells(cost, t.budgets, total, None)
         reduced = np.where(keep, cost, np.inf)
         full = solve_phase_dp(cost, list(PATTERNS[:4]), t.budgets, total)
         assert keep.sum() < np.isfinite(cost).sum()
-        assert math.isclose(solve_phase_dp(reduced, list(PATTERNS[:4]), t.budgets, total).objective, full.objective, abs_tol=1e-12)
+        assert math.isclose(
+            solve_phase_dp(reduced, list(PATTERNS[:4]), t.budgets, total).objective, full.objective, abs_tol=1e-12
+        )
 
 
 def test_dp_picks_the_best_pattern_per_budget():

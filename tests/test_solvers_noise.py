@@ -13,7 +13,6 @@ from signals import SignalTable, random_signal_table
 from signals.predict import cost_tensor as table_costs
 from solvers import Problem, SolverError, solve
 from solvers.dp import solve_phase_dp
-from solvers.ilp import solve_phase_ilp
 
 GRID = (16, 32, 64, 128)
 #: the true degradation of every layer, well measured (SE 0.2 / 0.1); 128 is within noise of FullKV
@@ -66,7 +65,9 @@ def test_no_noise_rule_lets_a_cell_cost_less_than_fullkv(name, noise):
     chosen = [costs[l, ("snapkv", "tova").index(pat), GRID.index(b)] for l, (pat, b) in enumerate(choices(r))]
     assert min(chosen) >= 0 and math.isclose(r.objective, sum(chosen), abs_tol=1e-9)
     assert r.strategy.provenance["objective_cost"]["noise"] == noise
-    assert r.predicted["dppl"] == pytest.approx(sum(p.table.cell(l, "prefill", pat, b)[1] for l, (pat, b) in enumerate(choices(r))))
+    assert r.predicted["dppl"] == pytest.approx(
+        sum(p.table.cell(l, "prefill", pat, b)[1] for l, (pat, b) in enumerate(choices(r)))
+    )
 
 
 @pytest.mark.parametrize("name", ["ilp", "dp"])

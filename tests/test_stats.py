@@ -124,8 +124,16 @@ def test_a_single_sample_gives_an_unbounded_interval_never_a_resolved_one():
     assert not iv.bounded and iv.half_width == math.inf
     d = stats.paired_difference_interval([[100.0], [40.0, 60.0]], [[0.0], [40.0, 50.0]])
     assert d.estimate == pytest.approx((100 + 5) / 2) and not d.excludes_zero
-    assert iv.to_json() == {"estimate": 100.0, "low": None, "high": None, "half_width": None, "level": 0.95,
-                            "method": "too-few-samples", "n": 1, "excludes_zero": False}
+    assert iv.to_json() == {
+        "estimate": 100.0,
+        "low": None,
+        "high": None,
+        "half_width": None,
+        "level": 0.95,
+        "method": "too-few-samples",
+        "n": 1,
+        "excludes_zero": False,
+    }
 
 
 def test_bca_falls_back_to_percentile_when_it_has_no_finite_bound():

@@ -45,14 +45,20 @@ def edit(fn):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda d: d["layers"][0]["prefill"].update(pattern="nope"), r"layers\[0\].prefill.pattern: unknown pattern 'nope'"),
+        (
+            lambda d: d["layers"][0]["prefill"].update(pattern="nope"),
+            r"layers\[0\].prefill.pattern: unknown pattern 'nope'",
+        ),
         (lambda d: d["layers"][1]["prefill"].update(budget=8), r"layers\[1\].prefill.budget: 8 is below b_min=16"),
         (lambda d: d["layers"][0]["decoding"].update(budget=40), r"decoding: budgets sum to 72, over L\*B"),
         (lambda d: d["layers"][0]["prefill"].update(budget=-1), r"layers\[0\].prefill.budget: must be non-negative"),
         (lambda d: d["layers"][0]["prefill"].update(budget=20.5), r"layers\[0\].prefill.budget: must be an integer"),
         (lambda d: d.update(version=99), r"version: unsupported schema version 99"),
         (lambda d: d.update(schema="other"), r"schema: expected 'polykv-strategy'"),
-        (lambda d: d["layers"][0]["prefill"].update(params={"window": 0}), r"layers\[0\].prefill.params: window must be"),
+        (
+            lambda d: d["layers"][0]["prefill"].update(params={"window": 0}),
+            r"layers\[0\].prefill.params: window must be",
+        ),
         (lambda d: d["layers"][0]["prefill"].update(params={"bogus": 1}), r"layers\[0\].prefill.params: .*bogus"),
         (lambda d: d["layers"][0]["prefill"].update(budget=None), r"only valid with pattern 'full'"),
         (lambda d: d.update(num_layers=3), r"num_layers: says 3 but layers lists 2"),

@@ -129,7 +129,10 @@ def _ctrl_c_exits_at_once():
     ``except`` there, and the import goes on half-done until some later, unrelated traceback.
     Nothing is being written yet, so exiting on the spot is safe. Only in the main thread, and
     only when nobody else has set a SIGINT handler."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
 

@@ -100,9 +100,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     from polykv_search.models import DEFAULT_MODEL
 
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=DEFAULT_MODEL, help=f"HF model id, local path, or {DEFAULT_MODEL!r} (default, offline)")
+    g.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"HF model id, local path, or {DEFAULT_MODEL!r} (default, offline)"
+    )
     g.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="float32 (default), bfloat16, float16")
+    g.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="float32 (default), bfloat16, float16",
+    )
     g.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention kernel (default sdpa)")
 
 

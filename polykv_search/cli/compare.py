@@ -24,20 +24,42 @@ def add_parser(sub) -> None:
     )
     p.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files from `polykv-search score`")
     p.add_argument("--tasks", action="store_true", help="also show per-task scores")
-    p.add_argument("--details", action="store_true",
-                   help="also show differences to the best uniform, KV MiB, gap intervals and KL columns (wider than 80 columns)")
-    p.add_argument("--markdown", action="store_true",
-                   help="print a GitHub markdown table (with every detail column) instead of the terminal table")
-    p.add_argument("--plot", metavar="OUT.png", help="write a PNG: per-layer budgets/patterns of each non-uniform strategy, "
-                   "and scores with error bars (score vs budget when several budgets are compared)")
-    p.add_argument("--json", dest="json_out", metavar="OUT.json", help="write the comparison, with every interval, as JSON")
-    p.add_argument("--across-budgets", action="store_true",
-                   help="allow results at several budgets; rows are grouped by budget and gap recovered is computed per budget")
-    p.add_argument("--allow-mismatch", action="store_true",
-                   help="compare results made on different samples or models (each run keeps its own references)")
+    p.add_argument(
+        "--details",
+        action="store_true",
+        help="also show differences to the best uniform, KV MiB, gap intervals and KL columns (wider than 80 columns)",
+    )
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print a GitHub markdown table (with every detail column) instead of the terminal table",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="write a PNG: per-layer budgets/patterns of each non-uniform strategy, "
+        "and scores with error bars (score vs budget when several budgets are compared)",
+    )
+    p.add_argument(
+        "--json", dest="json_out", metavar="OUT.json", help="write the comparison, with every interval, as JSON"
+    )
+    p.add_argument(
+        "--across-budgets",
+        action="store_true",
+        help="allow results at several budgets; rows are grouped by budget and gap recovered is computed per budget",
+    )
+    p.add_argument(
+        "--allow-mismatch",
+        action="store_true",
+        help="compare results made on different samples or models (each run keeps its own references)",
+    )
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap resampling (default 0)")
-    p.add_argument("--resamples", type=positive_int, default=None,
-                   help="bootstrap resamples per interval (default 9999, scipy's default)")
+    p.add_argument(
+        "--resamples",
+        type=positive_int,
+        default=None,
+        help="bootstrap resamples per interval (default 9999, scipy's default)",
+    )
     p.set_defaults(func=run)
 
 
@@ -52,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         docs = [cmp.load_results(path) for path in args.results]
         comparison = cmp.compare(
-            docs, sources=args.results, allow_mismatch=args.allow_mismatch, across_budgets=args.across_budgets,
-            seed=args.seed, resamples=args.resamples or stats.RESAMPLES,
+            docs,
+            sources=args.results,
+            allow_mismatch=args.allow_mismatch,
+            across_budgets=args.across_budgets,
+            seed=args.seed,
+            resamples=args.resamples or stats.RESAMPLES,
         )
     except cmp.CompareError as err:
         raise CLIError(str(err)) from None
@@ -65,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
         sys.stdout.write("".join(f"\n- {line}" for line in cmp.notes(comparison)) + "\n")
     else:
-        _print_uncut(cmp.to_rich(comparison, tasks=args.tasks, details=args.details), fold=not (args.tasks or args.details))
+        _print_uncut(
+            cmp.to_rich(comparison, tasks=args.tasks, details=args.details), fold=not (args.tasks or args.details)
+        )
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
             console.print(line, style="dim", highlight=False)
     if args.json_out:
@@ -79,8 +107,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _legend(comparison, details: bool) -> list[str]:
-    lines = [("gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; n/a without FullKV or a "
-              "uniform baseline, or when FullKV - best uniform is not clearly positive")]
+    lines = [
+        (
+            "gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; "
+            "n/a without FullKV or a uniform baseline, or when FullKV - best uniform is not clearly positive"
+        )
+    ]
     if not details and comparison.has_intervals:
         more = ", KL(FullKV‖entry) fidelity" if comparison.fidelity_suites else ""
         lines.append(f"--details: differences to the best uniform{more} and gap intervals")
@@ -97,5 +129,6 @@ def _print_uncut(table, fold: bool) -> None:
     if needed.maximum <= out.width or (fold and needed.minimum <= out.width):
         out.print(table)
     else:  # Console.print caps width= at the console's width: a wider console of the same kind
-        Console(width=needed.maximum, force_terminal=out.is_terminal, color_system=out.color_system,
-                no_color=out.no_color).print(table, crop=False)
+        Console(
+            width=needed.maximum, force_terminal=out.is_terminal, color_system=out.color_system, no_color=out.no_color
+        ).print(table, crop=False)

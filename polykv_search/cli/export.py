@@ -59,6 +59,12 @@ def run(args: argparse.Namespace) -> int:
     for line in export.notes:
         console.print(f"[dim]note:[/dim] {line}", highlight=False, soft_wrap=True)
     extra = f" (+ {', '.join(str(p) for p in written[1:])})" if len(written) > 1 else ""
-    approx = f", {len(export.warnings)} approximation{'s' if len(export.warnings) != 1 else ''}" if export.warnings else ""
-    console.print(f"wrote {written[0]}{extra}: {args.format}, {strategy.num_layers} layers{approx}", highlight=False, soft_wrap=True)
+    approx = (
+        f", {len(export.warnings)} approximation{'s' if len(export.warnings) != 1 else ''}" if export.warnings else ""
+    )
+    console.print(
+        f"wrote {written[0]}{extra}: {args.format}, {strategy.num_layers} layers{approx}",
+        highlight=False,
+        soft_wrap=True,
+    )
     return 0

@@ -9,8 +9,8 @@ from rich.table import Table
 from polykv_search.cli.common import (
     CLIError,
     add_model_args,
-    console,
     check_model_args,
+    console,
     load_model_from_args,
     non_negative_float,
     non_negative_int,
@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text with a strategy applied",
-        description="Prefill a prompt (compressed per the strategy) and decode; report per-layer cache lengths and KV bytes.",
+        description="Prefill a prompt (compressed per the strategy) and decode; "
+        "report per-layer cache lengths and KV bytes.",
     )
     add_model_args(p)
     p.add_argument("--strategy", help="strategy JSON (default: FullKV)")
@@ -37,8 +38,15 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--seed", type=non_negative_int, default=None, help="sampling seed, with --temperature > 0 (default 0)")
-    p.add_argument("--decode-interval", type=positive_int, default=None, help="with --strategy: evict every k decoding steps (default 1)")
+    p.add_argument(
+        "--seed", type=non_negative_int, default=None, help="sampling seed, with --temperature > 0 (default 0)"
+    )
+    p.add_argument(
+        "--decode-interval",
+        type=positive_int,
+        default=None,
+        help="with --strategy: evict every k decoding steps (default 1)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON record instead of text and a table")
     p.set_defaults(func=run)
 
@@ -51,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--seed applies to sampling; give --temperature > 0 (0 is greedy)")
     if args.decode_interval is not None and not args.strategy:
         raise CLIError("--decode-interval applies with --strategy (FullKV never evicts)")
-    prompt = read_text(args.prompt_file, "--prompt-file") if args.prompt_file else (args.prompt if args.prompt is not None else DEFAULT_PROMPT)
+    prompt = (
+        read_text(args.prompt_file, "--prompt-file")
+        if args.prompt_file
+        else (args.prompt if args.prompt is not None else DEFAULT_PROMPT)
+    )
     if not prompt.strip():
         raise CLIError("the prompt is empty")
     strategy = Strategy.load(args.strategy) if args.strategy else None

@@ -33,19 +33,38 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="model (default smollm2-135m, offline)")
     p.add_argument("--budget", type=positive_float, default=64, help="global budget B (default 64)")
     p.add_argument("--calib-samples", type=positive_int, default=2)
-    p.add_argument("--context-len", type=positive_int, default=512, help="calibration and evaluation context (default 512)")
+    p.add_argument(
+        "--context-len", type=positive_int, default=512, help="calibration and evaluation context (default 512)"
+    )
     p.add_argument("--continuation-len", type=positive_int, default=32)
-    p.add_argument("--patterns", type=comma_list(str, "pattern"), default="snapkv,tova,h2o,streaming_llm",
-                   help="signal grid patterns (default snapkv,tova,h2o,streaming_llm)")
-    p.add_argument("--budgets", type=comma_list(positive_int, "budget"), default="32,64,128",
-                   help="signal grid budgets (default 32,64,128)")
-    p.add_argument("--eval-samples", type=positive_int, default=EVAL_SAMPLES,
-                   help=f"evaluation samples per task (default {EVAL_SAMPLES})")
-    p.add_argument("--eval-context-len", type=positive_int, default=None,
-                   help="evaluation context (default: --context-len)")
+    p.add_argument(
+        "--patterns",
+        type=comma_list(str, "pattern"),
+        default="snapkv,tova,h2o,streaming_llm",
+        help="signal grid patterns (default snapkv,tova,h2o,streaming_llm)",
+    )
+    p.add_argument(
+        "--budgets",
+        type=comma_list(positive_int, "budget"),
+        default="32,64,128",
+        help="signal grid budgets (default 32,64,128)",
+    )
+    p.add_argument(
+        "--eval-samples",
+        type=positive_int,
+        default=EVAL_SAMPLES,
+        help=f"evaluation samples per task (default {EVAL_SAMPLES})",
+    )
+    p.add_argument(
+        "--eval-context-len", type=positive_int, default=None, help="evaluation context (default: --context-len)"
+    )
     p.add_argument("--suite", default="broad,ruler")
-    p.add_argument("--methods", type=comma_list(str, "method"), default=",".join(METHODS),
-                   help=f"solvers to run (default {','.join(METHODS)})")
+    p.add_argument(
+        "--methods",
+        type=comma_list(str, "method"),
+        default=",".join(METHODS),
+        help=f"solvers to run (default {','.join(METHODS)})",
+    )
     p.add_argument("--optuna-trials", type=positive_int, default=6)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
@@ -85,9 +104,22 @@ def run(args: argparse.Namespace) -> int:
     signals = out / "signals.json"
     step(
         "1/4 collect",
-        ["collect", *common, "--samples", str(args.calib_samples), "--context-len", str(args.context_len),
-         "--continuation-len", str(args.continuation_len), "--patterns", patterns, "--budgets", budgets,
-         "--out", str(signals)],
+        [
+            "collect",
+            *common,
+            "--samples",
+            str(args.calib_samples),
+            "--context-len",
+            str(args.context_len),
+            "--continuation-len",
+            str(args.continuation_len),
+            "--patterns",
+            patterns,
+            "--budgets",
+            budgets,
+            "--out",
+            str(signals),
+        ],
     )
 
     strategies_dir = out / "strategies"
@@ -96,10 +128,25 @@ def run(args: argparse.Namespace) -> int:
         target = strategies_dir / f"{method}-B{B}.json"
         extra = []
         if method == "optuna":
-            extra = ["--trials", str(args.optuna_trials), "--model", model, "--study-name", f"quickstart-{method}-B{B}",
-                     "--storage", str(out / "optuna.journal"), "--samples", "1", "--context-len", str(args.context_len)]
+            extra = [
+                "--trials",
+                str(args.optuna_trials),
+                "--model",
+                model,
+                "--study-name",
+                f"quickstart-{method}-B{B}",
+                "--storage",
+                str(out / "optuna.journal"),
+                "--samples",
+                "1",
+                "--context-len",
+                str(args.context_len),
+            ]
         if not target.exists():
-            step(f"2/4 solve {method}", ["solve", "--method", method, "--signals", str(signals), "--budget", B, *extra, "--out", str(target)])
+            step(
+                f"2/4 solve {method}",
+                ["solve", "--method", method, "--signals", str(signals), "--budget", B, *extra, "--out", str(target)],
+            )
         paths.append(str(target))
 
     results = out / f"results-B{B}.json"
@@ -108,13 +155,29 @@ def run(args: argparse.Namespace) -> int:
         argv = ["score", *common, "--strategy", *paths]
         for spec in BASELINES:
             argv += ["--baseline", spec]
-        argv += ["--budget", B, "--suite", args.suite, "--samples", str(args.eval_samples),
-                 "--context-len", str(eval_len), "--out", str(results)]
+        argv += [
+            "--budget",
+            B,
+            "--suite",
+            args.suite,
+            "--samples",
+            str(args.eval_samples),
+            "--context-len",
+            str(eval_len),
+            "--out",
+            str(results),
+        ]
         step("3/4 score", argv)
 
-    step("4/4 compare", ["compare", str(results), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")])
+    step(
+        "4/4 compare",
+        ["compare", str(results), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")],
+    )
     _write_report(out, results, timings, args)
-    console.print(f"[green]done[/green]: everything is in {out}/ (report.md, compare.png, strategies/, signals.json, {results.name})")
+    console.print(
+        f"[green]done[/green]: everything is in {out}/ "
+        f"(report.md, compare.png, strategies/, signals.json, {results.name})"
+    )
     return 0
 
 

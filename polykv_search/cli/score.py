@@ -31,27 +31,55 @@ def add_parser(sub) -> None:
     )
     add_model_args(p)
     p.add_argument("--strategy", nargs="+", default=[], metavar="S.json", help="strategy files to score")
-    p.add_argument("--baseline", action="append", default=[], metavar="SPEC", help=f"baseline to add ({BASELINE_SPECS}); repeatable")
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help=f"baseline to add ({BASELINE_SPECS}); repeatable",
+    )
     p.add_argument("--budget", type=positive_float, help="global budget B used to build the budgeted baselines")
-    p.add_argument("--suite", default="broad,ruler",
-                   help="suites and/or task names, comma separated (default broad,ruler); none: lm-eval tasks only")
+    p.add_argument(
+        "--suite",
+        default="broad,ruler",
+        help="suites and/or task names, comma separated (default broad,ruler); none: lm-eval tasks only",
+    )
     p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
     p.add_argument("--context-len", type=positive_int, default=1024, help="prompt length in tokens (default 1024)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)")
+    p.add_argument(
+        "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
+    )
     p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
     p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
-    p.add_argument("--decode-interval", type=positive_int, default=1,
-                   help="decoding evicts every k steps (a layer holds up to budget + k - 1 tokens; default 1)")
-    p.add_argument("--batch-entries", type=positive_int, default=16, metavar="N",
-                   help="entries decoded together in one batch at most (memory cap; default 16)")
-    p.add_argument("--no-shared-prefill", action="store_true",
-                   help="run every entry on every sample alone (the per-entry reference path; same results, slower)")
-    p.add_argument("--lm-eval-tasks", metavar="T1,T2[:METRIC]",
-                   help="also run every entry through these lm-evaluation-harness tasks on the same requests (the first "
-                   "--samples documents of each) and fold their per-document scores into the results "
-                   "(suite lm-eval; needs polykv-search[lm-eval])")
-    p.add_argument("--lm-eval-include-path", metavar="DIR", help="folder of extra lm-eval task YAMLs (lm-eval's --include_path)")
+    p.add_argument(
+        "--decode-interval",
+        type=positive_int,
+        default=1,
+        help="decoding evicts every k steps (a layer holds up to budget + k - 1 tokens; default 1)",
+    )
+    p.add_argument(
+        "--batch-entries",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="entries decoded together in one batch at most (memory cap; default 16)",
+    )
+    p.add_argument(
+        "--no-shared-prefill",
+        action="store_true",
+        help="run every entry on every sample alone (the per-entry reference path; same results, slower)",
+    )
+    p.add_argument(
+        "--lm-eval-tasks",
+        metavar="T1,T2[:METRIC]",
+        help="also run every entry through these lm-evaluation-harness tasks on the same requests (the first "
+        "--samples documents of each) and fold their per-document scores into the results "
+        "(suite lm-eval; needs polykv-search[lm-eval])",
+    )
+    p.add_argument(
+        "--lm-eval-include-path", metavar="DIR", help="folder of extra lm-eval task YAMLs (lm-eval's --include_path)"
+    )
     p.add_argument("--out", help="results JSON to write")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and suites, then exit")
     p.set_defaults(func=run)
@@ -78,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
         lm_eval_support.require_lm_eval()  # one line, before anything imports lm-eval
         from polykv_search.integrations import lm_eval_score
 
-        lm_request = lm_eval_score.parse_request(args.lm_eval_tasks, include_path=args.lm_eval_include_path, limit=args.samples)
+        lm_request = lm_eval_score.parse_request(
+            args.lm_eval_tasks, include_path=args.lm_eval_include_path, limit=args.samples
+        )
     elif args.lm_eval_include_path:
         raise CLIError("--lm-eval-include-path needs --lm-eval-tasks")
     tasks = [] if lm_request and args.suite == "none" else scoring.resolve_tasks(args.suite, args.longbench_source)
@@ -103,11 +133,20 @@ def run(args: argparse.Namespace) -> int:
     engine = "per-entry" if args.no_shared_prefill else "shared"
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
     timing: dict[str, float] = {}
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, console=console) as bar:
         job = bar.add_task(f"scoring {len(entries)} entries ({engine})", total=total)
         records = scoring.score_entries(
-            model, tok, entries, task_samples,
+            model,
+            tok,
+            entries,
+            task_samples,
             engine=engine,
             batch_entries=args.batch_entries,
             decode_interval=args.decode_interval,
@@ -116,16 +155,32 @@ def run(args: argparse.Namespace) -> int:
             timing=timing,
         )
     if lm_request is not None:
-        lm_runs = lm_eval_score.run_entries(model, tok, entries, lm_request, decode_interval=args.decode_interval, console=console)
+        lm_runs = lm_eval_score.run_entries(
+            model, tok, entries, lm_request, decode_interval=args.decode_interval, console=console
+        )
     settings = {
-        "suite": args.suite, "samples": args.samples, "context_len": args.context_len, "seed": args.seed,
-        "budget": args.budget, "corpus": args.corpus, "decode_interval": args.decode_interval,
-        "max_new_tokens": args.max_new_tokens, "device": args.device, "dtype": args.dtype, "attn": args.attn,
+        "suite": args.suite,
+        "samples": args.samples,
+        "context_len": args.context_len,
+        "seed": args.seed,
+        "budget": args.budget,
+        "corpus": args.corpus,
+        "decode_interval": args.decode_interval,
+        "max_new_tokens": args.max_new_tokens,
+        "device": args.device,
+        "dtype": args.dtype,
+        "attn": args.attn,
         "batch_entries": args.batch_entries,
     }
     doc = scoring.results_document(
-        records, model_name=args.model, model_fp=model_fingerprint(model), task_samples=task_samples,
-        settings=settings, split=split, engine=engine, timing=timing,
+        records,
+        model_name=args.model,
+        model_fp=model_fingerprint(model),
+        task_samples=task_samples,
+        settings=settings,
+        split=split,
+        engine=engine,
+        timing=timing,
     )
     if lm_request is not None:
         lm_eval_score.fold(doc, lm_runs, lm_request)

@@ -15,7 +15,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "show",
         help="print a strategy or signal table as a readable table",
-        description="Print a strategy JSON as a per-layer table (pattern and budget per phase), or summarize a signal table.",
+        description="Print a strategy JSON as a per-layer table (pattern and budget per phase), "
+        "or summarize a signal table.",
     )
     p.add_argument("file", help="strategy.json or signals.json")
     p.add_argument("--plot", help="signal tables: write heatmaps to this PNG")

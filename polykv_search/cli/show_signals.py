@@ -110,7 +110,13 @@ def show_signals(path: str, plot: str | None = None) -> int:
         for row in summary[phase]:
             l = row["layer"]
             bc, bd, bk = row.get("best_cosine"), row.get("best_dppl"), row.get("best_kl")
-            cells = [str(l), _fmt(ent[l, f]), _fmt(var[l, f], ".4f"), bc[0] if bc else "-", _fmt(bc[1], ".4f") if bc else "-"]
+            cells = [
+                str(l),
+                _fmt(ent[l, f]),
+                _fmt(var[l, f], ".4f"),
+                bc[0] if bc else "-",
+                _fmt(bc[1], ".4f") if bc else "-",
+            ]
             cells += [bd[0] if bd else "-", _fmt(bd[1], "+.3f") if bd else "-"]
             if has_kl:
                 cells += [bk[0] if bk else "-", _fmt(bk[1], ".4f") if bk else "-"]
@@ -123,7 +129,8 @@ def show_signals(path: str, plot: str | None = None) -> int:
             counts = [r["indistinguishable"] for r in summary[phase] if "indistinguishable" in r]
             n_same, n_known = sum(c[0] for c in counts), sum(c[1] for c in counts)
             out.print(
-                f"{phase}: {n_same} of {n_known} cells are indistinguishable from FullKV (their {LEVEL:.0%} dPPL interval, "
+                f"{phase}: {n_same} of {n_known} cells are indistinguishable from FullKV "
+                f"(their {LEVEL:.0%} dPPL interval, "
                 f"value ± t·SE with {table.se_dof} degrees of freedom, contains 0)",
                 highlight=False,
             )
@@ -139,7 +146,8 @@ def show_signals(path: str, plot: str | None = None) -> int:
         if np.isfinite(e).any():
             lo, hi = int(np.nanargmin(e)), int(np.nanargmax(e))
             out.print(
-                f"{phase}: entropy mean {np.nanmean(e):.3f}, lowest layer {lo} ({e[lo]:.3f}), highest layer {hi} ({e[hi]:.3f})",
+                f"{phase}: entropy mean {np.nanmean(e):.3f}, "
+                f"lowest layer {lo} ({e[lo]:.3f}), highest layer {hi} ({e[hi]:.3f})",
                 highlight=False,
             )
         counts: dict[str, int] = {}
@@ -148,7 +156,8 @@ def show_signals(path: str, plot: str | None = None) -> int:
                 counts[row["best_cosine"][0]] = counts.get(row["best_cosine"][0], 0) + 1
         if counts:
             out.print(
-                f"{phase}: layers won by cosine: " + ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])),
+                f"{phase}: layers won by cosine: "
+                + ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])),
                 highlight=False,
             )
     if plot:
@@ -178,7 +187,9 @@ def write_plot(table, path: str) -> None:
     lim = lim if lim > 0 else 1.0
     for f, phase in enumerate(table.phases):
         ax = axes[2 * f]
-        im = ax.imshow(np.ma.masked_invalid(_nanmean(cos[:, f], -1)), aspect="auto", cmap="viridis", interpolation="nearest")
+        im = ax.imshow(
+            np.ma.masked_invalid(_nanmean(cos[:, f], -1)), aspect="auto", cmap="viridis", interpolation="nearest"
+        )
         ax.set_title(f"{phase}: cosine\n(mean over budgets)", fontsize=9)
         ax.set_xticks(range(P))
         ax.set_xticklabels(table.patterns, rotation=60, ha="right", fontsize=7)
@@ -188,12 +199,16 @@ def write_plot(table, path: str) -> None:
         # every cell: columns pattern-major, one per (pattern, budget)
         ax = axes[2 * f + 1]
         cells = dppl[:, f].reshape(L, P * G)
-        im = ax.imshow(np.ma.masked_invalid(cells), aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+        im = ax.imshow(
+            np.ma.masked_invalid(cells), aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest"
+        )
         if same is not None:
             ys, xs = np.nonzero(same[:, f].reshape(L, P * G))
             ax.scatter(xs, ys, s=6, c="black", marker="o", label=f"{LEVEL:.0%} interval contains 0")
             ax.legend(fontsize=6, loc="lower right", framealpha=0.8)
-        title = "dPPL per cell" + ("\n(dots: indistinguishable from FullKV)" if same is not None else "\n(no standard errors)")
+        title = "dPPL per cell" + (
+            "\n(dots: indistinguishable from FullKV)" if same is not None else "\n(no standard errors)"
+        )
         ax.set_title(f"{phase}: {title}", fontsize=9)
         ax.set_xticks([p * G + (G - 1) / 2 for p in range(P)])
         ax.set_xticklabels(table.patterns, rotation=60, ha="right", fontsize=7)

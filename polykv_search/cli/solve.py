@@ -8,7 +8,25 @@ from pathlib import Path
 from polykv_search.cli.common import CLIError, check_output_path, comma_list, console, out, positive_float, positive_int
 
 #: Flags that belong to the problem, not to a solver's settings.
-_PROBLEM_DESTS = {"method", "signals", "budget", "b_min", "model", "num_layers", "phases", "grid", "out", "list_methods", "func", "command", "patterns", "max_budget", "uniform_budgets", "fixed_pattern", "default_pattern"}
+_PROBLEM_DESTS = {
+    "method",
+    "signals",
+    "budget",
+    "b_min",
+    "model",
+    "num_layers",
+    "phases",
+    "grid",
+    "out",
+    "list_methods",
+    "func",
+    "command",
+    "patterns",
+    "max_budget",
+    "uniform_budgets",
+    "fixed_pattern",
+    "default_pattern",
+}
 
 
 def add_parser(sub) -> None:
@@ -22,16 +40,47 @@ def add_parser(sub) -> None:
     p.add_argument("--list-methods", action="store_true", help="list the solvers and their settings, then exit")
     p.add_argument("--signals", help="signal table from `polykv-search collect` (needed by table-driven solvers)")
     p.add_argument("--budget", type=positive_float, help="global budget B: average tokens kept per layer")
-    p.add_argument("--b-min", type=positive_int, default=None, help="smallest budget of any layer (default: min(16, B))")
-    p.add_argument("--model", default=None, help="model whose layer count to use when no signal table is given (default smollm2-135m)")
+    p.add_argument(
+        "--b-min", type=positive_int, default=None, help="smallest budget of any layer (default: min(16, B))"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model whose layer count to use when no signal table is given (default smollm2-135m)",
+    )
     p.add_argument("--num-layers", type=positive_int, help="layer count, instead of reading it from --model")
-    p.add_argument("--phases", type=comma_list(str, "phase"), help="phases to optimize, comma separated (default: the table's, or both)")
-    p.add_argument("--grid", type=comma_list(positive_int, "budget"), help="budget grid for ilp/dp, comma separated (default: the table's)")
-    p.add_argument("--patterns", type=comma_list(str, "pattern"), help="patterns the solver may choose, comma separated (default: the table's)")
+    p.add_argument(
+        "--phases",
+        type=comma_list(str, "phase"),
+        help="phases to optimize, comma separated (default: the table's, or both)",
+    )
+    p.add_argument(
+        "--grid",
+        type=comma_list(positive_int, "budget"),
+        help="budget grid for ilp/dp, comma separated (default: the table's)",
+    )
+    p.add_argument(
+        "--patterns",
+        type=comma_list(str, "pattern"),
+        help="patterns the solver may choose, comma separated (default: the table's)",
+    )
     p.add_argument("--max-budget", type=positive_int, help="the most a layer can use (e.g. the context length)")
-    p.add_argument("--default-pattern", default="snapkv", metavar="P", help="pattern of the phases not optimized, at floor(B) in every layer (default snapkv)")
-    p.add_argument("--uniform-budgets", action="store_true", help="ablation 'patterns only': every optimized layer gets floor(B); the solver chooses patterns")
-    p.add_argument("--fixed-pattern", metavar="P", help="ablation 'budgets only': every optimized layer uses pattern P; the solver chooses budgets")
+    p.add_argument(
+        "--default-pattern",
+        default="snapkv",
+        metavar="P",
+        help="pattern of the phases not optimized, at floor(B) in every layer (default snapkv)",
+    )
+    p.add_argument(
+        "--uniform-budgets",
+        action="store_true",
+        help="ablation 'patterns only': every optimized layer gets floor(B); the solver chooses patterns",
+    )
+    p.add_argument(
+        "--fixed-pattern",
+        metavar="P",
+        help="ablation 'budgets only': every optimized layer uses pattern P; the solver chooses budgets",
+    )
     p.add_argument("--out", help="where to write the strategy JSON")
     _add_solver_settings(p)
     p.set_defaults(func=run)

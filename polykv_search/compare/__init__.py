@@ -36,13 +36,46 @@ from polykv_search.compare.gaps import aligned, best_uniform, best_uniform_kl, g
 from polykv_search.compare.merging import RUNTIME_SETTINGS, compare
 from polykv_search.compare.model import COMPARISON_SCHEMA, COMPARISON_VERSION, MIB, Comparison, Reference, Row
 from polykv_search.compare.plots import pattern_colors, plot
-from polykv_search.compare.reading import SUPPORTED_VERSIONS, CompareError, TaskSamples, check_results, entry_samples, load_results
+from polykv_search.compare.reading import (
+    SUPPORTED_VERSIONS,
+    CompareError,
+    TaskSamples,
+    check_results,
+    entry_samples,
+    load_results,
+)
 from polykv_search.compare.summary import describe, notes, unresolved, unresolved_warning
 from polykv_search.compare.tables import Column, best_cells, columns, summary_table, to_markdown, to_rich
 
 __all__ = [
-    "COMPARISON_SCHEMA", "COMPARISON_VERSION", "MIB", "RUNTIME_SETTINGS", "SUPPORTED_VERSIONS", "Column", "CompareError",
-    "Comparison", "Reference", "Row", "TaskSamples", "aligned", "best_cells", "best_uniform", "best_uniform_kl",
-    "check_results", "columns", "compare", "describe", "entry_samples", "gap_recovered", "load_results", "notes",
-    "pattern_colors", "plot", "summary_table", "to_markdown", "to_rich", "unresolved", "unresolved_warning",
+    "COMPARISON_SCHEMA",
+    "COMPARISON_VERSION",
+    "MIB",
+    "RUNTIME_SETTINGS",
+    "SUPPORTED_VERSIONS",
+    "Column",
+    "CompareError",
+    "Comparison",
+    "Reference",
+    "Row",
+    "TaskSamples",
+    "aligned",
+    "best_cells",
+    "best_uniform",
+    "best_uniform_kl",
+    "check_results",
+    "columns",
+    "compare",
+    "describe",
+    "entry_samples",
+    "gap_recovered",
+    "load_results",
+    "notes",
+    "pattern_colors",
+    "plot",
+    "summary_table",
+    "to_markdown",
+    "to_rich",
+    "unresolved",
+    "unresolved_warning",
 ]

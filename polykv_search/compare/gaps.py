@@ -17,7 +17,8 @@ falls back to its point rule (defined when S_full > S_bestuniform).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,9 @@ def best_uniform_kl(rows: Sequence[Row], suite: str) -> Row | None:
     return best
 
 
-def aligned(rows: Sequence[Row], tasks: Sequence[str], measure: str = "score") -> tuple[list[list[np.ndarray]] | None, str | None]:
+def aligned(
+    rows: Sequence[Row], tasks: Sequence[str], measure: str = "score"
+) -> tuple[list[list[np.ndarray]] | None, str | None]:
     """Per row, per task, the per-sample ``measure`` (in the records' common id order: pairing).
 
     Returns ``(arrays, None)``, or ``(None, reason)`` when a row lacks the task's records or the
@@ -83,7 +86,12 @@ def aligned(rows: Sequence[Row], tasks: Sequence[str], measure: str = "score") -
 
 
 def compute_references(
-    rows: list[Row], suites: list[str], suite_of: dict[str, str], n_runs: int, options: dict[str, Any], warnings: list[str]
+    rows: list[Row],
+    suites: list[str],
+    suite_of: dict[str, str],
+    n_runs: int,
+    options: dict[str, Any],
+    warnings: list[str],
 ) -> list[Reference]:
     """Fill every row's intervals, differences and gaps; return the references (run, budget, suite)."""
     for row in rows:
@@ -111,7 +119,9 @@ def _row_intervals(row: Row, suites: list[str], suite_of: dict[str, str], option
         for measure, target in (("kl", row.kl), ("dnll", row.dnll)):
             with_measure = [t for t in tasks if t in row.samples and row.samples[t].values(measure) is not None]
             if with_measure:
-                target[suite] = stats.stratified_mean_interval([row.samples[t].values(measure) for t in with_measure], **options)
+                target[suite] = stats.stratified_mean_interval(
+                    [row.samples[t].values(measure) for t in with_measure], **options
+                )
 
 
 def _suite_tasks(rows: Sequence[Row], suite: str, suite_of: dict[str, str]) -> list[str]:
@@ -133,8 +143,10 @@ def _reference(run, budget, suite, tasks, group, full, options) -> Reference:
         if arrays is not None:
             ref.full_minus_uniform = stats.paired_difference_interval(arrays[0], arrays[1], **options)
             if not ref.full_minus_uniform.low > 0:
-                ref.gap_note = (f"FullKV − best uniform ({bu.name}) on {where} is not clearly positive: "
-                                f"{_brief(ref.full_minus_uniform)}")
+                ref.gap_note = (
+                    f"FullKV − best uniform ({bu.name}) on {where} is not clearly positive: "
+                    f"{_brief(ref.full_minus_uniform)}"
+                )
         elif not s_full > s_bu:
             ref.gap_note = f"FullKV does not beat the best uniform ({bu.name}) on {where}"
     for row in group:
@@ -142,7 +154,9 @@ def _reference(run, budget, suite, tasks, group, full, options) -> Reference:
     return ref
 
 
-def _row_vs_reference(row: Row, suite: str, tasks: list[str], ref: Reference, bu: Row | None, full: Row | None, options) -> None:
+def _row_vs_reference(
+    row: Row, suite: str, tasks: list[str], ref: Reference, bu: Row | None, full: Row | None, options
+) -> None:
     if suite not in row.suites:
         return
     if bu is None:
@@ -178,17 +192,24 @@ def _kl_reference(ref: Reference, suite: str, suite_of: dict[str, str], group: l
         return
     ref.kl_best_uniform, ref.kl_best = bu.name, bu.kl[suite]
     if not ref.kl_best.low > 0:
-        ref.kl_gap_note = f"the KL of the best uniform ({bu.name}) on {suite} is not clearly positive: {_brief(ref.kl_best, '.3g')}"
+        ref.kl_gap_note = (
+            f"the KL of the best uniform ({bu.name}) on {suite} is not clearly positive: {_brief(ref.kl_best, '.3g')}"
+        )
     for row in group:
         if suite not in row.kl:
             continue
         if ref.kl_gap_note:
             row.kl_gap[suite] = Gap(None, ref.kl_gap_note, ref.kl_best)
             continue
-        tasks = [t for t in row.scores if suite_of.get(t) == suite and row.samples.get(t) and row.samples[t].kl is not None]
+        tasks = [
+            t for t in row.scores if suite_of.get(t) == suite and row.samples.get(t) and row.samples[t].kl is not None
+        ]
         arrays, why = aligned([row, bu], tasks, "kl")
-        row.kl_gap[suite] = (Gap(None, why, ref.kl_best) if arrays is None
-                             else stats.kl_gap_interval(arrays[0], arrays[1], denominator=ref.kl_best, **options))
+        row.kl_gap[suite] = (
+            Gap(None, why, ref.kl_best)
+            if arrays is None
+            else stats.kl_gap_interval(arrays[0], arrays[1], denominator=ref.kl_best, **options)
+        )
 
 
 def _brief(iv: Interval, spec: str = "+.1f") -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from polykv_search import stats
 from polykv_search.compare.gaps import compute_references
@@ -76,10 +77,17 @@ def compare(
         key = json.dumps([prov.get("model_fingerprint"), _task_fps(doc)], sort_keys=True) if mismatched else ""
         if key not in run_keys:
             run_keys.append(key)
-            runs.append({"label": Path(src).stem if mismatched else "", "model": prov.get("model"),
-                         "model_fingerprint": prov.get("model_fingerprint"), "sources": [],
-                         "settings": _public_settings(prov.get("settings") or {}), "engine": prov.get("engine"),
-                         "tasks": {t: (v or {}).get("samples") for t, v in (prov.get("tasks") or {}).items()}})
+            runs.append(
+                {
+                    "label": Path(src).stem if mismatched else "",
+                    "model": prov.get("model"),
+                    "model_fingerprint": prov.get("model_fingerprint"),
+                    "sources": [],
+                    "settings": _public_settings(prov.get("settings") or {}),
+                    "engine": prov.get("engine"),
+                    "tasks": {t: (v or {}).get("samples") for t, v in (prov.get("tasks") or {}).items()},
+                }
+            )
         run = run_keys.index(key)
         runs[run]["sources"].append(src)
         doc_run.append(run)
@@ -95,7 +103,9 @@ def compare(
     references = compute_references(rows, suites, suite_of, len(runs), options, warnings)
     statistics = {
         "method": f"{stats.METHOD} bootstrap (percentile where BCa has no finite bound), scipy.stats.bootstrap",
-        "level": level, "resamples": resamples, "seed": seed,
+        "level": level,
+        "resamples": resamples,
+        "seed": seed,
         "pairing": "every entry of a run is resampled on the same sample indices",
         "strata": "samples are resampled within each task; a suite score is the unweighted mean of its task scores",
         "task_suites": suite_of,
@@ -116,8 +126,10 @@ def _check_models(docs, sources, allow, warnings) -> bool:
     for doc, src in zip(docs[1:], sources[1:]):
         fp = doc["provenance"].get("model_fingerprint")
         if fp != first:
-            msg = (f"{sources[0]} and {src} were made with different models "
-                   f"({docs[0]['provenance'].get('model')} {first} vs {doc['provenance'].get('model')} {fp})")
+            msg = (
+                f"{sources[0]} and {src} were made with different models "
+                f"({docs[0]['provenance'].get('model')} {first} vs {doc['provenance'].get('model')} {fp})"
+            )
             if not allow:
                 raise CompareError(f"{msg}; pass --allow-mismatch to compare anyway")
             warnings.append(f"{msg}; compared anyway (--allow-mismatch)")
@@ -172,7 +184,9 @@ def _check_budgets(docs, sources, across) -> list[float]:
     budgets = sorted(found)
     if len(budgets) > 1 and not across:
         shown = ", ".join(f"{b:g} ({found[b]})" for b in budgets)
-        raise CompareError(f"results are at different budgets: B = {shown}; pass --across-budgets to group rows by budget")
+        raise CompareError(
+            f"results are at different budgets: B = {shown}; pass --across-budgets to group rows by budget"
+        )
     return budgets
 
 
@@ -183,7 +197,9 @@ def _check_runtime_settings(docs, sources, warnings) -> None:
         diff = [k for k in RUNTIME_SETTINGS if k in base and k in s and base[k] != s[k]]
         if diff:
             shown = ", ".join(f"{k} {base[k]!r} vs {s[k]!r}" for k in diff)
-            warnings.append(f"{sources[0]} and {src} differ in runtime settings ({shown}); scores may not be comparable")
+            warnings.append(
+                f"{sources[0]} and {src} differ in runtime settings ({shown}); scores may not be comparable"
+            )
 
 
 def _entry_is_full(e: dict[str, Any]) -> bool:
@@ -209,9 +225,14 @@ def _merge_rows(docs, sources, doc_run, warnings) -> list[Row]:
             row = rows.get(key)
             if row is None:
                 row = rows[key] = Row(
-                    name=e["name"], kind=e.get("kind") or "strategy", solver="full" if full else e.get("solver"),
-                    budget=budget, digest=digest, run=run,
-                    kv_bytes=num(e.get("kv_bytes")), full_kv_bytes=num(e.get("full_kv_bytes")),
+                    name=e["name"],
+                    kind=e.get("kind") or "strategy",
+                    solver="full" if full else e.get("solver"),
+                    budget=budget,
+                    digest=digest,
+                    run=run,
+                    kv_bytes=num(e.get("kv_bytes")),
+                    full_kv_bytes=num(e.get("full_kv_bytes")),
                     kv_ratio=num(e.get("kv_ratio")) if not full else (num(e.get("kv_ratio")) or 1.0),
                     strategy=e.get("strategy") if isinstance(e.get("strategy"), dict) else None,
                 )
@@ -263,8 +284,17 @@ def _assign_families(rows: list[Row]) -> None:
             label = key = row.name[: -len(suffix)]  # files named NAME-B{budget} (quickstart, reproduce.py)
         elif row.solver:
             label = row.solver
-            key = json.dumps([row.solver, prov.get("settings"), prov.get("phases_optimized"), prov.get("default_pattern"),
-                              prov.get("ablation")], sort_keys=True, default=str)
+            key = json.dumps(
+                [
+                    row.solver,
+                    prov.get("settings"),
+                    prov.get("phases_optimized"),
+                    prov.get("default_pattern"),
+                    prov.get("ablation"),
+                ],
+                sort_keys=True,
+                default=str,
+            )
         else:
             label = key = row.name
         keys.setdefault(label, {}).setdefault(key, row.name)
@@ -285,7 +315,6 @@ def _sort_rows(rows: list[Row]) -> list[Row]:
     return sorted(rows, key=rank)  # stable: file order within each kind
 
 
-
 def _disambiguate_names(rows: list[Row]) -> None:
     seen: dict[tuple, list[Row]] = {}
     for r in rows:
@@ -294,7 +323,6 @@ def _disambiguate_names(rows: list[Row]) -> None:
         if len(same) > 1:
             for r in same:
                 r.name = f"{r.name} [{r.digest[:6]}]"
-
 
 
 def _single_pattern(strategy: dict[str, Any] | None) -> str | None:
@@ -307,7 +335,11 @@ def _task_fps(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _public_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in settings.items() if k in ("suite", "samples", "context_len", "seed", "corpus", "budget", *RUNTIME_SETTINGS)}
+    return {
+        k: v
+        for k, v in settings.items()
+        if k in ("suite", "samples", "context_len", "seed", "corpus", "budget", *RUNTIME_SETTINGS)
+    }
 
 
 def _digest_of(e: dict[str, Any]) -> str:
@@ -322,5 +354,7 @@ def _check_sample_means(e: dict[str, Any], samples: dict, src: str, warnings: li
         stored = num((e.get("scores") or {}).get(task))
         mean = ts.mean()
         if stored is not None and mean is not None and abs(stored - mean) > 1e-6 * max(1.0, abs(stored)):
-            warnings.append(f"{src}: {e['name']} scores {stored:.2f} on {task} but its per-sample scores average "
-                            f"{mean:.2f}; its interval is of the per-sample mean")
+            warnings.append(
+                f"{src}: {e['name']} scores {stored:.2f} on {task} but its per-sample scores average "
+                f"{mean:.2f}; its interval is of the per-sample mean"
+            )

@@ -79,8 +79,11 @@ class Row:
             "suites": dict(self.suites),
             "intervals": {"scores": ivs(self.task_iv), "suites": ivs(self.suite_iv)},
             "vs_best_uniform": {
-                s: {"difference": None if d is None else d.to_json(), "resolved": bool(d is not None and d.excludes_zero),
-                    "note": self.diff_note.get(s)}
+                s: {
+                    "difference": None if d is None else d.to_json(),
+                    "resolved": bool(d is not None and d.excludes_zero),
+                    "note": self.diff_note.get(s),
+                }
                 for s, d in self.diff.items()
             },
             "kv_bytes": self.kv_bytes,
@@ -89,7 +92,11 @@ class Row:
             "kv_ratio": self.kv_ratio,
             "gap_recovered": dict(self.gap),
             "gap_recovered_interval": {s: g.to_json() for s, g in self.gap_iv.items()},
-            "fidelity": {"kl": ivs(self.kl), "dnll": ivs(self.dnll), "kl_gap_recovered": {s: g.to_json() for s, g in self.kl_gap.items()}},
+            "fidelity": {
+                "kl": ivs(self.kl),
+                "dnll": ivs(self.dnll),
+                "kl_gap_recovered": {s: g.to_json() for s, g in self.kl_gap.items()},
+            },
             "sources": list(self.sources),
         }
 
@@ -166,9 +173,10 @@ class Comparison:
         return {
             "schema": COMPARISON_SCHEMA,
             "version": COMPARISON_VERSION,
-            "definition": "gap_recovered = (S_strategy - S_bestuniform) / (S_full - S_bestuniform) per run, budget and suite; "
-            "null when FullKV or every uniform baseline is missing, or when S_full - S_bestuniform is not clearly "
-            "positive (its paired interval does not lie above 0; S_full <= S_bestuniform without per-sample scores). "
+            "definition": "gap_recovered = (S_strategy - S_bestuniform) / (S_full - S_bestuniform) "
+            "per run, budget and suite; null when FullKV or every uniform baseline is missing, or when "
+            "S_full - S_bestuniform is not clearly positive (its paired interval does not lie above 0; "
+            "S_full <= S_bestuniform without per-sample scores). "
             "kl_gap_recovered = (KL_bestuniform - KL_entry) / KL_bestuniform, KL_bestuniform the lowest uniform KL.",
             "statistics": dict(self.statistics),
             "sources": list(self.sources),

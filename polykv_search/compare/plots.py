@@ -101,8 +101,15 @@ def _plot_layers(sub, c: Comparison, grid, n_rows: int, n_cols: int, Patch, by_b
                     used.append(p)
             cols = [colors[p] for p in pats]
             if hatch:  # decoding: pale fill, hatched in the pattern's color
-                ax.bar([k + offset for k in x], budgets, width=0.4, color=[_pale(c_) for c_ in cols],
-                       hatch=hatch, edgecolor=cols, linewidth=0.0)
+                ax.bar(
+                    [k + offset for k in x],
+                    budgets,
+                    width=0.4,
+                    color=[_pale(c_) for c_ in cols],
+                    hatch=hatch,
+                    edgecolor=cols,
+                    linewidth=0.0,
+                )
             else:
                 ax.bar([k + offset for k in x], budgets, width=0.4, color=cols, linewidth=0.0)
         if row.budget is not None:
@@ -116,8 +123,16 @@ def _plot_layers(sub, c: Comparison, grid, n_rows: int, n_cols: int, Patch, by_b
         ax.set_xlim(-0.7, len(layers) - 0.3)
         ax.margins(y=0.05)
     handles = [Patch(facecolor=colors[p], label=p) for p in used]
-    handles += [Patch(facecolor="dimgray", label="prefill (left bar)"),
-                Patch(facecolor=_pale("dimgray"), hatch="////", edgecolor="dimgray", linewidth=0.0, label="decoding (right bar, hatched)")]
+    handles += [
+        Patch(facecolor="dimgray", label="prefill (left bar)"),
+        Patch(
+            facecolor=_pale("dimgray"),
+            hatch="////",
+            edgecolor="dimgray",
+            linewidth=0.0,
+            label="decoding (right bar, hatched)",
+        ),
+    ]
     handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.8, label="global budget B"))
     sub.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize=8, frameon=False)
     sub.suptitle("(a) per-layer budgets and patterns", fontsize=10, x=0.01, ha="left")
@@ -131,16 +146,31 @@ def _plot_sweep(sub, c: Comparison) -> None:
         families = ordered(r.family for r in c.rows if not r.is_full)
         for k, fam in enumerate(families):
             for run in range(len(c.runs)):
-                pts = sorted((r for r in c.rows if r.family == fam and r.run == run and r.budget is not None
-                              and finite(r.suites.get(suite))), key=lambda r: r.budget)
+                pts = sorted(
+                    (
+                        r
+                        for r in c.rows
+                        if r.family == fam and r.run == run and r.budget is not None and finite(r.suites.get(suite))
+                    ),
+                    key=lambda r: r.budget,
+                )
                 if not pts:
                     continue
                 label = fam if not c.multi_run else f"{fam} [{c.runs[run]['label']}]"
                 err = _yerr(pts, suite)
                 dodge = 2 ** (0.025 * (k - (len(families) - 1) / 2))  # error bars of one budget side by side
-                ax.errorbar([r.budget * dodge for r in pts], [r.suites[suite] for r in pts], yerr=[[e[0] for e in err], [e[1] for e in err]],
-                            marker=markers[k % len(markers)], linestyle="-" if "uniform" not in fam else "--", label=label,
-                            linewidth=1.3, markersize=5, capsize=3, elinewidth=0.9)
+                ax.errorbar(
+                    [r.budget * dodge for r in pts],
+                    [r.suites[suite] for r in pts],
+                    yerr=[[e[0] for e in err], [e[1] for e in err]],
+                    marker=markers[k % len(markers)],
+                    linestyle="-" if "uniform" not in fam else "--",
+                    label=label,
+                    linewidth=1.3,
+                    markersize=5,
+                    capsize=3,
+                    elinewidth=0.9,
+                )
         for r in c.rows:
             if r.is_full and finite(r.suites.get(suite)):
                 label = "FullKV" if not c.multi_run else f"FullKV [{c.runs[r.run]['label']}]"
@@ -170,13 +200,22 @@ def _plot_bars(sub, c: Comparison, prefix: str = "") -> None:
     for k, suite in enumerate(suites):
         vals = [r.suites.get(suite) if finite(r.suites.get(suite)) else 0.0 for r in c.rows]
         err = _yerr(c.rows, suite)
-        ax.bar([i + (k - (len(suites) - 1) / 2) * width for i in range(len(c.rows))], vals, width=width, label=suite,
-               yerr=[[e[0] for e in err], [e[1] for e in err]], capsize=2, error_kw={"elinewidth": 0.8})
+        ax.bar(
+            [i + (k - (len(suites) - 1) / 2) * width for i in range(len(c.rows))],
+            vals,
+            width=width,
+            label=suite,
+            yerr=[[e[0] for e in err], [e[1] for e in err]],
+            capsize=2,
+            error_kw={"elinewidth": 0.8},
+        )
     ax.set_xticks(range(len(c.rows)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("score", fontsize=8)
     ax.legend(fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
-    title = "suite scores" + (f" with {100 * c.statistics.get('level', 0.95):.0f}% bootstrap intervals" if c.has_intervals else "")
+    title = "suite scores" + (
+        f" with {100 * c.statistics.get('level', 0.95):.0f}% bootstrap intervals" if c.has_intervals else ""
+    )
     sub.suptitle(prefix + title, fontsize=10, x=0.01, ha="left")
 
 

@@ -78,11 +78,16 @@ def check_results(doc: Any, where: str = "results") -> None:
     if not isinstance(doc, dict):
         raise CompareError(f"{where}: the top level must be a JSON object")
     if doc.get("schema") != RESULTS_SCHEMA:
-        raise CompareError(f"{where}: schema is {doc.get('schema')!r}, expected {RESULTS_SCHEMA!r} (a `polykv-search score` results file)")
+        raise CompareError(
+            f"{where}: schema is {doc.get('schema')!r}, expected {RESULTS_SCHEMA!r} "
+            "(a `polykv-search score` results file)"
+        )
     version = doc.get("version")
     if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
         known = " and ".join(str(v) for v in SUPPORTED_VERSIONS)
-        raise CompareError(f"{where}: unsupported results version {version!r} (this polykv-search reads versions {known})")
+        raise CompareError(
+            f"{where}: unsupported results version {version!r} (this polykv-search reads versions {known})"
+        )
     check = _Checker(where)
     prov = doc.get("provenance")
     if not isinstance(prov, dict):
@@ -98,7 +103,10 @@ def check_results(doc: Any, where: str = "results") -> None:
         for key in ("scores", "suites"):
             for name, v in (e.get(key) or {}).items():
                 if _number(v) is None:
-                    raise CompareError(f"{where}: entries[{i}] ({_safe(e['name'])}) {key}.{_safe(name)} must be a finite number, got {v!r}")
+                    raise CompareError(
+                        f"{where}: entries[{i}] ({_safe(e['name'])}) {key}.{_safe(name)} "
+                        f"must be a finite number, got {v!r}"
+                    )
         entry_samples(e, f"{where}: entries[{i}] ({_safe(e['name'])})")
 
 

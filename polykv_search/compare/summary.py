@@ -30,9 +30,11 @@ def notes(c: Comparison) -> list[str]:
     st = c.statistics
     lines = []
     if c.has_intervals:
-        lines.append(f"±: half-width of the {100 * st.get('level', stats.LEVEL):.0f}% paired bootstrap interval "
-                     f"({st.get('resamples')} resamples, seed {st.get('seed')}; ±? = a task has a single sample); "
-                     "▲/▼: resolved difference to the best uniform at the same budget (its interval excludes 0)")
+        lines.append(
+            f"±: half-width of the {100 * st.get('level', stats.LEVEL):.0f}% paired bootstrap interval "
+            f"({st.get('resamples')} resamples, seed {st.get('seed')}; ±? = a task has a single sample); "
+            "▲/▼: resolved difference to the best uniform at the same budget (its interval excludes 0)"
+        )
     else:
         lines.append("no per-sample scores in these results: no intervals")
     for (run, budget), refs in _by_group(c).items():
@@ -58,13 +60,17 @@ def unresolved(c: Comparison) -> list[str]:
     for ref in c.references:
         d = ref.full_minus_uniform
         if d is not None and not d.excludes_zero:
-            lines.append(f"{ref.full} vs {ref.best_uniform} on {ref.suite} (B={fmt_budget(ref.budget)}): {_pm(d)}, not resolved")
+            lines.append(
+                f"{ref.full} vs {ref.best_uniform} on {ref.suite} (B={fmt_budget(ref.budget)}): {_pm(d)}, not resolved"
+            )
     for row in c.rows:
         for suite, d in row.diff.items():
             if d is not None and not d.excludes_zero:
                 ref = c.reference(row.run, row.budget, suite)
-                lines.append(f"{row.name} vs {ref.best_uniform if ref else 'best uniform'} on {suite} "
-                             f"(B={fmt_budget(row.budget)}): {_pm(d)}, not resolved")
+                lines.append(
+                    f"{row.name} vs {ref.best_uniform if ref else 'best uniform'} on {suite} "
+                    f"(B={fmt_budget(row.budget)}): {_pm(d)}, not resolved"
+                )
     return lines
 
 
@@ -81,8 +87,10 @@ def unresolved_warning(c: Comparison, shown: int = 3) -> str | None:
         return None
     level = f"{100 * c.statistics.get('level', stats.LEVEL):.0f}%"
     names = [f"{n} on {s}" for n, s in open_[:shown]] + ["…"] * (len(open_) > shown)
-    line = (f"{len(open_)} of {len(diffs)} differences to the best uniform are not resolved (their {level} intervals "
-            f"contain 0)" + (": " + ", ".join(names) if names else ""))
+    line = (
+        f"{len(open_)} of {len(diffs)} differences to the best uniform are not resolved (their {level} intervals "
+        f"contain 0)" + (": " + ", ".join(names) if names else "")
+    )
     if refs:
         line += f"; FullKV − best uniform is not resolved on {', '.join(sorted({r.suite for r in refs}))} (gap n/a)"
     return line

@@ -9,8 +9,9 @@ resolved (its interval excludes 0) above / below it; no mark means "not resolved
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from polykv_search.compare.merging import compare
 from polykv_search.compare.model import Comparison, Row, finite, fmt_budget
@@ -215,8 +216,14 @@ def to_markdown(c: Comparison, tasks: bool = False, details: bool = True) -> str
     return "\n".join(lines) + "\n"
 
 
-RICH_HEADERS = {"kv_mib": "KV\nMiB", "kv_ratio": "KV %\nFull", "gap": "gap\n{}", "diff": "Δ\n{}", "kl": "KL\n{}",
-                "klgap": "KL gap\n{}"}
+RICH_HEADERS = {
+    "kv_mib": "KV\nMiB",
+    "kv_ratio": "KV %\nFull",
+    "gap": "gap\n{}",
+    "diff": "Δ\n{}",
+    "kl": "KL\n{}",
+    "klgap": "KL gap\n{}",
+}
 
 
 def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, details: bool = False):
@@ -230,8 +237,14 @@ def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, detail
 
     cols = columns(c, tasks, details, budget=False)
     best = best_cells(c, cols)
-    table = Table(title=title if title is not None else describe(c), box=box.SIMPLE_HEAD, pad_edge=False,
-                  show_edge=False, collapse_padding=True, title_justify="left")
+    table = Table(
+        title=title if title is not None else describe(c),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        collapse_padding=True,
+        title_justify="left",
+    )
     for col in cols:
         header = col.header.split("/")[-1] if col.kind == "task" else col.header
         if col.kind in RICH_HEADERS:

@@ -158,5 +158,6 @@ def load_austen(selection: str | None = None, *, spec: str = "austen") -> Corpus
         texts, source = cached
         where = f"{source} (via the cache in {_cache_paths()[0]})"
     documents = [Document(id=_TITLE_OF[n], title=_TITLE_OF[n], text=texts[n]) for n in names]
-    return Corpus(name="austen", documents=documents, spec=spec,
-                  note=f"Jane Austen's novels ({len(documents)} of 6) from {where}")
+    return Corpus(
+        name="austen", documents=documents, spec=spec, note=f"Jane Austen's novels ({len(documents)} of 6) from {where}"
+    )

@@ -109,5 +109,6 @@ def load_debian_faq(*, spec: str = "debian-faq") -> Corpus:
         text, source = cached
         where = f"{source} (via the cache in {_cache_paths()[0].parent})"
     docs = split_chapters(text)
-    return Corpus(name="debian-faq", documents=docs, spec=spec,
-                  note=f"the Debian FAQ, {len(docs)} chapters, from {where}")
+    return Corpus(
+        name="debian-faq", documents=docs, spec=spec, note=f"the Debian FAQ, {len(docs)} chapters, from {where}"
+    )

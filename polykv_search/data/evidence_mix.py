@@ -42,7 +42,9 @@ class RetrievalMix:
         the mix asks for more than there are, or a positive fraction rounds to none."""
         if self.count is not None:
             if self.count > n_samples:
-                raise DataError(f"retrieval mix {self.spec!r}: {self.count} evidence samples, but only {n_samples} samples")
+                raise DataError(
+                    f"retrieval mix {self.spec!r}: {self.count} evidence samples, but only {n_samples} samples"
+                )
             return self.count
         k = math.floor(self.fraction * n_samples + 0.5)
         if self.fraction > 0 and k == 0:
@@ -69,7 +71,10 @@ def parse_retrieval_mix(value: str | int | float | None, *, records: int = DEFAU
             return RetrievalMix(text, count=count, records=records) if count else None
         fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
-        raise DataError(f"retrieval mix {text!r}: expected a count (e.g. 2), a fraction in [0, 1] (e.g. 0.5) or a percentage (e.g. 25%)") from None
+        raise DataError(
+            f"retrieval mix {text!r}: expected a count (e.g. 2), a fraction in [0, 1] (e.g. 0.5) "
+            "or a percentage (e.g. 25%)"
+        ) from None
     if fraction < 0:
         raise DataError(f"retrieval mix {text!r}: must not be negative (a count such as 2, or a fraction in [0, 1])")
     if not math.isfinite(fraction) or not 0 <= fraction <= 1:

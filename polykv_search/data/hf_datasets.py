@@ -99,8 +99,11 @@ def load_hf(rest: str, *, spec: str | None = None) -> Corpus:
         if len(set(given)) == len(given):
             ids = given
     titles = [str(t) for t in ds["title"]] if "title" in ds.column_names else ids
-    docs = [Document(id=i, title=t, text=x) for i, t, x in zip(ids, titles, texts)
-            if isinstance(x, str) and x.strip()]
+    docs = [Document(id=i, title=t, text=x) for i, t, x in zip(ids, titles, texts) if isinstance(x, str) and x.strip()]
     label = f"hf:{name}" + (f":{config}" if config else "")
-    return Corpus(name=label, documents=docs, spec=spec or f"hf:{rest}",
-                  note=f"datasets {how}, column {text_col!r}, {len(docs)} non-empty rows")
+    return Corpus(
+        name=label,
+        documents=docs,
+        spec=spec or f"hf:{rest}",
+        note=f"datasets {how}, column {text_col!r}, {len(docs)} non-empty rows",
+    )

@@ -110,5 +110,9 @@ def load_local(path: str | Path, *, spec: str | None = None) -> Corpus:
         docs = _parquet_documents(path)
     else:
         raise DataError(f"{path}: unsupported corpus file type {suffix or '(none)'} (use .txt, .jsonl, .parquet)")
-    return Corpus(name=path.name, documents=docs, spec=spec or str(path),
-                  note=f"local {'directory' if path.is_dir() else suffix[1:]} {path.resolve()}")
+    return Corpus(
+        name=path.name,
+        documents=docs,
+        spec=spec or str(path),
+        note=f"local {'directory' if path.is_dir() else suffix[1:]} {path.resolve()}",
+    )

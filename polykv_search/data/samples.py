@@ -120,12 +120,14 @@ def make_samples(
         gaps = sorted(rng.randint(0, slack) for _ in range(k))
         for i, gap in enumerate(gaps):
             start = gap + i * window
-            samples.append(Sample(
-                context_ids=ids[start : start + context_len],
-                continuation_ids=ids[start + context_len : start + window],
-                doc_id=doc.id,
-                offset=start,
-            ))
+            samples.append(
+                Sample(
+                    context_ids=ids[start : start + context_len],
+                    continuation_ids=ids[start + context_len : start + window],
+                    doc_id=doc.id,
+                    offset=start,
+                )
+            )
     rng.shuffle(samples)
     return samples
 
@@ -162,4 +164,3 @@ def describe_samples(
         "fingerprint": samples_fingerprint(samples),
         "windows": [[s.doc_id, s.offset] for s in samples],
     }
-

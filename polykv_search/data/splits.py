@@ -17,7 +17,7 @@ def _check_role(role: str) -> None:
 
 
 def _unit_hash(doc_id: str) -> float:
-    digest = hashlib.sha256(f"polykv-split:{doc_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"polykv-split:{doc_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from polykv_search.evaluation.samples import Sample
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 from polykv_search.evaluation.base import SampleCheckError, Task, as_texts, check_request, sample_rng
 from polykv_search.evaluation.ruler import ADJECTIVES, NOUNS
@@ -77,9 +78,7 @@ class Continuation(Task):
             if window is None:  # no single document is long enough: use them all, in order
                 stream = _encode(tokenizer, "\n\n".join(docs))
                 if len(stream) < need:
-                    raise ValueError(
-                        f"the held-out text has {len(stream)} tokens; {need} are needed for one sample"
-                    )
+                    raise ValueError(f"the held-out text has {len(stream)} tokens; {need} are needed for one sample")
                 offset = rng.randint(0, len(stream) - need)
                 window = stream[offset : offset + need]
                 where = {"document": "all documents", "token_offset": offset}
@@ -232,4 +231,3 @@ class ManyShotClassification(Task):
 
 
 BROAD_TASKS: tuple[type[Task], ...] = (Continuation, ManyShotClassification)
-

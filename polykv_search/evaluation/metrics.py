@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 # ====================================================================================== RULER
 _CONTROL = re.compile(r"[\x00-\x1f]")

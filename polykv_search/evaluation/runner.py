@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import inspect
 import time
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any
 
 import torch
 
@@ -172,7 +173,7 @@ def run_task(
     tokenizer,
     task: Task,
     samples: Sequence[Sample],
-    runner: Callable[[], ContextManager] | None = None,
+    runner: Callable[[], AbstractContextManager] | None = None,
     max_new_tokens: int | None = None,
     *,
     chat: bool | None = None,
@@ -206,7 +207,7 @@ def run_task(
     try:
         for i, sample in enumerate(samples):
             context_ids, question_ids = encode_prompt(tokenizer, sample, chat)
-            with (runner() if runner is not None else nullcontext()) as entered:
+            with runner() if runner is not None else nullcontext() as entered:
                 if task.kind == "teacher_forced":
                     pred, timing = teacher_forced(model, context_ids, continuation_ids(sample), caller)
                     n_new = 0
@@ -238,7 +239,9 @@ def generation_limit(task: Task, sample: Sample, max_new_tokens: int | None) -> 
     return task.max_new_tokens if limit is None else limit
 
 
-def sample_record(task: Task, sample: Sample, pred: Any, context_ids, question_ids, n_new: int, timing: dict) -> dict[str, Any]:
+def sample_record(
+    task: Task, sample: Sample, pred: Any, context_ids, question_ids, n_new: int, timing: dict
+) -> dict[str, Any]:
     """The per-sample record of a results file (fidelity ``kl``/``dnll`` lifted to the top level)."""
     record = {
         "id": sample.id,
@@ -294,7 +297,11 @@ class TaskAccumulator:
             per_sample=self.records,
             extra=task.extra_metrics(self.predictions, samples) if samples else {},
             timing=timing,
-            meta={**task.info(), "samples_fingerprint": samples_fingerprint(samples), "prompt_tokens": self.prompt_tokens},
+            meta={
+                **task.info(),
+                "samples_fingerprint": samples_fingerprint(samples),
+                "prompt_tokens": self.prompt_tokens,
+            },
         )
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Sample:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Sample":
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
         return cls(**data)
 
 
@@ -153,8 +154,7 @@ def fit_to_length(
     first = build(lo)
     if measure(first) > target:
         raise ValueError(
-            f"context length {target} is too short for this task "
-            f"(its smallest prompt has {measure(first)} tokens)"
+            f"context length {target} is too short for this task (its smallest prompt has {measure(first)} tokens)"
         )
     best, best_n = first, lo
     a, b = lo + 1, hi
@@ -175,9 +175,7 @@ def grow_to_fit(
     """The largest size whose prompt fits ``target``: a linear estimate, bracketed, then bisected."""
     base = measure(build(lo))
     if base > target:
-        raise ValueError(
-            f"context length {target} is too short for this task (its smallest prompt has {base} tokens)"
-        )
+        raise ValueError(f"context length {target} is too short for this task (its smallest prompt has {base} tokens)")
     probe = max(lo + 1, min(guess, lo + 256))
     per_unit = (measure(build(probe)) - base) / (probe - lo)
     if per_unit <= 0:

@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from polykv_search.evaluation.base import SUITES, Task
 from polykv_search.evaluation.broad import BROAD_TASKS
@@ -24,8 +25,16 @@ _REGISTRY: dict[str, tuple[str, Callable[..., Task]]] = {}
 SUITE_TASKS: dict[str, tuple[str, ...]] = {}
 
 DEFAULT_LONGBENCH = (
-    "narrativeqa", "qasper", "hotpotqa", "2wikimqa", "gov_report",
-    "trec", "triviaqa", "passage_count", "lcc", "repobench-p",
+    "narrativeqa",
+    "qasper",
+    "hotpotqa",
+    "2wikimqa",
+    "gov_report",
+    "trec",
+    "triviaqa",
+    "passage_count",
+    "lcc",
+    "repobench-p",
 )
 
 

@@ -35,9 +35,10 @@ lm-eval's results under ``polykv`` (see :meth:`PolyKVLM.kv_summary`).
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -146,7 +147,9 @@ class PolyKVLM(HFLM):
     ) -> None:
         if isinstance(decode_interval, bool) or not isinstance(decode_interval, int) or decode_interval < 1:
             raise StrategyError(f"polykv: decode_interval must be a positive integer, got {decode_interval!r}")
-        if isinstance(pretrained, str) and (device is None or (str(device).startswith("cuda") and not torch.cuda.is_available())):
+        if isinstance(pretrained, str) and (
+            device is None or (str(device).startswith("cuda") and not torch.cuda.is_available())
+        ):
             if device is not None:  # lm-eval's CLI defaults to cuda:0 even where there is none
                 log.warning("polykv: device %s is not available; using cpu", device)
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,7 +180,7 @@ class PolyKVLM(HFLM):
     def _runtime(self):
         return apply_strategy(self.model, self.strategy, decode_interval=self.decode_interval)
 
-    def _autocast(self) -> ContextManager:
+    def _autocast(self) -> AbstractContextManager:
         if self.mixed_precision_dtype is None:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype)
@@ -284,7 +287,10 @@ class PolyKVLM(HFLM):
         if summary["requests"]:
             log.info(
                 "polykv: %s held %.3f MiB of KV per request on average, %.1f%% of FullKV (%d requests)",
-                self.strategy_name, summary["kv_bytes"] / 2**20, 100 * (summary["kv_ratio"] or 0.0), summary["requests"],
+                self.strategy_name,
+                summary["kv_bytes"] / 2**20,
+                100 * (summary["kv_ratio"] or 0.0),
+                summary["requests"],
             )
         return info
 

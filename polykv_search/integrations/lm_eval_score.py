@@ -20,10 +20,11 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import lm_eval
 from lm_eval.tasks import TaskManager
@@ -115,7 +116,12 @@ def run_entries(
     (its ``samples`` logged, its ``config.polykv`` block holding the KV bytes)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} requests"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed} requests"),
+        TimeElapsedColumn(),
+    ]
     runs = []
     with Progress(*columns, console=console, disable=console is None) as bar:
         for i, entry in enumerate(entries):
@@ -127,7 +133,13 @@ def run_entries(
 
 
 def run_entry(
-    model, tokenizer, entry: Entry, request: LMEvalRequest, *, decode_interval: int = 1, on_request: Callable[[], None] | None = None
+    model,
+    tokenizer,
+    entry: Entry,
+    request: LMEvalRequest,
+    *,
+    decode_interval: int = 1,
+    on_request: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """One entry through ``lm_eval.simple_evaluate`` (samples logged, no bootstrap: compare does its own)."""
     lm = PolyKVLM(pretrained=model, tokenizer=tokenizer, strategy=entry.strategy, decode_interval=decode_interval)
@@ -202,9 +214,13 @@ def fold_task(task: str, results: dict[str, Any], kv_log: Sequence[Any], metric:
     mean = sum(values) / len(values)
     reported = results.get("results", {}).get(task, {}).get(f"{metric},{filt}")
     if isinstance(reported, (int, float)) and not math.isclose(reported, mean, rel_tol=1e-6, abs_tol=1e-9):
-        raise LMEvalError(f"lm-eval task {task}: metric {metric} is not a mean over documents; pick one with {task}:METRIC")
+        raise LMEvalError(
+            f"lm-eval task {task}: metric {metric} is not a mean over documents; pick one with {task}:METRIC"
+        )
     if results.get("higher_is_better", {}).get(task, {}).get(metric) is False:
-        raise LMEvalError(f"lm-eval task {task}: metric {metric} is lower-is-better; pick a higher-is-better one with {task}:METRIC")
+        raise LMEvalError(
+            f"lm-eval task {task}: metric {metric} is lower-is-better; pick a higher-is-better one with {task}:METRIC"
+        )
     kv = _kv_per_doc(task, kv_log)
     records = []
     for s, v in zip(rows, values):
@@ -233,7 +249,10 @@ def _value(task: str, metric: str, v: Any) -> float:
     if isinstance(v, bool):
         return float(v)
     if not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise LMEvalError(f"lm-eval task {task}: metric {metric} has no per-document number (got {type(v).__name__}); pick one with {task}:METRIC")
+        raise LMEvalError(
+            f"lm-eval task {task}: metric {metric} has no per-document number (got {type(v).__name__}); "
+            f"pick one with {task}:METRIC"
+        )
     return float(v)
 
 

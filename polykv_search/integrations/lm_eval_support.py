@@ -21,7 +21,9 @@ def require_lm_eval() -> None:
         import lm_eval  # noqa: F401
         from lm_eval.models.huggingface import HFLM  # noqa: F401
     except ImportError as err:
-        raise LMEvalError(f"lm-eval integration needs lm-evaluation-harness ({err}); install it with: {INSTALL_HINT}") from None
+        raise LMEvalError(
+            f"lm-eval integration needs lm-evaluation-harness ({err}); install it with: {INSTALL_HINT}"
+        ) from None
 
 
 def register_lazily() -> None:

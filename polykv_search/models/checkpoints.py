@@ -9,8 +9,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 #: Bumped when the layout or content of cached checkpoints changes; old ones are then rebuilt.
 CHECKPOINT_FORMAT = 1

@@ -36,10 +36,6 @@ def model_fingerprint(model) -> str:
     else:
         raw = str(getattr(config, "name_or_path", "") or "")
         name = Path(raw).name if os.path.isabs(raw) or raw.startswith(".") else raw
-    fields = {
-        k: v
-        for k, v in config.to_dict().items()
-        if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS
-    }
+    fields = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k not in _VOLATILE_CONFIG_KEYS}
     payload = json.dumps({"name": name, "config": fields}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]

@@ -129,9 +129,8 @@ def _convert_gguf(
     context_length: int | None = None,
 ) -> dict[str, Any]:
     """Load ``gguf_file`` with transformers (dequantized to fp32) and save it as a plain checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: seconds to import (CLI start-up)
-
     import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: seconds to import (CLI start-up)
 
     directory, filename = str(gguf_file.parent), gguf_file.name
     try:

@@ -39,9 +39,7 @@ def parse_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device.strip().lower() if isinstance(device, str) else device)
     except (RuntimeError, TypeError, ValueError):
-        raise ModelError(
-            f"invalid device {device!r}: expected 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'"
-        ) from None
+        raise ModelError(f"invalid device {device!r}: expected 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'") from None
     if dev.type == "cpu":
         return torch.device("cpu")
     if dev.type == "cuda":
@@ -66,7 +64,5 @@ def _check_attn_implementation(attn_implementation: str) -> str:
 
     allowed = ["eager", *ALL_ATTENTION_FUNCTIONS.keys()]
     if not isinstance(attn_implementation, str) or attn_implementation not in allowed:
-        raise ModelError(
-            f"invalid attn_implementation {attn_implementation!r}: expected one of {', '.join(allowed)}"
-        )
+        raise ModelError(f"invalid attn_implementation {attn_implementation!r}: expected one of {', '.join(allowed)}")
     return attn_implementation

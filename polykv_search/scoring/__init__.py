@@ -8,7 +8,13 @@ with the shared engine (one FullKV context pass per sample, entries batched:
 reference); :mod:`~polykv_search.scoring.document` writes the results file.
 """
 
-from polykv_search.scoring.document import READABLE_VERSIONS, RESULTS_SCHEMA, RESULTS_VERSION, entry_record, results_document
+from polykv_search.scoring.document import (
+    READABLE_VERSIONS,
+    RESULTS_SCHEMA,
+    RESULTS_VERSION,
+    entry_record,
+    results_document,
+)
 from polykv_search.scoring.engine import ENGINES, score_entries, score_entry
 from polykv_search.scoring.entries import Entry, ScoreError
 from polykv_search.scoring.shared import SharedScorer, plan_groups

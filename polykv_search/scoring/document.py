@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import polykv_search
 from polykv_search.evaluation import TaskResult, samples_fingerprint, suite_scores
@@ -64,7 +65,8 @@ def results_document(
     timing: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     tasks = {
-        n: {"version": t.version, "suite": t.suite, "samples": samples_fingerprint(s)} for n, (t, s) in task_samples.items()
+        n: {"version": t.version, "suite": t.suite, "samples": samples_fingerprint(s)}
+        for n, (t, s) in task_samples.items()
     }
     return {
         "schema": RESULTS_SCHEMA,

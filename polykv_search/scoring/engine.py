@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from polykv_search.evaluation.runner import (
     TaskAccumulator,
@@ -75,7 +76,11 @@ def score_entries(
     model.eval()
     # the shared engine runs under one applied FullKV runtime (for its attention function and layer
     # settings); the per-entry path applies each entry's strategy itself
-    shared = apply_strategy(model, Strategy.full(num_layers), decode_interval=decode_interval) if engine == "shared" else nullcontext()
+    shared = (
+        apply_strategy(model, Strategy.full(num_layers), decode_interval=decode_interval)
+        if engine == "shared"
+        else nullcontext()
+    )
     try:
         with shared as runtime:
             scorer = None
@@ -94,8 +99,12 @@ def score_entries(
                             model, entries, job, decode_interval=decode_interval, fidelity=fidelity, caller=caller
                         )
                     for i, out in enumerate(outcomes):
-                        pred = out.pred if job.teacher_forced else tokenizer.decode(out.new_ids, skip_special_tokens=True)
-                        record = sample_record(task, sample, pred, job.context_ids, job.question_ids, len(out.new_ids), out.timing)
+                        pred = (
+                            out.pred if job.teacher_forced else tokenizer.decode(out.new_ids, skip_special_tokens=True)
+                        )
+                        record = sample_record(
+                            task, sample, pred, job.context_ids, job.question_ids, len(out.new_ids), out.timing
+                        )
                         record["kv_bytes"], record["full_kv_bytes"] = out.kv_bytes, out.full_kv_bytes
                         accs[i].add(pred, record)
                         kv[i].append(out.kv_bytes)

@@ -6,7 +6,7 @@ the plain use of the runtime: ``apply_strategy`` around the evaluation runner's 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from polykv_search.evaluation.fidelity import continuation_outcome, log_probs
 from polykv_search.evaluation.runner import _Caller, greedy_generate, teacher_forced_logits

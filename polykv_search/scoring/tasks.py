@@ -3,7 +3,8 @@ evaluation split of a corpus."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from polykv_search.data import describe_split, load_corpus, split_corpus
 from polykv_search.evaluation import tasks_for

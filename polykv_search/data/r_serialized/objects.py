@@ -29,7 +29,7 @@ class RObject:
 
     type: str
     value: Any = None
-    attributes: dict[str, "RObject"] = field(default_factory=dict)
+    attributes: dict[str, RObject] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str] | None:

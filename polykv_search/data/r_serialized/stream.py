@@ -9,19 +9,41 @@ from polykv_search.data.r_serialized.objects import RDataError, RObject
 
 # SEXP type codes (Rinternals.h) and the pseudo types used only in streams (serialize.c).
 _TYPE_NAMES = {
-    0: "NULL", 1: "symbol", 2: "pairlist", 3: "closure", 4: "environment", 5: "promise",
-    6: "language", 7: "special", 8: "builtin", 9: "char", 10: "logical", 13: "integer",
-    14: "double", 15: "complex", 16: "character", 17: "...", 19: "list", 20: "expression",
-    21: "bytecode", 22: "externalptr", 23: "weakref", 24: "raw", 25: "S4",
+    0: "NULL",
+    1: "symbol",
+    2: "pairlist",
+    3: "closure",
+    4: "environment",
+    5: "promise",
+    6: "language",
+    7: "special",
+    8: "builtin",
+    9: "char",
+    10: "logical",
+    13: "integer",
+    14: "double",
+    15: "complex",
+    16: "character",
+    17: "...",
+    19: "list",
+    20: "expression",
+    21: "bytecode",
+    22: "externalptr",
+    23: "weakref",
+    24: "raw",
+    25: "S4",
 }
 _PAIRLIKE = {2, 3, 5, 6, 17}  # LISTSXP, CLOSXP, PROMSXP, LANGSXP, DOTSXP
 _REFSXP, _NILVALUE_SXP, _GLOBALENV_SXP, _UNBOUNDVALUE_SXP = 255, 254, 253, 252
 _MISSINGARG_SXP, _BASENAMESPACE_SXP, _NAMESPACESXP, _PACKAGESXP = 251, 250, 249, 248
 _PERSISTSXP, _EMPTYENV_SXP, _BASEENV_SXP, _ALTREP_SXP = 247, 242, 241, 238
 _CONSTANTS = {
-    _GLOBALENV_SXP: "R_GlobalEnv", _UNBOUNDVALUE_SXP: "R_UnboundValue",
-    _MISSINGARG_SXP: "R_MissingArg", _BASENAMESPACE_SXP: "R_BaseNamespace",
-    _EMPTYENV_SXP: "R_EmptyEnv", _BASEENV_SXP: "R_BaseEnv",
+    _GLOBALENV_SXP: "R_GlobalEnv",
+    _UNBOUNDVALUE_SXP: "R_UnboundValue",
+    _MISSINGARG_SXP: "R_MissingArg",
+    _BASENAMESPACE_SXP: "R_BaseNamespace",
+    _EMPTYENV_SXP: "R_EmptyEnv",
+    _BASEENV_SXP: "R_BaseEnv",
 }
 _NA_INTEGER = -(2**31)
 _NA_REAL_LOW_WORD = 1954  # R's NA_real_ is the NaN whose low word is 1954
@@ -81,7 +103,6 @@ class _Reader:
         sxp = flags & 0xFF
         levels = flags >> 12
         has_attr = bool(flags & (1 << 9))
-        has_tag = bool(flags & (1 << 10))
 
         if sxp == _NILVALUE_SXP:
             return RObject("NULL")
@@ -101,8 +122,10 @@ class _Reader:
             self.refs.append(obj)
             return obj
         if sxp in (_PACKAGESXP, _NAMESPACESXP):
-            obj = RObject("environment", ("package:" if sxp == _PACKAGESXP else "namespace:")
-                          + ":".join(s or "" for s in self._string_vec()))
+            obj = RObject(
+                "environment",
+                ("package:" if sxp == _PACKAGESXP else "namespace:") + ":".join(s or "" for s in self._string_vec()),
+            )
             self.refs.append(obj)
             return obj
         if sxp == 4:  # ENVSXP
@@ -192,9 +215,13 @@ class _Reader:
         elif sxp == 15:  # CPLXSXP
             n = self.length()
             raw = self._take(16 * n)
-            value = [None if (re := _real(raw[16 * i : 16 * i + 8])) is None
-                     or (im := _real(raw[16 * i + 8 : 16 * i + 16])) is None else complex(re, im)
-                     for i in range(n)]
+            value = [
+                None
+                if (re := _real(raw[16 * i : 16 * i + 8])) is None
+                or (im := _real(raw[16 * i + 8 : 16 * i + 16])) is None
+                else complex(re, im)
+                for i in range(n)
+            ]
         elif sxp == 16:  # STRSXP
             n = self.length()
             value = []

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 from polykv_search.evaluation.base import Task, as_texts, check_request, sample_rng
 from polykv_search.evaluation.metrics import ruler_postprocess, string_match_all

@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 from polykv_search.evaluation.base import SampleCheckError
 from polykv_search.evaluation.ruler.base import RulerTask, use_fewshot
@@ -102,8 +103,14 @@ class CommonWordsExtraction(RulerTask):
             if use_fewshot(self.fewshot, context_len):  # one solved example, smaller below 4096
                 ctx, ans = self._example(local, vocab, 20, 3, 1) if short else self._example(local, vocab, 40, 10, 3)
                 shots = (
-                    CWE_CONTEXT + ctx + "\n" + question + prefix + " "
-                    + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ans)) + "\n"
+                    CWE_CONTEXT
+                    + ctx
+                    + "\n"
+                    + question
+                    + prefix
+                    + " "
+                    + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ans))
+                    + "\n"
                 )
             ctx, answers = self._example(local, vocab, n, *reps)
             return self._sample(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 # RULER's insertion depths: 40 evenly spaced percentages.
 DEPTHS = [round(i * 100 / 39) for i in range(40)]

@@ -82,10 +82,13 @@ class VariableTracking(RulerTask):
             icl_chains, icl_vars = self._chains(rng, taken, values)
             icl_value = icl_chains[0][0].split("=")[-1].strip()
             icl = (
-                VT_CONTEXT + self._noise_context(rng, icl_chains, 5) + "\n"
+                VT_CONTEXT
+                + self._noise_context(rng, icl_chains, 5)
+                + "\n"
                 + VT_QUESTION.format(query=icl_value)
                 + VT_PREFIX.format(num_v=self.num_hops + 1, query=icl_value)
-                + " ".join(icl_vars[0]) + "\n"
+                + " ".join(icl_vars[0])
+                + "\n"
             )
         start = hay.random_start(rng) if hay else 0
         depths = rng.sample(DEPTHS, sum(len(c) for c in chains)) if hay else []
