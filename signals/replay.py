@@ -27,8 +27,8 @@ blocks for the standard errors (:mod:`signals.uncertainty`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -36,9 +36,9 @@ import torch
 from polykv_search.patterns import Pattern
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan, PolyKVCache, StackedLayer
 from signals import model_parts
-from signals.model_parts import SMALL_OP_THREADS, cpu_threads
 from signals.cosine import cosine_per_token
 from signals.fullkv import FullKVRecord
+from signals.model_parts import SMALL_OP_THREADS, cpu_threads
 from signals.ppl import continuation_token_stats
 
 #: Continuation tokens (rows × m) run through the upper layers at once.
@@ -55,7 +55,7 @@ _STATE_ATTRS = (
     "calls",
     "num_evictions",
     "steps_since_eviction",
-    "query_positions",
+    "query_range",
 )
 
 
@@ -64,7 +64,9 @@ def _detached(runtime, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan, 
     return cls(layer_idx, prefill, decoding, **kwargs, **extra)
 
 
-def prime_layer(runtime, record: FullKVRecord, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan) -> EvictingLayer:
+def prime_layer(
+    runtime, record: FullKVRecord, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan
+) -> EvictingLayer:
     """A detached layer holding the FullKV prompt after its prefill call's hooks ran (``end_call``
     not yet called): the state the runtime's layer l is in right after the prompt's kernel."""
     layer = _detached(runtime, layer_idx, prefill, decoding)
@@ -96,9 +98,9 @@ class SharedPromptLayer(EvictingLayer):
     head has the same positions and one ``[1, 1, q, n]`` mask serves them all (SDPA then runs with
     native GQA instead of per-head masks)."""
 
-    def allowed(self, query_positions: torch.Tensor) -> torch.Tensor:
+    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
         kpos = self.positions[:1, :1, None, :]
-        qpos = query_positions.to(self.device)[None, None, :, None]
+        qpos = torch.as_tensor(query_positions, device=self.device)[None, None, :, None]
         allowed = kpos <= qpos
         if self.sliding_window is not None:
             allowed &= (qpos - kpos) < self.sliding_window
@@ -121,7 +123,9 @@ def shared_prompt_layer(runtime, record: FullKVRecord, layer_idx: int, rows: int
     return layer
 
 
-def cell_layers(runtime, record: FullKVRecord, layer_idx: int, phase: str, patterns: Sequence[Pattern], budgets: Sequence[int]) -> list[EvictingLayer]:
+def cell_layers(
+    runtime, record: FullKVRecord, layer_idx: int, phase: str, patterns: Sequence[Pattern], budgets: Sequence[int]
+) -> list[EvictingLayer]:
     """Layer ``layer_idx``'s cache of every (pattern, budget) cell (pattern-major), right after prefill."""
     rows = []
     for pattern in patterns:
@@ -147,7 +151,7 @@ class TokenSignals:
     kl: np.ndarray
 
     @classmethod
-    def concat(cls, parts: Sequence["TokenSignals"]) -> "TokenSignals":
+    def concat(cls, parts: Sequence[TokenSignals]) -> TokenSignals:
         return cls(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("cosine", "nll", "kl")))
 
 
@@ -197,7 +201,12 @@ def _continue(model, runtime, record: FullKVRecord, layer_idx: int, phase: str, 
             for t in range(m):
                 steps.append(
                     model_parts.run_layer(
-                        model, layer_idx, hidden[:, t : t + 1], model_parts.slice_rotary(pe, t, t + 1), pos[:, t : t + 1], cache
+                        model,
+                        layer_idx,
+                        hidden[:, t : t + 1],
+                        model_parts.slice_rotary(pe, t, t + 1),
+                        pos[:, t : t + 1],
+                        cache,
                     )
                 )
         out = torch.cat(steps, dim=1)

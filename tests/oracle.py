@@ -4,7 +4,8 @@ It shares no code with ``polykv_search.runtime`` or the fast patterns: attention
 token ever seen with a per-(layer, row, head) "kept" mask, and eviction decisions come from slow,
 obvious per-row Python reference implementations of each pattern. Same semantics as the spec:
 prefill compresses after the layer's kernel; decoding evicts when over budget every
-``decode_interval`` steps; the decoding pattern also observes the prefill call.
+``decode_interval`` steps (mode ``"over"``) or, in mode ``"within"``, whenever over budget, down to
+``budget - k + 1`` tokens; the decoding pattern also observes the prefill call.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from strategies import Strategy
 
 NAME = "polykv_oracle"
-_ACTIVE: dict[int, "Oracle"] = {}
+_ACTIVE: dict[int, Oracle] = {}
 
 DEFAULTS = {
     "full": {},
@@ -52,9 +53,10 @@ def _key(plan):
 
 
 class Oracle:
-    def __init__(self, model, strategy: Strategy, decode_interval: int = 1):
+    def __init__(self, model, strategy: Strategy, decode_interval: int = 1, interval_mode: str = "within"):
         self.model = model
         self.interval = decode_interval
+        self.mode = interval_mode
         self.layers = []
         for i, (p, d) in enumerate(zip(strategy.prefill, strategy.decoding)):
             mk = lambda c: (c.pattern, {**DEFAULTS[c.pattern], **c.params}, c.budget)  # noqa: E731
@@ -130,7 +132,16 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
     name, params, budget = plan
     if budget is not None and name != "full":
         n_kept = int(L.kept[0, 0].sum())
-        if n_kept > budget and (phase == "prefill" or L.since >= o.interval):
+        if phase == "prefill" and n_kept > budget:
+            _evict(L, plan, key, scaling, groups)
+            L.evictions += 1
+            L.since = 0
+        elif o.mode == "within" and n_kept > budget:
+            target = max(budget - o.interval + 1, 1)
+            _evict(L, (name, params, target), key, scaling, groups)
+            L.evictions += 1
+            L.since = 0
+        elif o.mode == "over" and n_kept > budget and L.since >= o.interval:
             _evict(L, plan, key, scaling, groups)
             L.evictions += 1
             L.since = 0
@@ -161,7 +172,7 @@ def _evict(L, plan, key, scaling, groups):
         rand = torch.rand((B, Hkv, n), generator=gen)
     tova_shared = {}
     if name == "tova":
-        (qvec, qp), = L.queries[_key(plan)]
+        ((qvec, qp),) = L.queries[_key(plan)]
         for b in range(B):
             cands = [j for j in range(L.kept.shape[-1]) if L.kept[b, 0, j]]
             per_head = [_probs_over(L, key, b, hq, groups, qvec[b, hq], qp, cands, scaling) for hq in range(Hq)]
@@ -174,7 +185,7 @@ def _evict(L, plan, key, scaling, groups):
             protected = set()
             if name == "streaming_llm":
                 s = min(params["n_sink"], budget)
-                protected = set(valid[:s]) | set(valid[len(valid) - (budget - s):] if budget - s > 0 else [])
+                protected = set(valid[:s]) | set(valid[len(valid) - (budget - s) :] if budget - s > 0 else [])
                 score = {j: 0.0 for j in cands}
             elif name == "knorm":
                 score = {j: -math.sqrt(sum(float(x) ** 2 for x in key[b, h, j])) for j in cands}
@@ -184,12 +195,12 @@ def _evict(L, plan, key, scaling, groups):
                 acc = L.acc[_key(plan)]
                 score = {j: float(acc[b, h, j]) for j in cands}
                 r = min(int(budget * params["recent_ratio"]), budget)
-                protected = set(valid[len(valid) - r:]) if r > 0 else set()
+                protected = set(valid[len(valid) - r :]) if r > 0 else set()
             elif name == "tova":
                 score = tova_shared[b]
             elif name in ("snapkv", "pyramidkv"):
                 w = params["window"]
-                window = set(valid[len(valid) - min(w, len(valid)):])
+                window = set(valid[len(valid) - min(w, len(valid)) :])
                 per_head = []
                 for hq in range(h * groups, (h + 1) * groups):
                     v = [0.0] * len(cands)
@@ -205,7 +216,8 @@ def _evict(L, plan, key, scaling, groups):
                         pooled.append(sum(neigh) / k if params["pooling"] == "avgpool" else max(neigh))
                     per_head.append(pooled)
                 score = {j: sum(ph[i] for ph in per_head) / groups for i, j in enumerate(cands)}
-                protected = set(valid[len(valid) - min(w, budget):]) if budget > 0 else set()
+                protected = set(valid[len(valid) - min(w, budget) :]) if budget > 0 else set()
+
             # protected first, then by score (ties: older first), padding last
             def rank(j):
                 tier = 2 if j in protected else (1 if L.valid[b, j] else 0)

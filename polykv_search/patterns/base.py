@@ -38,26 +38,26 @@ class Pattern:
     keeps_all: ClassVar[bool] = False
 
     # -------------------------------------------------------------- hook points
-    def pre_kernel(self, layer: "EvictingLayer", state: dict, query: torch.Tensor) -> None:
+    def pre_kernel(self, layer: EvictingLayer, state: dict, query: torch.Tensor) -> None:
         """Called before the kernel with this call's post-RoPE queries ``[B, Hq, q, D]``."""
 
-    def post_kernel(self, layer: "EvictingLayer", state: dict, query: torch.Tensor) -> None:
+    def post_kernel(self, layer: EvictingLayer, state: dict, query: torch.Tensor) -> None:
         """Called after the kernel; accumulate attention statistics here."""
 
-    def cache_update(self, layer: "EvictingLayer", state: dict, budget: int) -> torch.Tensor:
+    def cache_update(self, layer: EvictingLayer, state: dict, budget: int) -> torch.Tensor:
         """Indices ``[B, Hkv, budget]`` (ascending) of the cached tokens to keep."""
         score = self.score(layer, state)
         protected = self.protected(layer, budget)
-        return select_keep(score, layer.valid, protected, budget)
+        return select_keep(score, None if layer.all_valid else layer.valid, protected, budget)
 
     # ---------------------------------------------------------- building blocks
-    def score(self, layer: "EvictingLayer", state: dict) -> torch.Tensor:
+    def score(self, layer: EvictingLayer, state: dict) -> torch.Tensor:
         """Importance ``[B, Hkv, n]`` of every cached token (higher is kept first)."""
         raise NotImplementedError
 
-    def protected(self, layer: "EvictingLayer", budget: int) -> torch.Tensor:
-        """Bool ``[B, Hkv, n]``: tokens kept regardless of score (sinks, recent window)."""
-        return torch.zeros_like(layer.valid)
+    def protected(self, layer: EvictingLayer, budget: int) -> torch.Tensor | None:
+        """Bool ``[B, Hkv, n]``: tokens kept regardless of score (sinks, recent window); None: none."""
+        return None
 
     # ------------------------------------------------------------------ utility
     def params(self) -> dict[str, Any]:
@@ -84,12 +84,36 @@ def sinks_and_recent(valid: torch.Tensor, budget: int, n_sink: int, n_recent: in
     return valid & (sink | recent)
 
 
-def select_keep(score: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor, budget: int) -> torch.Tensor:
+def protected_ends(layer: EvictingLayer, budget: int, n_sink: int, n_recent: int) -> torch.Tensor:
+    """:func:`sinks_and_recent` of the layer's cache; without padding the ranks are the slots."""
+    if not layer.all_valid:
+        return sinks_and_recent(layer.valid, budget, n_sink, n_recent)
+    n_sink = min(n_sink, budget)
+    n_recent = min(n_recent, budget - n_sink)
+    n = layer.length
+    slot = torch.arange(n, device=layer.valid.device)
+    return ((slot < n_sink) | (slot >= n - n_recent)).expand(layer.valid.shape)
+
+
+def select_keep(
+    score: torch.Tensor, valid: torch.Tensor | None, protected: torch.Tensor | None, budget: int
+) -> torch.Tensor:
     """Keep ``budget`` tokens per row: protected first, then highest score, padding last.
 
-    Ties are broken towards the older token (a stable descending sort), which the reference
-    implementations in the tests reproduce exactly. The result is sorted by token index.
+    ``valid=None``: no padding; ``protected=None``: nothing protected. Ties are broken towards the
+    older token (a stable descending sort), which the reference implementations in the tests
+    reproduce exactly. The result is sorted by token index.
     """
-    key = score.float().masked_fill(protected, POS_INF).masked_fill(~valid, NEG_INF)
+    key = score.float()
+    if protected is not None:
+        key = key.masked_fill(protected, POS_INF)
+    if valid is not None:
+        key = key.masked_fill(~valid, NEG_INF)
+    n = key.shape[-1]
+    if n == budget + 1:
+        # one token out (a decoding step): the sort's last, i.e. the newest of the lowest keys
+        drop = (n - 1) - key.flip(-1).argmin(dim=-1, keepdim=True)
+        slot = torch.arange(budget, device=key.device)
+        return slot + (slot >= drop)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
     return order[..., :budget].sort(dim=-1).values

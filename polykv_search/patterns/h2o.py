@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
-from polykv_search.patterns.base import Pattern, sinks_and_recent
+from polykv_search.patterns.base import Pattern, protected_ends
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,16 @@ class H2O(Pattern):
             raise ValueError(f"chunk must be a positive integer, got {self.chunk!r}")
 
     def post_kernel(self, layer, state, query) -> None:
-        n = layer.keys.shape[-2]
+        n = layer.length
         token = state.setdefault("token", {})
         acc = token.get("acc")
-        grown = torch.zeros(layer.valid.shape, dtype=torch.float32, device=layer.valid.device)
-        if acc is not None:
-            grown[..., : acc.shape[-1]] = acc
-        qpos = layer.query_positions
+        if acc is None:
+            grown = torch.zeros(layer.valid.shape, dtype=torch.float32, device=layer.valid.device)
+        else:
+            grown = F.pad(acc, (0, n - acc.shape[-1]))
+        qpos = layer.query_range
         qvalid = layer.valid[:, 0, n - query.shape[-2] :]  # [B, q]: padding queries add nothing
-        padded = not bool(qvalid.all())
+        padded = not layer.all_valid and not bool(qvalid.all())
         for start in range(0, query.shape[-2], self.chunk):
             stop = start + self.chunk
             chunk_pos = qpos[start:stop]
@@ -63,4 +65,4 @@ class H2O(Pattern):
         return state["token"]["acc"]
 
     def protected(self, layer, budget: int) -> torch.Tensor:
-        return sinks_and_recent(layer.valid, budget, 0, int(budget * self.recent_ratio))
+        return protected_ends(layer, budget, 0, int(budget * self.recent_ratio))

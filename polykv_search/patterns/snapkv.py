@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from polykv_search.patterns.base import Pattern, sinks_and_recent
+from polykv_search.patterns.base import Pattern, protected_ends
 
 
 @dataclass(frozen=True)
@@ -46,18 +46,17 @@ class SnapKV(Pattern):
 
     def pre_kernel(self, layer, state, query) -> None:
         old_q, old_pos = state.get("query"), state.get("query_pos")
-        if old_q is not None and old_q.shape[0] == query.shape[0]:
+        qpos = layer.query_range
+        if old_q is not None and old_q.shape[0] == query.shape[0] and old_pos.stop == qpos.start:
             query = torch.cat([old_q, query], dim=-2)
-            qpos = torch.cat([old_pos, layer.query_positions])
-        else:
-            qpos = layer.query_positions
+            qpos = range(old_pos.start, qpos.stop)  # the calls' positions follow each other
         state["query"] = query[..., -self.window :, :]
         state["query_pos"] = qpos[-self.window :]
 
     def score(self, layer, state) -> torch.Tensor:
         probs = layer.attention_probs(state["query"], state["query_pos"])  # [B, Hq, w, n]
         votes = probs.sum(dim=-2)  # [B, Hq, n]
-        window = sinks_and_recent(layer.valid, votes.shape[-1], 0, self.window)
+        window = protected_ends(layer, votes.shape[-1], 0, self.window)
         votes = votes.masked_fill(layer.repeat_heads(window), 0.0)  # the window does not vote for itself
         b, h, n = votes.shape
         flat = votes.reshape(b * h, 1, n)
@@ -69,4 +68,4 @@ class SnapKV(Pattern):
         return layer.group_mean(pooled.reshape(b, h, n))
 
     def protected(self, layer, budget: int) -> torch.Tensor:
-        return sinks_and_recent(layer.valid, budget, 0, self.window)
+        return protected_ends(layer, budget, 0, self.window)

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import Pattern, sinks_and_recent
+from polykv_search.patterns.base import Pattern, protected_ends
 
 
 @dataclass(frozen=True)
@@ -35,4 +35,4 @@ class StreamingLLM(Pattern):
         return torch.zeros(layer.valid.shape, device=layer.valid.device)
 
     def protected(self, layer, budget: int) -> torch.Tensor:
-        return sinks_and_recent(layer.valid, budget, self.n_sink, budget)
+        return protected_ends(layer, budget, self.n_sink, budget)

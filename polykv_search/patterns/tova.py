@@ -24,7 +24,7 @@ class TOVA(Pattern):
 
     def pre_kernel(self, layer, state, query) -> None:
         state["query"] = query[..., -1:, :]
-        state["query_pos"] = layer.query_positions[-1:]
+        state["query_pos"] = layer.query_range[-1:]
 
     def score(self, layer, state) -> torch.Tensor:
         probs = layer.attention_probs(state["query"], state["query_pos"])  # [B, Hq, 1, n]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ATTN_NAME = "polykv"
 
 #: Active runtimes by ``id(model config)``: the attention function finds its runtime from the module.
-ACTIVE: dict[int, "PolyKVRuntime"] = {}
+ACTIVE: dict[int, PolyKVRuntime] = {}
 
 
 def padding_mask_passthrough(*, attention_mask=None, **_) -> torch.Tensor | None:
@@ -64,7 +64,13 @@ def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = Fal
             return _grouped_sdpa(query, key, value, mask, scaling, groups)
         # Without a per-head mask, SDPA's native GQA avoids copying K/V per query head.
         out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, is_causal=is_causal and mask is None, scale=scaling, enable_gqa=groups > 1
+            query,
+            key,
+            value,
+            attn_mask=mask,
+            is_causal=is_causal and mask is None,
+            scale=scaling,
+            enable_gqa=groups > 1,
         )
         return out.transpose(1, 2).contiguous()
     if mask is not None and groups > 1 and mask.shape[1] > 1:
@@ -94,14 +100,13 @@ def _grouped_sdpa(query, key, value, mask, scaling, groups: int) -> torch.Tensor
 def _layer_mask(layer, q_len: int) -> tuple[torch.Tensor | None, bool]:
     """The layer's mask, or ``None`` (+ causal flag) when a plain kernel call is exact."""
     n = layer.length
-    all_valid = bool(layer.valid.all())
     window_ok = layer.sliding_window is None or layer.seen <= layer.sliding_window
-    if all_valid and window_ok:
+    if window_ok and layer.all_valid:
         if q_len == 1:
             return None, False  # every kept key is in the past
         if n == q_len and layer.num_evictions == 0:
             return None, True  # a fresh prompt: plain causal
-    return layer.allowed(layer.query_positions), False
+    return layer.allowed(layer.query_range), False
 
 
 def _stateless_mask(q_len, kv_len, padding, sliding, device) -> torch.Tensor | None:

@@ -16,8 +16,13 @@ from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.patterns.base import Pattern
 from polykv_search.patterns.full import Full
+from polykv_search.runtime.storage import TokenStore, capacity_for
 
 PREFILL, DECODING = "prefill", "decoding"
+
+#: How ``decode_interval = k`` evicts: ``"within"`` keeps every layer at or below its budget (it evicts
+#: down to ``budget - k + 1`` once over it); ``"over"`` lets it hold up to ``budget + k - 1`` tokens.
+INTERVAL_MODES = ("within", "over")
 
 
 @dataclass(frozen=True)
@@ -58,9 +63,12 @@ class EvictingLayer(CacheLayerMixin):
         scaling: float,
         sliding_window: int | None = None,
         decode_interval: int = 1,
+        interval_mode: str = "within",
         on_update=None,
     ):
         super().__init__()
+        if interval_mode not in INTERVAL_MODES:
+            raise ValueError(f"interval_mode must be one of {INTERVAL_MODES}, got {interval_mode!r}")
         self.layer_idx = layer_idx
         self.plans = {PREFILL: prefill, DECODING: decoding}
         self.num_kv_heads = num_kv_heads
@@ -68,20 +76,52 @@ class EvictingLayer(CacheLayerMixin):
         self.scaling = scaling
         self.sliding_window = sliding_window
         self.decode_interval = decode_interval
+        self.interval_mode = interval_mode
         self._on_update = on_update
         self.reset()
 
+    # ------------------------------------------------- the cached tensors
+    # ``keys``/``values`` ``[B, Hkv, n, D]``, ``positions`` (int64 sequence index) and ``valid`` (bool)
+    # ``[B, Hkv, n]``: views of the layer's own :class:`TokenStore`, or tensors assigned from outside
+    # (then the next append moves them into a store of this layer's own).
+    keys = property(lambda self: self._keys, lambda self, t: self._assign("_keys", t))
+    values = property(lambda self: self._values, lambda self, t: self._assign("_values", t))
+    positions = property(lambda self: self._positions, lambda self, t: self._assign("_positions", t))
+    valid = property(lambda self: self._valid, lambda self, t: self._assign("_valid", t))
+
+    def _assign(self, name: str, tensor: torch.Tensor | None) -> None:
+        setattr(self, name, tensor)
+        self._store = None
+        if name == "_valid":
+            self._all_valid = None
+
+    def _expose(self, store: TokenStore, n: int) -> None:
+        self._keys, self._values, self._positions, self._valid = store.views(n)
+        self._store = store
+
+    @property
+    def all_valid(self) -> bool:
+        """True when every cached token of every row and head is a real token (no padding)."""
+        if self._all_valid is None:
+            self._all_valid = self._valid is None or bool(self._valid.all())
+        return self._all_valid
+
+    def _slack(self) -> int:
+        """Free slots a store keeps past its tokens: a decoding interval's worth, plus some."""
+        return self.decode_interval + 16
+
     # ------------------------------------------------------- CacheLayerMixin API
     def reset(self) -> None:
-        self.keys = self.values = None
-        self.positions: torch.Tensor | None = None  # [B, Hkv, n] int64 sequence index
-        self.valid: torch.Tensor | None = None  # [B, Hkv, n] bool
+        self._keys = self._values = self._positions = self._valid = None
+        self._store: TokenStore | None = None
+        self._all_valid: bool | None = True
         self.is_initialized = False
         self.seen = 0
         self.calls = 0
         self.num_evictions = 0
         self.steps_since_eviction = 0
-        self.query_positions: torch.Tensor | None = None
+        self.peak_length = 0
+        self.query_range = range(0)
         self.states: dict[Pattern, dict[str, Any]] = {}
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -91,21 +131,30 @@ class EvictingLayer(CacheLayerMixin):
         self.values = value_states[:, :, :0]
         self.positions = torch.zeros(b, h, 0, dtype=torch.long, device=self.device)
         self.valid = torch.zeros(b, h, 0, dtype=torch.bool, device=self.device)
+        self._all_valid = True
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        b, h, q, _ = key_states.shape
-        new_pos = torch.arange(self.seen, self.seen + q, device=self.device)
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        self.positions = torch.cat([self.positions, new_pos.expand(b, h, q)], dim=-1)
-        self.valid = torch.cat([self.valid, torch.ones(b, h, q, dtype=torch.bool, device=self.device)], dim=-1)
+        q = key_states.shape[-2]
+        n = self.length
+        store = self._store
+        if store is None or store.capacity < n + q:
+            capacity = capacity_for(n + q, self._slack())
+            store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, capacity)
+        store.keys[:, :, n : n + q] = key_states
+        store.values[:, :, n : n + q] = value_states
+        if q == 1:
+            store.positions[:, :, n].fill_(self.seen)
+        else:
+            store.positions[:, :, n : n + q] = torch.arange(self.seen, self.seen + q, device=self.device)
+        store.valid[:, :, n : n + q] = True
+        self._expose(store, n + q)
         self.seen += q
         if self._on_update is not None:
             self._on_update(self)
-        return self.keys, self.values
+        return self._keys, self._values
 
     def get_seq_length(self) -> int:
         return self.seen
@@ -117,7 +166,9 @@ class EvictingLayer(CacheLayerMixin):
         return -1
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("an evicting cache cannot be cropped (assisted/speculative decoding is not supported)")
+        raise NotImplementedError(
+            "an evicting cache cannot be cropped (assisted/speculative decoding is not supported)"
+        )
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -132,7 +183,12 @@ class EvictingLayer(CacheLayerMixin):
     @property
     def length(self) -> int:
         """Tokens physically held per (batch row, KV head)."""
-        return 0 if self.keys is None else self.keys.shape[-2]
+        return 0 if self._keys is None else self._keys.shape[-2]
+
+    @property
+    def query_positions(self) -> torch.Tensor:
+        """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
+        return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
 
     @property
     def phase(self) -> str:
@@ -153,10 +209,12 @@ class EvictingLayer(CacheLayerMixin):
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         """Mark this call's padding tokens invalid and record the query positions."""
-        self.query_positions = torch.arange(self.seen - q_len, self.seen, device=self.device)
+        self.query_range = range(self.seen - q_len, self.seen)
         if padding_mask is not None:
             new_valid = padding_mask[:, self.seen - q_len : self.seen].to(torch.bool)
-            self.valid[..., -q_len:] = new_valid[:, None, :]
+            if not bool(new_valid.all()):
+                self._valid[..., -q_len:] = new_valid[:, None, :]
+                self._all_valid = False
 
     def end_call(self) -> None:
         """Evict down to the phase's budget when over it (decoding: every ``decode_interval`` steps)."""
@@ -166,19 +224,29 @@ class EvictingLayer(CacheLayerMixin):
         if phase == DECODING:
             self.steps_since_eviction += 1
         if plan.evicts and self.length > plan.budget:
-            if phase == PREFILL or self.steps_since_eviction >= self.decode_interval:
+            if phase == PREFILL:
+                self.evict(plan)
+            elif self.interval_mode == "within":
+                # over budget: evict far enough that the next k-1 steps fit (a budget below k evicts sooner)
+                self.evict(plan, plan.budget - min(self.decode_interval, plan.budget) + 1)
+            elif self.steps_since_eviction >= self.decode_interval:
                 self.evict(plan)
         if phase == PREFILL:
             decoding = self.plans[DECODING].pattern
             self.states = {k: v for k, v in self.states.items() if k == decoding}
+        self.peak_length = max(self.peak_length, self.length)
 
-    def evict(self, plan: PhasePlan) -> None:
+    def evict(self, plan: PhasePlan, budget: int | None = None) -> None:
+        """Keep ``budget`` (default: the plan's) tokens chosen by the plan's pattern."""
+        budget = plan.budget if budget is None else budget
         state = self.states.setdefault(plan.pattern, {})
-        keep = plan.pattern.cache_update(self, state, plan.budget)  # [B, Hkv, b]
-        self.keys = _gather_tokens(self.keys, keep)
-        self.values = _gather_tokens(self.values, keep)
-        self.positions = self.positions.gather(-1, keep)
-        self.valid = self.valid.gather(-1, keep)
+        keep = plan.pattern.cache_update(self, state, budget)  # [B, Hkv, b]
+        store = self._store
+        if store is None:  # tensors assigned from outside: gather from them once
+            store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, self.length)
+        self._expose(store.gathered(keep, budget + self._slack()), budget)
+        if self._all_valid is False:
+            self._all_valid = None
         for st in self.states.values():
             for name, tensor in st.get("token", {}).items():
                 st["token"][name] = tensor.gather(-1, keep)
@@ -186,26 +254,41 @@ class EvictingLayer(CacheLayerMixin):
         self.steps_since_eviction = 0
 
     # ------------------------------------------------------- helpers for patterns
-    def allowed(self, query_positions: torch.Tensor) -> torch.Tensor:
+    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
         """Bool mask broadcastable to ``[B, Hkv, q, n]``: which cached keys each query may attend to.
 
         Before any eviction and without padding, every row and head holds positions ``0..n-1``, so the
         mask is one ``[1, 1, q, n]`` causal (and sliding-window) pattern shared by all of them.
         """
-        if self.num_evictions == 0 and bool(self.valid.all()):
+        qpos = _as_tensor(query_positions, self.device)
+        if self.num_evictions == 0 and self.all_valid:
             kpos = torch.arange(self.positions.shape[-1], device=self.device)[None, :]
-            qpos = query_positions.to(self.device)[:, None]
-            allowed = kpos <= qpos
+            allowed = kpos <= qpos[:, None]
             if self.sliding_window is not None:
-                allowed &= (qpos - kpos) < self.sliding_window
+                allowed &= (qpos[:, None] - kpos) < self.sliding_window
             return allowed[None, None]
         kpos = self.positions[:, :, None, :]
-        qpos = query_positions.to(self.device)[None, None, :, None]
-        allowed = self.valid[:, :, None, :] & (kpos <= qpos)
+        qpos = qpos[None, None, :, None]
+        allowed = kpos <= qpos
         if self.sliding_window is not None:
             allowed &= (qpos - kpos) < self.sliding_window
+        if self.all_valid:
+            return allowed
         # A padding query sees only itself, so no row is empty and no NaN can leak into the cache.
-        return allowed | (kpos == qpos)
+        return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
+
+    def visibility(self, query_positions: torch.Tensor | range) -> torch.Tensor | None:
+        """:meth:`allowed`, or None when every query sees every cached key: no padding, no sliding
+        window, and the queries (a ``range``) are the newest token, which comes after every kept one."""
+        if (
+            isinstance(query_positions, range)
+            and len(query_positions)
+            and query_positions.start >= self.seen - 1
+            and self.sliding_window is None
+            and self.all_valid
+        ):
+            return None
+        return self.allowed(query_positions)
 
     def repeat_heads(self, t: torch.Tensor) -> torch.Tensor:
         """Expand a KV-head tensor ``[B, Hkv, ...]`` to query heads ``[B, Hq, ...]``."""
@@ -219,8 +302,11 @@ class EvictingLayer(CacheLayerMixin):
     def group_mean(self, t: torch.Tensor) -> torch.Tensor:
         return self.group_sum(t) / self.groups
 
-    def attention_probs(self, query: torch.Tensor, query_positions: torch.Tensor, upto: int | None = None) -> torch.Tensor:
-        """Softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` over the cached keys.
+    def attention_probs(
+        self, query: torch.Tensor, query_positions: torch.Tensor | range, upto: int | None = None
+    ) -> torch.Tensor:
+        """Softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` (at ``query_positions``: a tensor or a
+        ``range``) over the cached keys.
 
         ``upto``: only the first ``upto`` cached tokens (``[B, Hq, q, upto]``); exact when no query may
         see a later one (see :meth:`visible_prefix`), since masked keys get probability 0 anyway.
@@ -233,14 +319,18 @@ class EvictingLayer(CacheLayerMixin):
         # the scale goes on the (small) queries, not on the [q, n] logits: one pass less over them
         scaled = query.float().reshape(b, h, g * q, d) * self.scaling
         logits = torch.matmul(scaled, keys.float().transpose(-1, -2)).view(b, h, g, q, n)
-        mask = self.allowed(query_positions)[..., :n][:, :, None]
-        return logits.masked_fill_(~mask, float("-inf")).softmax(dim=-1).view(b, hq, q, n)
+        mask = self.visibility(query_positions)
+        if mask is not None:
+            logits.masked_fill_(~mask[..., :n][:, :, None], float("-inf"))
+        return logits.softmax(dim=-1).view(b, hq, q, n)
 
     def visible_prefix(self, max_query_position: int) -> int:
         """How many leading cached tokens a query at ``max_query_position`` (or before) may see: the cache
         keeps tokens in position order, so every visible one lies in this prefix."""
         if self.num_evictions == 0:
             return min(self.positions.shape[-1], max_query_position + 1)
+        if max_query_position >= self.seen - 1:  # every kept token is at or before the newest one
+            return self.length
         return int((self.positions <= max_query_position).sum(-1).max())
 
     def kv_bytes(self) -> int:
@@ -254,6 +344,7 @@ class EvictingLayer(CacheLayerMixin):
         b = self.keys.shape[0]
         self.keys, self.values = fn(self.keys), fn(self.values)
         self.positions, self.valid = fn(self.positions), fn(self.valid)
+        self.peak_length = self.length
         for st in self.states.values():
             for name, value in list(st.items()):
                 if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[0] == b:
@@ -262,9 +353,7 @@ class EvictingLayer(CacheLayerMixin):
                 st["token"][name] = fn(value)
 
 
-def _gather_tokens(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``t[b, h, keep[b, h, i], :]`` as one row copy (much faster than ``gather`` over the last dim)."""
-    b, h, n, d = t.shape
-    base = torch.arange(b * h, device=keep.device).view(b, h, 1) * n
-    rows = (keep + base).reshape(-1)
-    return t.reshape(b * h * n, d).index_select(0, rows).view(b, h, keep.shape[-1], d)
+def _as_tensor(positions: torch.Tensor | range, device) -> torch.Tensor:
+    if isinstance(positions, range):
+        return torch.arange(positions.start, positions.stop, device=device)
+    return positions.to(device)

@@ -14,15 +14,15 @@ patched; leaving the context restores the attention implementation and removes t
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from transformers.cache_utils import Cache, DynamicCache
 
 from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
-from polykv_search.runtime.layer import EvictingLayer, PhasePlan
+from polykv_search.runtime.layer import INTERVAL_MODES, EvictingLayer, PhasePlan
 from polykv_search.runtime.report import CacheReport, cache_report
 from strategies import Strategy
 
@@ -55,19 +55,25 @@ class PolyKVRuntime:
     Parameters
     ----------
     decode_interval
-        Decoding evicts when a layer is over its budget and at least this many steps have passed
-        since its last eviction; 1 (default) is exact per-step eviction, larger values trade
-        exactness (up to ``interval`` extra tokens held) for fewer evictions.
+        Decoding evicts a layer once every ``k`` steps instead of every step; 1 (default) is exact
+        per-step eviction. Fewer evictions are faster; the kept sets differ from per-step eviction.
+    interval_mode
+        ``"within"`` (default): a layer never holds more than its budget; once over it, it evicts
+        down to ``budget - k + 1`` tokens, so the next ``k - 1`` steps fit. ``"over"``: it evicts
+        down to the budget every ``k`` steps and holds up to ``budget + k - 1`` tokens in between.
     """
 
-    def __init__(self, model, strategy: Strategy, *, decode_interval: int = 1):
+    def __init__(self, model, strategy: Strategy, *, decode_interval: int = 1, interval_mode: str = "within"):
         if not isinstance(decode_interval, int) or decode_interval < 1:
             raise ValueError(f"decode_interval must be a positive integer, got {decode_interval!r}")
+        if interval_mode not in INTERVAL_MODES:
+            raise ValueError(f"interval_mode must be one of {', '.join(INTERVAL_MODES)}, got {interval_mode!r}")
         self.model = model
         self.spec: ModelSpec = model_spec(model)
         strategy.check_model(self.spec.num_layers)
         self.strategy = strategy
         self.decode_interval = decode_interval
+        self.interval_mode = interval_mode
         self.plans = strategy_plans(strategy)
         self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
         self._pending: dict[int, EvictingLayer] = {}
@@ -75,7 +81,7 @@ class PolyKVRuntime:
         self._hook = None
 
     # ---------------------------------------------------------------- lifetime
-    def __enter__(self) -> "PolyKVRuntime":
+    def __enter__(self) -> PolyKVRuntime:
         config = self.spec.config
         if id(config) in attn.ACTIVE:
             raise RuntimeError("a strategy is already applied to this model")
@@ -114,6 +120,7 @@ class PolyKVRuntime:
             scaling=s.scaling,
             sliding_window=s.sliding_window(layer_idx),
             decode_interval=self.decode_interval,
+            interval_mode=self.interval_mode,
             on_update=self._set_pending,
         )
 
@@ -157,7 +164,9 @@ class PolyKVRuntime:
 
 
 @contextmanager
-def apply_strategy(model, strategy: Strategy, *, decode_interval: int = 1) -> Iterator[PolyKVRuntime]:
+def apply_strategy(
+    model, strategy: Strategy, *, decode_interval: int = 1, interval_mode: str = "within"
+) -> Iterator[PolyKVRuntime]:
     """Apply ``strategy`` to ``model`` inside a ``with`` block; the model is restored on exit."""
-    with PolyKVRuntime(model, strategy, decode_interval=decode_interval) as runtime:
+    with PolyKVRuntime(model, strategy, decode_interval=decode_interval, interval_mode=interval_mode) as runtime:
         yield runtime

@@ -11,7 +11,7 @@ run on the rows themselves.
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -23,7 +23,7 @@ class _RowDispatch:
     """The one observer a :class:`StackedLayer` shows the runtime: runs every row's own observers on
     the row's layer with the row's slice of the queries."""
 
-    def __init__(self, stacked: "StackedLayer"):
+    def __init__(self, stacked: StackedLayer):
         self.stacked = stacked
 
     def pre_kernel(self, layer, state, query) -> None:
@@ -75,7 +75,7 @@ class StackedLayer(EvictingLayer):
     def begin_call(self, q_len: int, padding_mask) -> None:
         if padding_mask is not None:
             raise ValueError("StackedLayer does not support padding")
-        self.query_positions = torch.arange(self.seen - q_len, self.seen, device=self.device)
+        self.query_range = range(self.seen - q_len, self.seen)
         for row in self.rows:
             row.begin_call(q_len, None)
         self.row_observers = [row.observers() for row in self.rows]
@@ -146,7 +146,7 @@ class _SharedDispatch:
     once, on the first row that observes with it; the other rows observing with that pattern get a
     deep copy of its state (every row holds the same prompt, so the statistics are the same)."""
 
-    def __init__(self, fanout: "FanoutLayer"):
+    def __init__(self, fanout: FanoutLayer):
         self.fanout = fanout
 
     def pre_kernel(self, layer, state, query) -> None:
