@@ -59,6 +59,7 @@ def generate(
     *,
     max_new_tokens: int,
     decode_interval: int = 1,
+    interval_mode: str = "within",
     temperature: float = 0.0,
     seed: int = 0,
 ) -> GenerationResult:
@@ -73,7 +74,7 @@ def generate(
         _as_list(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
     )
     new: list[int] = []
-    with apply_strategy(model, strategy, decode_interval=decode_interval) as rt:
+    with apply_strategy(model, strategy, decode_interval=decode_interval, interval_mode=interval_mode) as rt:
         t0 = time.perf_counter()
         out = model(input_ids=input_ids, use_cache=True)
         _sync(device)

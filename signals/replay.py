@@ -71,13 +71,7 @@ def prime_layer(
     not yet called): the state the runtime's layer l is in right after the prompt's kernel."""
     layer = _detached(runtime, layer_idx, prefill, decoding)
     layer.update(record.keys[layer_idx], record.values[layer_idx])
-    layer.begin_call(record.context_len, None)
-    query = record.queries[layer_idx]
-    observers = layer.observers()
-    for pattern, state in observers:
-        pattern.pre_kernel(layer, state, query)
-    for pattern, state in observers:
-        pattern.post_kernel(layer, state, query)
+    layer.attention_call(record.queries[layer_idx], None, finish=False)  # the prompt's hooks, without a kernel
     return layer
 
 

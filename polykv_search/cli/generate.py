@@ -47,6 +47,13 @@ def add_parser(sub) -> None:
         default=None,
         help="with --strategy: evict every k decoding steps (default 1)",
     )
+    p.add_argument(
+        "--interval-mode",
+        choices=("within", "over"),
+        default="within",
+        help="with --decode-interval k: 'within' never holds more than the budget (default), "
+        "'over' up to budget + k - 1",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON record instead of text and a table")
     p.set_defaults(func=run)
 
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         strategy,
         max_new_tokens=args.max_new_tokens,
         decode_interval=args.decode_interval or 1,
+        interval_mode=args.interval_mode,
         temperature=args.temperature,
         seed=args.seed or 0,
     )

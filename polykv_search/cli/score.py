@@ -56,7 +56,14 @@ def add_parser(sub) -> None:
         "--decode-interval",
         type=positive_int,
         default=1,
-        help="decoding evicts every k steps (a layer holds up to budget + k - 1 tokens; default 1)",
+        help="decoding evicts every k steps instead of every step (default 1)",
+    )
+    p.add_argument(
+        "--interval-mode",
+        choices=("within", "over"),
+        default="within",
+        help="with --decode-interval k: 'within' never holds more than the budget (evicts down to "
+        "budget - k + 1; default), 'over' holds up to budget + k - 1",
     )
     p.add_argument(
         "--batch-entries",
@@ -150,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
             engine=engine,
             batch_entries=args.batch_entries,
             decode_interval=args.decode_interval,
+            interval_mode=args.interval_mode,
             max_new_tokens=args.max_new_tokens,
             progress=lambda n: bar.advance(job, n),
             timing=timing,
@@ -166,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         "budget": args.budget,
         "corpus": args.corpus,
         "decode_interval": args.decode_interval,
+        "interval_mode": args.interval_mode,
         "max_new_tokens": args.max_new_tokens,
         "device": args.device,
         "dtype": args.dtype,

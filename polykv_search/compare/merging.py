@@ -20,7 +20,7 @@ from polykv_search.compare.reading import CompareError, check_results, entry_sam
 from strategies import PHASES
 
 #: settings that change scores without changing the samples: differences are reported as warnings
-RUNTIME_SETTINGS = ("decode_interval", "max_new_tokens", "dtype", "attn", "device")
+RUNTIME_SETTINGS = ("decode_interval", "interval_mode", "max_new_tokens", "dtype", "attn", "device")
 
 
 def compare(

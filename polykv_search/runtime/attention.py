@@ -44,16 +44,12 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
         return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None), None
 
     q_len = query.shape[-2]
-    layer.begin_call(q_len, _align_padding(padding, layer.seen, q_len))
-    observers = layer.observers()
-    for pattern, state in observers:
-        pattern.pre_kernel(layer, state, query)
-    mask, is_causal = _layer_mask(layer, q_len)
-    out = runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal)
-    for pattern, state in observers:
-        pattern.post_kernel(layer, state, query)
-    layer.end_call()
-    return out, None
+
+    def attend():
+        mask, is_causal = _layer_mask(layer, q_len)
+        return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal)
+
+    return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), attend), None
 
 
 def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):

@@ -44,8 +44,9 @@ FULL_PLAN = PhasePlan(Full(), None)
 class EvictingLayer(CacheLayerMixin):
     """A dynamic cache layer that shrinks itself to its budget after the attention kernel.
 
-    The runtime calls, per attention call: :meth:`begin_call` (marks padding, sets query positions),
-    then the hook points of the observing patterns, then :meth:`end_call` (evicts when over budget).
+    Every attention call goes through :meth:`call` (the one place that runs the hooks, in this
+    order): :meth:`begin_call` (marks padding, sets query positions), the observing patterns'
+    ``pre_kernel``, the kernel, their ``post_kernel``, then :meth:`end_call` (evicts when over budget).
     ``get_seq_length`` reports tokens *seen*, so ``generate()`` keeps absolute positions.
     """
 
@@ -206,6 +207,23 @@ class EvictingLayer(CacheLayerMixin):
             if plan.evicts and plan.pattern not in seen:
                 seen[plan.pattern] = self.states.setdefault(plan.pattern, {})
         return list(seen.items())
+
+    def attention_call(
+        self, query: torch.Tensor, padding_mask: torch.Tensor | None, kernel=None, *, finish: bool = True
+    ):
+        """Run one attention call of this layer: hooks around ``kernel()`` (``None``: no kernel, e.g. a
+        replay of recorded queries); ``finish=False`` stops before :meth:`end_call`. Returns the
+        kernel's output."""
+        self.begin_call(query.shape[-2], padding_mask)
+        observers = self.observers()
+        for pattern, state in observers:
+            pattern.pre_kernel(self, state, query)
+        out = None if kernel is None else kernel()
+        for pattern, state in observers:
+            pattern.post_kernel(self, state, query)
+        if finish:
+            self.end_call()
+        return out
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         """Mark this call's padding tokens invalid and record the query positions."""

@@ -11,6 +11,8 @@ class LayerReport:
     seen: int
     kept: int
     kv_bytes: int
+    #: the most bytes held between calls since the prompt (the prompt's own prefill call excluded)
+    peak_kv_bytes: int
     full_kv_bytes: int
     prefill_budget: int | None
     decoding_budget: int | None
@@ -25,6 +27,11 @@ class CacheReport:
         return sum(r.kv_bytes for r in self.layers)
 
     @property
+    def peak_kv_bytes(self) -> int:
+        """Sum of the layers' peaks (an upper bound of the whole cache's peak)."""
+        return sum(r.peak_kv_bytes for r in self.layers)
+
+    @property
     def full_kv_bytes(self) -> int:
         return sum(r.full_kv_bytes for r in self.layers)
 
@@ -35,6 +42,7 @@ class CacheReport:
     def to_json(self) -> dict:
         return {
             "kv_bytes": self.kv_bytes,
+            "peak_kv_bytes": self.peak_kv_bytes,
             "full_kv_bytes": self.full_kv_bytes,
             "ratio": self.kv_bytes / self.full_kv_bytes if self.full_kv_bytes else None,
             "layers": [asdict(r) for r in self.layers],
@@ -48,6 +56,7 @@ def layer_report(layer) -> LayerReport:
         seen=layer.seen,
         kept=layer.length,
         kv_bytes=layer.kv_bytes(),
+        peak_kv_bytes=_peak_bytes(layer),
         full_kv_bytes=_full_bytes(layer),
         prefill_budget=layer.plans["prefill"].budget,
         decoding_budget=layer.plans["decoding"].budget,
@@ -65,3 +74,9 @@ def _full_bytes(layer) -> int:
         return 0
     b, h, _, d = layer.keys.shape
     return 2 * b * h * layer.seen * d * layer.keys.element_size()
+
+
+def _peak_bytes(layer) -> int:
+    if layer.keys is None or not layer.length:
+        return 0
+    return layer.kv_bytes() * max(getattr(layer, "peak_length", 0), layer.length) // layer.length

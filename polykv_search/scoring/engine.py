@@ -36,6 +36,7 @@ def score_entries(
     engine: str = "shared",
     batch_entries: int = 16,
     decode_interval: int = 1,
+    interval_mode: str = "within",
     max_new_tokens: int | None = None,
     fidelity: bool = True,
     progress: Callable[[int], None] | None = None,
@@ -77,7 +78,7 @@ def score_entries(
     # the shared engine runs under one applied FullKV runtime (for its attention function and layer
     # settings); the per-entry path applies each entry's strategy itself
     shared = (
-        apply_strategy(model, Strategy.full(num_layers), decode_interval=decode_interval)
+        apply_strategy(model, Strategy.full(num_layers), decode_interval=decode_interval, interval_mode=interval_mode)
         if engine == "shared"
         else nullcontext()
     )
@@ -96,7 +97,13 @@ def score_entries(
                         outcomes = scorer.run(job, fidelity=fidelity)
                     else:
                         outcomes = per_entry.run_sample(
-                            model, entries, job, decode_interval=decode_interval, fidelity=fidelity, caller=caller
+                            model,
+                            entries,
+                            job,
+                            decode_interval=decode_interval,
+                            interval_mode=interval_mode,
+                            fidelity=fidelity,
+                            caller=caller,
                         )
                     for i, out in enumerate(outcomes):
                         pred = (

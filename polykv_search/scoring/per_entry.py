@@ -17,7 +17,14 @@ from strategies import Strategy
 
 
 def run_sample(
-    model, entries: Sequence[Entry], job: SampleJob, *, decode_interval: int = 1, fidelity: bool = True, caller=None
+    model,
+    entries: Sequence[Entry],
+    job: SampleJob,
+    *,
+    decode_interval: int = 1,
+    interval_mode: str = "within",
+    fidelity: bool = True,
+    caller=None,
 ) -> list[SampleOutcome]:
     """Run ``job`` once per entry, each inside its own ``apply_strategy``."""
     caller = caller or _Caller(model)
@@ -29,7 +36,9 @@ def run_sample(
         reference = log_probs(logits)
     outcomes: list[SampleOutcome | None] = [None] * len(entries)
     for i in order:
-        with apply_strategy(model, entries[i].strategy, decode_interval=decode_interval) as rt:
+        with apply_strategy(
+            model, entries[i].strategy, decode_interval=decode_interval, interval_mode=interval_mode
+        ) as rt:
             if job.teacher_forced:
                 logits, timing = teacher_forced_logits(model, job.context_ids, job.target_ids, caller)
                 if fidelity and reference is None:  # the FullKV entry, run first
