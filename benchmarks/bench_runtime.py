@@ -1,23 +1,26 @@
-"""Runtime benchmark: prefill overhead, decode speed-up and KV memory, side by side in one run.
+"""Runtime benchmark: prefill overhead, decode speed and KV memory held, side by side in one process.
 
-    python benchmarks/bench_runtime.py [--model smollm2-135m] [--prefill-len 2048] [--decode-context 4096]
-                                       [--budget 256] [--decode-steps 32] [--repeats 3] [--out bench_runtime.json]
+    python benchmarks/bench_runtime.py [--model smollm2-135m] [--contexts 2048,4096,8192] [--budget 256]
+                                       [--pattern snapkv] [--decode-steps 32] [--repeats 2]
+                                       [--intervals 1,8,16] [--out bench_runtime.json]
 
-Measured on the same model and the same Austen text in one process:
+For every context length, on the same model and the same Austen text, these configurations run in
+interleaved order (A B C … then … C B A, ``--repeats`` times), so that machine noise hits all of them:
 
-* prefill of a ``--prefill-len`` prompt: the unmodified model (its own SDPA path and DynamicCache)
-  vs the runtime applying uniform SnapKV at ``--budget`` (target ratio <= 1.15);
-* decode tokens/s after a ``--decode-context`` prompt: unmodified FullKV vs the runtime at
-  ``--budget`` (target ratio >= 1.3), and the runtime's FullKV for reference;
-* KV bytes held after decoding.
+* ``unmodified``: the model's own SDPA path and ``DynamicCache``;
+* ``FullKV``: the runtime applying the FullKV strategy (target: >= 0.98x unmodified);
+* ``B<budget> k<k> <mode>``: uniform ``--pattern`` at ``--budget`` for each ``--intervals`` value;
+  ``within`` holds at most the budget between steps, ``over`` up to ``budget + k - 1``.
 
-Timings are medians over ``--repeats`` runs after a warm-up.
+Each run prefills the prompt (timed: prefill; logits of the last token only, as ``generate`` does),
+then greedy-decodes ``--decode-steps`` tokens (timed:
+decode tokens/s), then records the KV bytes held and the peak held since the prompt. Ratios are
+medians over the repeats, each against the unmodified model of the same context.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -33,130 +36,149 @@ from strategies import Strategy
 
 
 def prompt_ids(tokenizer, n: int) -> torch.Tensor:
-    docs = split_corpus(load_corpus("austen"), "eval")
-    ids = tokenizer(docs[0].text[: n * 8], add_special_tokens=False).input_ids[:n]
+    text = "\n\n".join(doc.text for doc in split_corpus(load_corpus("austen"), "eval"))
+    ids = tokenizer(text[: n * 8], add_special_tokens=False).input_ids[:n]
     if len(ids) < n:
         raise SystemExit(f"not enough text for {n} tokens")
     return torch.tensor([ids])
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    fn()  # warm-up
-    times, result = [], None
-    for _ in range(repeats):
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_once(model, ids: torch.Tensor, steps: int, strategy: Strategy | None, interval: int, mode: str) -> dict:
+    """Prefill ``ids``, greedy-decode ``steps`` tokens; seconds, tokens/s and KV bytes (held, peak)."""
+
+    def run(report):
+        _sync(ids.device)
         t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
-
-
-@torch.no_grad()
-def decode(model, ids: torch.Tensor, steps: int, strategy: Strategy | None, interval: int = 1):
-    """Prefill ``ids`` then greedy-decode ``steps`` tokens; returns (tokens/s, kv bytes, lengths)."""
-
-    def run(cache_report):
-        out = model(ids, use_cache=True)
-        cache = out.cache
-        token = out.logits[:, -1:].argmax(-1)
+        out = model(ids, use_cache=True, logits_to_keep=1)  # as generate() does
+        _sync(ids.device)
+        prefill = time.perf_counter() - t0
+        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
         t0 = time.perf_counter()
         for _ in range(steps):
             out = model(token, cache=cache, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
-        tps = steps / (time.perf_counter() - t0)
-        return tps, cache_report(cache)
+        _sync(ids.device)
+        return {"prefill_s": prefill, "decode_tok_s": steps / (time.perf_counter() - t0), **report(cache)}
 
     if strategy is None:
-        def report(cache):
-            kv = sum(l.keys.numel() * l.keys.element_size() * 2 for l in cache.layers)
-            return kv, [l.keys.shape[-2] for l in cache.layers]
 
-        return run(report)
-    with apply_strategy(model, strategy, decode_interval=interval) as rt:
-        return run(lambda cache: (rt.report(cache).kv_bytes, rt.report(cache).lengths))
+        def plain(cache):
+            held = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
+            return {"kv_bytes": held, "peak_kv_bytes": held}
+
+        return run(plain)
+    with apply_strategy(model, strategy, decode_interval=interval, interval_mode=mode) as rt:
+        return run(
+            lambda cache: {"kv_bytes": rt.report(cache).kv_bytes, "peak_kv_bytes": rt.report(cache).peak_kv_bytes}
+        )
+
+
+def configurations(layers: int, pattern: str, budget: int, intervals: list[int]) -> list[tuple]:
+    """(name, strategy, interval, mode) of every measured configuration."""
+    budgeted = Strategy.uniform(layers, pattern, budget)
+    configs = [("unmodified", None, 1, "within"), ("FullKV", Strategy.full(layers), 1, "within")]
+    for k in intervals:
+        for mode in ("within", "over") if k > 1 else ("within",):
+            configs.append((f"B{budget} k{k}" + (f" {mode}" if k > 1 else ""), budgeted, k, mode))
+    return configs
+
+
+def measure(model, ids, steps: int, configs: list[tuple], repeats: int, on_run) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {name: [] for name, *_ in configs}
+    run_once(model, ids[:, :256], 2, None, 1, "within")  # warm-up
+    for r in range(repeats):
+        for name, strategy, k, mode in configs if r % 2 == 0 else configs[::-1]:
+            runs[name].append(run_once(model, ids, steps, strategy, k, mode))
+            on_run()
+    return runs
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    base = runs["unmodified"]
+    out = {}
+    for name, rs in runs.items():
+        med = {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+        med["prefill_ratio"] = statistics.median(r["prefill_s"] / b["prefill_s"] for r, b in zip(rs, base))
+        med["decode_speedup"] = statistics.median(r["decode_tok_s"] / b["decode_tok_s"] for r, b in zip(rs, base))
+        out[name] = {**med, "runs": rs}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--prefill-len", type=int, default=2048)
-    ap.add_argument("--decode-context", type=int, default=4096)
+    ap.add_argument("--contexts", default="2048,4096,8192", help="prompt lengths (comma separated)")
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--pattern", default="snapkv")
     ap.add_argument("--decode-steps", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--intervals", default="1,8", help="decode_interval values to measure (comma separated)")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved passes over all configurations")
+    ap.add_argument("--intervals", default="1,8,16", help="decode_interval values to measure (comma separated)")
     ap.add_argument("--out", default="bench_runtime.json")
     args = ap.parse_args()
-    console = Console()
-    model, tok = load_model(args.model, device=args.device, attn_implementation="sdpa")
-    L = model.config.num_hidden_layers
-    budgeted = Strategy.uniform(L, args.pattern, args.budget)
-    full = Strategy.full(L)
-    dev = torch.device(args.device)
-    torch.set_grad_enabled(False)
-
-    ids = prompt_ids(tok, args.prefill_len).to(dev)
-    t_plain, _ = timed(lambda: model(ids, use_cache=True), args.repeats)
-
-    def with_runtime():
-        with apply_strategy(model, budgeted):
-            return model(ids, use_cache=True)
-
-    t_rt, _ = timed(with_runtime, args.repeats)
-
-    ids4 = prompt_ids(tok, args.decode_context).to(dev)
-    tps_plain, (kv_plain, _) = decode(model, ids4, args.decode_steps, None)
-    tps_full, (kv_full, _) = decode(model, ids4, args.decode_steps, full)
+    contexts = [int(x) for x in args.contexts.split(",")]
     intervals = [int(x) for x in args.intervals.split(",")]
-    by_interval = {k: decode(model, ids4, args.decode_steps, budgeted, k) for k in intervals}
-    tps_b, (kv_b, lengths) = by_interval[intervals[0]]
+    console = Console()
+    torch.set_grad_enabled(False)
+    model, tok = load_model(args.model, device=args.device, attn_implementation="sdpa")
+    configs = configurations(model.config.num_hidden_layers, args.pattern, args.budget, intervals)
+    results = {}
+    with console.status("") as status:
+        for ctx in contexts:
+            ids = prompt_ids(tok, ctx).to(args.device)
+            done = [0]
 
-    result = {
+            def on_run(ctx=ctx, done=done):
+                done[0] += 1
+                status.update(f"context {ctx}: run {done[0]}/{len(configs) * args.repeats}")
+
+            on_run()
+            done[0] = 0
+            results[str(ctx)] = summarize(measure(model, ids, args.decode_steps, configs, args.repeats, on_run))
+            write_json(args.out, _document(args, results))
+    console.print(_table(args, results))
+    console.print(f"wrote {args.out}")
+
+
+def _document(args, results: dict) -> dict:
+    return {
         "model": args.model,
         "device": args.device,
         "threads": torch.get_num_threads(),
         "pattern": args.pattern,
         "budget": args.budget,
-        "prefill": {
-            "tokens": args.prefill_len,
-            "unmodified_s": t_plain,
-            "runtime_s": t_rt,
-            "ratio": t_rt / t_plain,
-            "target": "<= 1.15",
+        "decode_steps": args.decode_steps,
+        "repeats": args.repeats,
+        "targets": {
+            "FullKV": "prefill <= 1.02x, decode >= 0.98x",
+            f"B{args.budget} k1": "prefill <= 1.05x, decode >= 1.3x (4k context)",
+            "default interval, held <= budget": "decode >= 2x (4k context)",
         },
-        "decode": {
-            "context": args.decode_context,
-            "steps": args.decode_steps,
-            "unmodified_fullkv_tok_s": tps_plain,
-            "runtime_fullkv_tok_s": tps_full,
-            "runtime_budget_tok_s": tps_b,
-            "speedup_vs_unmodified": tps_b / tps_plain,
-            "by_decode_interval": {
-                str(k): {"tok_s": v[0], "speedup_vs_unmodified": v[0] / tps_plain, "kv_bytes": v[1][0]}
-                for k, v in by_interval.items()
-            },
-            "target": ">= 1.3",
-        },
-        "kv_bytes": {"unmodified_fullkv": kv_plain, "runtime_fullkv": kv_full, "runtime_budget": kv_b, "lengths": lengths},
+        "contexts": results,
     }
-    write_json(args.out, result)
-    t = Table(title=f"runtime benchmark ({args.model}, {args.device}, {torch.get_num_threads()} threads)")
-    for c in ("measure", "unmodified", "runtime", "ratio", "target"):
-        t.add_column(c)
-    t.add_row(f"prefill {args.prefill_len} tok (s)", f"{t_plain:.2f}", f"{t_rt:.2f} ({args.pattern} B={args.budget})", f"{t_rt / t_plain:.3f}", "<= 1.15")
-    t.add_row(
-        f"decode @ {args.decode_context} (tok/s)",
-        f"{tps_plain:.1f}",
-        f"{tps_b:.1f} (B={args.budget}); FullKV {tps_full:.1f}",
-        f"{tps_b / tps_plain:.2f}x",
-        ">= 1.3x",
-    )
-    for k, (tps_k, (kv_k, _)) in list(by_interval.items())[1:]:
-        t.add_row(f"  decode_interval={k} (tok/s)", "", f"{tps_k:.1f} (B={args.budget})", f"{tps_k / tps_plain:.2f}x", "")
-    t.add_row("KV held after decode (MiB)", f"{kv_plain / 2**20:.1f}", f"{kv_b / 2**20:.2f}", f"{kv_b / kv_plain:.3f}", "")
-    console.print(t)
-    console.print(f"wrote {args.out}")
+
+
+def _table(args, results: dict) -> Table:
+    t = Table(title=f"runtime vs unmodified ({args.model}, {args.device}, {torch.get_num_threads()} threads)")
+    for col in ("context", "runtime", "prefill s", "×", "decode tok/s", "×", "peak KV MiB"):
+        t.add_column(col, justify="left" if col in ("context", "runtime") else "right")
+    for ctx, rows in results.items():
+        for i, (name, r) in enumerate(rows.items()):
+            t.add_row(
+                ctx if i == 0 else "",
+                name,
+                f"{r['prefill_s']:.2f}",
+                f"{r['prefill_ratio']:.3f}",
+                f"{r['decode_tok_s']:.1f}",
+                f"{r['decode_speedup']:.2f}",
+                f"{r['peak_kv_bytes'] / 2**20:.1f}",
+            )
+    return t
 
 
 if __name__ == "__main__":
