@@ -82,9 +82,34 @@ FULL_GRIDS = (
 )
 #: A smoke run (< 2 minutes on 2 cores): two layers, two patterns, two budgets.
 SMOKE_GRIDS = (
-    Grid("smoke-short", samples=2, context=128, continuation=16, budgets=(32, 64), patterns=("snapkv", "h2o"), layers="0,15"),
-    Grid("smoke-long", samples=1, context=256, continuation=32, budgets=(32, 64), patterns=("snapkv", "h2o"), layers="0,15"),
-    Grid("smoke-mix", samples=2, context=128, continuation=16, budgets=(32, 64), patterns=("snapkv", "h2o"), layers="0,15", mix="1"),
+    Grid(
+        "smoke-short",
+        samples=2,
+        context=128,
+        continuation=16,
+        budgets=(32, 64),
+        patterns=("snapkv", "h2o"),
+        layers="0,15",
+    ),
+    Grid(
+        "smoke-long",
+        samples=1,
+        context=256,
+        continuation=32,
+        budgets=(32, 64),
+        patterns=("snapkv", "h2o"),
+        layers="0,15",
+    ),
+    Grid(
+        "smoke-mix",
+        samples=2,
+        context=128,
+        continuation=16,
+        budgets=(32, 64),
+        patterns=("snapkv", "h2o"),
+        layers="0,15",
+        mix="1",
+    ),
 )
 
 
@@ -157,7 +182,12 @@ def cell_mask(table, reference) -> np.ndarray:
         for p, pattern in enumerate(reference.patterns):
             for b, budget in enumerate(reference.budgets):
                 if phase in table.phases and pattern in table.patterns and budget in table.budgets:
-                    idx = (slice(None), table.phase_index(phase), table.pattern_index(pattern), table.budget_index(budget))
+                    idx = (
+                        slice(None),
+                        table.phase_index(phase),
+                        table.pattern_index(pattern),
+                        table.budget_index(budget),
+                    )
                     mask[:, f, p, b] = have[idx]
     return mask
 
@@ -169,7 +199,13 @@ def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fre
 
     mix = parse_retrieval_mix(grid.mix)
     samples = make_calibration_samples(
-        tokenizer, corpus, n_samples=grid.samples, context_len=grid.context, continuation_len=grid.continuation, seed=seed, mix=mix
+        tokenizer,
+        corpus,
+        n_samples=grid.samples,
+        context_len=grid.context,
+        continuation_len=grid.continuation,
+        seed=seed,
+        mix=mix,
     )
     path = out_dir / f"{grid.name}.signals.json"
     done = out_dir / f"{grid.name}.result.json"
@@ -180,8 +216,11 @@ def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fre
         if saved.get("grid", {}).get("name") == grid.name and saved["grid"] == {**asdict(grid), "tokens": grid.tokens}:
             print(f"[{grid.name}] finished earlier: {done}", flush=True)
             return saved, SignalTable.load(path)
-    print(f"[{grid.name}] {grid.samples} x {grid.context}+{grid.continuation} tokens, budgets {list(grid.budgets)}, "
-          f"patterns {list(grid.patterns)}, layers {grid.layers}, mix {grid.mix}; load {load_average()}", flush=True)  # fmt: skip
+    print(
+        f"[{grid.name}] {grid.samples} x {grid.context}+{grid.continuation} tokens, budgets {list(grid.budgets)}, "
+        f"patterns {list(grid.patterns)}, layers {grid.layers}, mix {grid.mix}; load {load_average()}",
+        flush=True,
+    )
     t0, c0 = time.perf_counter(), time.process_time()
     table = collect_signals(
         model, samples, patterns=grid.patterns, budgets=grid.budgets, phases=grid.phases, layers=grid.layers,
@@ -243,7 +282,9 @@ def plot(results: list[dict], path: Path, minutes_key: str, minutes_label: str) 
             x, y = max(r[minutes_key], 1e-3), s["median_se"]
             marker = "s" if r["evidence_samples"] else "o"
             ax.scatter([x], [y], marker=marker)
-            ax.annotate(f"{r['grid']['name']} ({x:.3g}, {y:.2g})", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(
+                f"{r['grid']['name']} ({x:.3g}, {y:.2g})", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         for axis in (ax.xaxis, ax.yaxis):
@@ -266,8 +307,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (JSON, PNG, one signal table per grid)")
     p.add_argument("--smoke", action="store_true", help="the tiny grids (under 2 minutes): shows the script works")
-    p.add_argument("--grid", action="append", default=None, help="NAME:samples=8,context=1024,continuation=64,"
-                   "budgets=32/64,patterns=snapkv/h2o,layers=0-3,mix=0.5 (repeatable; replaces the default grids)")  # fmt: skip
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=None,
+        help="NAME:samples=8,context=1024,continuation=64,budgets=32/64,patterns=snapkv/h2o,layers=0-3,mix=0.5 "
+        "(repeatable; replaces the default grids)",
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -335,7 +381,12 @@ def _lift(common: np.ndarray, reference, table) -> np.ndarray:
         for p, pattern in enumerate(table.patterns):
             for b, budget in enumerate(table.budgets):
                 if phase in reference.phases and pattern in reference.patterns and budget in reference.budgets:
-                    idx = (slice(None), reference.phase_index(phase), reference.pattern_index(pattern), reference.budget_index(budget))
+                    idx = (
+                        slice(None),
+                        reference.phase_index(phase),
+                        reference.pattern_index(pattern),
+                        reference.budget_index(budget),
+                    )
                     out[:, f, p, b] = common[idx]
     return out
 

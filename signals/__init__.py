@@ -11,8 +11,9 @@ Collection (``polykv-search collect``; imported lazily, since it needs torch)::
 
 Modules: :mod:`signals.cosine`, :mod:`signals.ppl` (ΔPPL and KL), :mod:`signals.entropy` (one
 collector per signal), :mod:`signals.uncertainty` (standard errors over samples and token blocks),
-:mod:`signals.predict` (a strategy's predicted degradation), :mod:`signals.fullkv` (the FullKV pass), :mod:`signals.replay` (fast cell evaluation),
-:mod:`signals.naive` (one forward per cell, the reference), :mod:`signals.journal` (resume),
+:mod:`signals.predict` (a strategy's predicted degradation), :mod:`signals.fullkv` (the FullKV pass),
+:mod:`signals.replay` (fast cell evaluation), :mod:`signals.naive` (one forward per cell, the reference),
+:mod:`signals.journal` (resume),
 :mod:`signals.collect` (the driver).
 """
 

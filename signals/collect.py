@@ -25,8 +25,9 @@ Modules: :mod:`signals.collect_settings` (grid, definitions), :mod:`signals.coll
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -88,7 +89,14 @@ def sample_records(
             for unit in units:
                 t1 = time.perf_counter()
                 tokens = replay_unit(
-                    model, rt, record, unit.layer, unit.phase, patterns, settings.budgets, batch_tokens=settings.batch_tokens
+                    model,
+                    rt,
+                    record,
+                    unit.layer,
+                    unit.phase,
+                    patterns,
+                    settings.budgets,
+                    batch_tokens=settings.batch_tokens,
                 )
                 yield unit_record(unit, _scored(tokens, span), sizes, time.perf_counter() - t1)
             return
@@ -260,7 +268,9 @@ def collect_signals(
                 log(f"{out} already holds this collection (same model, grid and calibration set); nothing to do")
             return finished
     if require_resume and not existed and not fresh:
-        raise CollectError(f"nothing to resume: no journal at {jpath}" if jpath else "nothing to resume without a journal")
+        raise CollectError(
+            f"nothing to resume: no journal at {jpath}" if jpath else "nothing to resume without a journal"
+        )
     try:
         jr = Journal.open(jpath, key, fresh=fresh)
     except JournalError as err:
@@ -298,7 +308,20 @@ def collect_signals(
                         bar.advance(persist(rec))
             elif per_sample:
                 loader = model_loader or _GivenModel(model)
-                run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar, spans)
+                run_parallel(
+                    samples,
+                    per_sample,
+                    need_full,
+                    settings,
+                    jobs,
+                    backend,
+                    address,
+                    loader,
+                    num_layers,
+                    persist,
+                    bar,
+                    spans,
+                )
     finally:
         jr.close()
 

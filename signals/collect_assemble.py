@@ -20,7 +20,7 @@ in the provenance): the table holds finite values only.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,7 +46,12 @@ def unit_record(unit, tokens: TokenSignals, sizes: np.ndarray, seconds: float) -
 
 
 def assemble(
-    jr: Journal, n_samples: int, m: int, settings: CollectSettings, num_layers: int, scored_lengths: Sequence[int] | None = None
+    jr: Journal,
+    n_samples: int,
+    m: int,
+    settings: CollectSettings,
+    num_layers: int,
+    scored_lengths: Sequence[int] | None = None,
 ) -> tuple[SignalTable, list]:
     """The table of every finished cell, and the cells whose ΔPPL overflowed.
 
@@ -82,7 +87,9 @@ def assemble(
             recs = [jr.units.get((s, layer, phase)) for s in range(S)]
             if any(r is None for r in recs):
                 continue
-            blocks = {k: [np.asarray(r[k], dtype=np.float64) for r in recs] for k in ("cosine", "nll", "kl")}  # S x [C, K_s]
+            blocks = {
+                k: [np.asarray(r[k], dtype=np.float64) for r in recs] for k in ("cosine", "nll", "kl")
+            }  # S x [C, K_s]
             units = {k: np.concatenate(v, axis=1) for k, v in blocks.items()}  # [C, U]
             per = {k: np.stack([b @ w for b, w in zip(v, weights)]) for k, v in blocks.items()}  # [S, C]
             with np.errstate(over="ignore", invalid="ignore"):

@@ -28,7 +28,9 @@ class ModelLoader:
     def __call__(self):
         from polykv_search.models import load_model
 
-        return load_model(self.name, device=self.device, dtype=self.dtype, attn_implementation=self.attn_implementation)[0]
+        return load_model(
+            self.name, device=self.device, dtype=self.dtype, attn_implementation=self.attn_implementation
+        )[0]
 
 
 @dataclass(frozen=True)
@@ -52,13 +54,17 @@ def _worker_model(loader):
     return _WORKER_MODEL["model"]
 
 
-def _run_task(loader, context_ids, continuation_ids, index, units, settings, need_full, threads, scored=None) -> list[dict]:
+def _run_task(
+    loader, context_ids, continuation_ids, index, units, settings, need_full, threads, scored=None
+) -> list[dict]:
     from signals.collect import sample_records
 
     if threads:
         torch.set_num_threads(threads)
     model = _worker_model(loader)
-    return list(sample_records(model, context_ids, continuation_ids, index, units, settings, need_full=need_full, scored=scored))
+    return list(
+        sample_records(model, context_ids, continuation_ids, index, units, settings, need_full=need_full, scored=scored)
+    )
 
 
 @contextlib.contextmanager
@@ -75,7 +81,11 @@ def _backend(backend: str | None, address: str | None, jobs: int = 1):
         except ImportError:
             raise CollectError("--backend dask needs dask.distributed (pip install 'dask[distributed]')") from None
         # no address: a local cluster of ``jobs`` single-threaded worker processes
-        client = Client(address) if address else Client(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = (
+            Client(address)
+            if address
+            else Client(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
+        )
         with client:
             with joblib.parallel_config(backend="dask"):
                 yield
@@ -155,7 +165,9 @@ class Progress:
             self._bar.stop()
 
 
-def run_parallel(samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar, spans=None) -> None:
+def run_parallel(
+    samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar, spans=None
+) -> None:
     """Run every pending unit through joblib; ``spans[s]``: sample s's scored continuation positions."""
     from joblib import Parallel, delayed
 

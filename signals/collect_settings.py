@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from signals.table import PHASES
 from signals.uncertainty import DEFAULT_BLOCKS
@@ -15,13 +16,17 @@ DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128, 256)
 #: Bumped whenever what a cell's numbers mean changes; part of the journal key.
 DEFINITIONS_VERSION = 2
 DEFINITIONS = {
-    "cosine": "mean over the scored continuation positions of cos(layer-l output with the cell, with FullKV); mean over samples",
-    "dppl": "exp(mean over samples of the mean NLL of each sample's scored continuation tokens with the cell) - exp(same "
+    "cosine": "mean over the scored continuation positions of cos(layer-l output with the cell, with "
+    "FullKV); mean over samples",
+    "dppl": "exp(mean over samples of the mean NLL of each sample's scored continuation tokens with "
+    "the cell) - exp(same "
     "under FullKV); the pooled token PPL when every sample scores all m tokens",
-    "scored": "the continuation tokens a sample's cell signals (cosine, NLL, KL) average over: all m of a prose sample; "
+    "scored": "the continuation tokens a sample's cell signals (cosine, NLL, KL) average over: all m "
+    "of a prose sample; "
     "only the answer tokens of a retrieval (evidence) sample, whose query and following prose need no evidence; every "
     "token is still run, teacher-forced, under the cell",
-    "kl": "mean over the scored continuation positions of KL(FullKV || cell) of the next-token distributions (0 at the first "
+    "kl": "mean over the scored continuation positions of KL(FullKV || cell) of the next-token "
+    "distributions (0 at the first "
     "position, which the context predicts); mean over samples; >= 0",
     "se": "cluster-robust standard error over (sample, token block) units: each sample's scored tokens cut into "
     "`blocks` contiguous blocks, weighted so that every sample counts equally; dPPL by the delta method, "
@@ -130,7 +135,10 @@ def scored_spans(samples: Sequence[Any], m: int) -> list[tuple[int, int]]:
     spans = [scored_span(s) for s in samples]
     for i, (a, b) in enumerate(spans):
         if not 0 <= a < b <= m:
-            raise CollectError(f"samples: sample {i}'s scored positions [{a}, {b}) are not a non-empty part of its {m}-token continuation")
+            raise CollectError(
+                f"samples: sample {i}'s scored positions [{a}, {b}) are not a non-empty part of its "
+                f"{m}-token continuation"
+            )
     return spans
 
 

@@ -22,7 +22,6 @@ from signals import model_parts
 from signals.ppl import token_nll
 
 
-
 class _QueryRecorder:
     """An observer on the hook points that keeps every call's post-RoPE queries."""
 
@@ -76,16 +75,16 @@ class FullKVRecord:
 
 
 @torch.no_grad()
-def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=("prefill", "decoding"), stats=True) -> FullKVRecord:
+def full_kv_pass(
+    model, runtime, context_ids, continuation_ids, *, phases=("prefill", "decoding"), stats=True
+) -> FullKVRecord:
     """Run one sample under FullKV (``runtime``: an applied Full strategy) and record it."""
     device = next(model.parameters()).device
     ctx = torch.as_tensor(context_ids, dtype=torch.long, device=device)
     cont = torch.as_tensor(continuation_ids, dtype=torch.long, device=device)
     n, m = int(ctx.shape[0]), int(cont.shape[0])
     num_layers = len(model_parts.decoder_layers(model))
-    cache = PolyKVCache(
-        [RecordingLayer(j, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(j)) for j in range(num_layers)]
-    )
+    cache = PolyKVCache([RecordingLayer(j, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(j)) for j in range(num_layers)])
 
     hidden = model_parts.embed(model, ctx[None])
     pos = model_parts.positions(0, n, device)
@@ -117,7 +116,9 @@ def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=("pref
         logprobs=torch.log_softmax(logits.float(), dim=-1),
     )
     if stats:
-        with model_parts.cpu_threads(model_parts.SMALL_OP_THREADS):  # memory-bound: one thread is as fast, and robust under load
+        with model_parts.cpu_threads(
+            model_parts.SMALL_OP_THREADS
+        ):  # memory-bound: one thread is as fast, and robust under load
             _stats(record, cache, phases, n, m, device)
     return record
 
@@ -128,7 +129,9 @@ def _stats(record: FullKVRecord, cache, phases, n: int, m: int, device) -> None:
     for phase in phases:
         ent, var = [], []
         for layer in cache.layers:
-            q, p = (layer.recorded_queries[0], prompt_pos) if phase == "prefill" else (layer.recorded_queries[1], cont_pos)
+            q, p = (
+                (layer.recorded_queries[0], prompt_pos) if phase == "prefill" else (layer.recorded_queries[1], cont_pos)
+            )
             e, v = entropy_mod.phase_stats(layer, q, p, phase)
             ent.append(e)
             var.append(v)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 JOURNAL_FORMAT = "polykv-signals-journal"
 JOURNAL_VERSION = 1
@@ -62,7 +63,7 @@ class Journal:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, path: str | Path, key: Mapping[str, Any], *, fresh: bool = False) -> "Journal":
+    def open(cls, path: str | Path, key: Mapping[str, Any], *, fresh: bool = False) -> Journal:
         """Load an existing journal (checking its key) or start a new one (``path=None``: in memory)."""
         journal = cls(path, key)
         if journal.path is None:
@@ -89,7 +90,9 @@ class Journal:
         if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT:
             raise JournalError(f"{self.path} is not a polykv-search collection journal; move it away or pass --fresh")
         if header.get("version") != JOURNAL_VERSION:
-            raise JournalError(f"{self.path} has journal version {header.get('version')!r}, expected {JOURNAL_VERSION}; pass --fresh")
+            raise JournalError(
+                f"{self.path} has journal version {header.get('version')!r}, expected {JOURNAL_VERSION}; pass --fresh"
+            )
         self.check_key(header.get("key") or {})
         good = 1
         for i, line in enumerate(lines[1:], start=1):

@@ -12,7 +12,8 @@ included: it is computed, not assumed to be 0).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -23,7 +24,9 @@ from signals.ppl import token_kl, token_nll
 from strategies import LayerChoice, Strategy
 
 
-def single_layer_strategy(num_layers: int, layer: int, phase: str, pattern: str, budget: int | None, params: Mapping[str, Any] | None = None) -> Strategy:
+def single_layer_strategy(
+    num_layers: int, layer: int, phase: str, pattern: str, budget: int | None, params: Mapping[str, Any] | None = None
+) -> Strategy:
     """FullKV everywhere except ``layer`` in ``phase``: ``pattern`` with ``budget``."""
     full = LayerChoice("full", None)
     prefill, decoding = [full] * num_layers, [full] * num_layers
@@ -95,7 +98,15 @@ class NaiveReference:
 
 
 def naive_cell(
-    model, reference: NaiveReference, context_ids, continuation_ids, layer: int, phase: str, pattern: str, budget: int, params=None
+    model,
+    reference: NaiveReference,
+    context_ids,
+    continuation_ids,
+    layer: int,
+    phase: str,
+    pattern: str,
+    budget: int,
+    params=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token ``(cosine, NLL, KL)`` of one cell on one sample (float64 ``[m]`` each), by a full forward."""
     num_layers = len(model_parts.decoder_layers(model))

@@ -24,7 +24,7 @@ cell is rewarded for looking better than FullKV by chance:
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,7 +46,8 @@ def cell_costs(table: SignalTable, objective: str, noise: str = "none", level: f
     signal = _SIGNAL[objective]
     if signal not in table.signals:
         raise SignalTableError(
-            f"objective: the signal table has no {signal!r} signal (a version-1 table; recollect it, or use dppl or 1-cosine)"
+            f"objective: the signal table has no {signal!r} signal (a version-1 table; recollect it, "
+            "or use dppl or 1-cosine)"
         )
     raw = getattr(table, f"_{signal}")
     cost = 1.0 - raw if objective == "1-cosine" else raw.copy()
@@ -54,7 +55,8 @@ def cell_costs(table: SignalTable, objective: str, noise: str = "none", level: f
         return cost
     if noise in ("interval", "upper") and not table.has_uncertainty:
         raise SignalTableError(
-            f"noise: {noise!r} needs standard errors, and this signal table has none (version 1); recollect it or use noise=clip"
+            f"noise: {noise!r} needs standard errors, and this signal table has none (version 1); "
+            "recollect it or use noise=clip"
         )
     if noise == "upper":
         cost = cost + t_quantile(level, table.se_dof) * table.se_array(signal)

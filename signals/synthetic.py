@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,8 @@ def random_signal_table(
     kl = np.maximum(dppl, 0.0) / 20.0 * rng.uniform(0.8, 1.2, size=dppl.shape)
     if samples is not None:
         per = {
-            "dppl": dppl[..., None] + rng.normal(0.0, 1.0, size=(*dppl.shape, samples)) * noise * (1.0 + dppl[..., None]),
+            "dppl": dppl[..., None]
+            + rng.normal(0.0, 1.0, size=(*dppl.shape, samples)) * noise * (1.0 + dppl[..., None]),
             "cosine": np.clip(cosine[..., None] + rng.normal(0.0, 0.01, size=(*dppl.shape, samples)), -1.0, 1.0),
             "kl": kl[..., None] * rng.gamma(4.0, 0.25, size=(*dppl.shape, samples)),
         }

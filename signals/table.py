@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,9 @@ class SignalTable:
         self.budgets = check_budgets(budgets)
         unknown = [s for s in signals if s not in CELL_SIGNALS]
         if unknown or not {"cosine", "dppl"} <= set(signals):
-            raise SignalTableError(f"signals: must include cosine and dppl, drawn from {list(CELL_SIGNALS)}, got {list(signals)}")
+            raise SignalTableError(
+                f"signals: must include cosine and dppl, drawn from {list(CELL_SIGNALS)}, got {list(signals)}"
+            )
         self.signals = tuple(s for s in CELL_SIGNALS if s in signals)
         shape = self.cell_shape
         self._cosine = as_array("cosine", cosine, shape)
@@ -117,7 +120,7 @@ class SignalTable:
         patterns: Iterable[str],
         budgets: Iterable[int],
         provenance: Mapping[str, Any] | None = None,
-    ) -> "SignalTable":
+    ) -> SignalTable:
         """A table with every value missing (NaN). ``phases`` are put in PHASES order and
         ``budgets`` sorted; ``patterns`` keep the given order."""
         phases = list(phases)
@@ -194,7 +197,9 @@ class SignalTable:
 
     def _require_signal(self, name: str) -> None:
         if name not in self.signals:
-            raise SignalTableError(f"{name}: this table does not carry the {name!r} signal (signals: {list(self.signals)})")
+            raise SignalTableError(
+                f"{name}: this table does not carry the {name!r} signal (signals: {list(self.signals)})"
+            )
 
     def set_layer(self, layer: int, phase: str, *, entropy: float | None = None, variance: float | None = None) -> None:
         """Record one (layer, phase)'s FullKV attention statistics."""
@@ -299,7 +304,10 @@ class SignalTable:
         """True when every carried cell signal and every (layer, phase) statistic is present, and
         full_ppl is set."""
         return not (
-            self.missing_cells() or np.isnan(self._entropy).any() or np.isnan(self._variance).any() or self.full_ppl is None
+            self.missing_cells()
+            or np.isnan(self._entropy).any()
+            or np.isnan(self._variance).any()
+            or self.full_ppl is None
         )
 
     # ------------------------------------------------------------------- JSON
@@ -326,13 +334,13 @@ class SignalTable:
         return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()[:16]
 
     @classmethod
-    def from_json(cls, data: Any) -> "SignalTable":
+    def from_json(cls, data: Any) -> SignalTable:
         from signals.table_json import table_from_json
 
         return table_from_json(cls, data)
 
     @classmethod
-    def loads(cls, text: str) -> "SignalTable":
+    def loads(cls, text: str) -> SignalTable:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -340,7 +348,7 @@ class SignalTable:
         return cls.from_json(data)
 
     @classmethod
-    def load(cls, path: str | Path) -> "SignalTable":
+    def load(cls, path: str | Path) -> SignalTable:
         """Read and validate a signal table file; every problem is a one-line :class:`SignalTableError`."""
         path = Path(path)
         try:

@@ -7,7 +7,8 @@ value inside an array, its index path (``dppl[2][0][1][3]: ...``).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,12 @@ def check_budgets(budgets: Any) -> tuple[int, ...]:
 def check_full_ppl(x: Any) -> float | None:
     if x is None:
         return None
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer)) or not math.isfinite(x) or x <= 0:
+    if (
+        isinstance(x, bool)
+        or not isinstance(x, (int, float, np.floating, np.integer))
+        or not math.isfinite(x)
+        or x <= 0
+    ):
         raise SignalTableError(f"full_ppl: must be a positive finite number or null, got {x!r}")
     return float(x)
 
@@ -122,7 +128,9 @@ def decode(name: str, data: Any, shape: tuple[int, ...]) -> np.ndarray:
                 out[index] = float(node)
             return
         if not isinstance(node, list):
-            raise SignalTableError(f"{where}: expected a list of {shape[depth]} {DIM_NAMES[depth]}, got {type(node).__name__}")
+            raise SignalTableError(
+                f"{where}: expected a list of {shape[depth]} {DIM_NAMES[depth]}, got {type(node).__name__}"
+            )
         if len(node) != shape[depth]:
             raise SignalTableError(f"{where}: expected {shape[depth]} {DIM_NAMES[depth]}, got {len(node)}")
         for i, child in enumerate(node):

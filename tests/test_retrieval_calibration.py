@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from tiny import tiny_model
 
 from polykv_search.data import Corpus, DataError, Document, encode_document, make_samples, split_corpus
 from polykv_search.data import evidence as ev
@@ -27,7 +28,6 @@ from polykv_search.evaluation import ruler
 from signals import SignalTable
 from signals.collect import collect_signals
 from signals.journal import journal_path
-from tiny import tiny_model
 
 N, M = 400, 56  # context / continuation tokens (characters, with the char-level tokenizer)
 
@@ -51,7 +51,9 @@ def char_tokenizer():
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
 
 
 MARKERS = ("amber", "birch", "coral", "dune", "ember", "fjord", "grove", "heath")
@@ -60,8 +62,10 @@ MARKERS = ("amber", "birch", "coral", "dune", "ember", "fjord", "grove", "heath"
 def toy_corpus() -> Corpus:
     """Eight documents, each with a marker word of its own, so that any text can be traced to one."""
     docs = []
-    for d, marker in enumerate(MARKERS):
-        sentences = [f"The {marker} path went on for mile {i} or so. Nobody there said much of {marker} {i}!" for i in range(60)]
+    for marker in MARKERS:
+        sentences = [
+            f"The {marker} path went on for mile {i} or so. Nobody there said much of {marker} {i}!" for i in range(60)
+        ]
         docs.append(Document(id=f"doc-{marker}", title=marker, text=" ".join(sentences)))
     return Corpus(name="toy", documents=docs)
 
@@ -99,7 +103,9 @@ def test_generator_is_deterministic_per_seed(tok, corpus):
 
 
 def test_only_calibration_split_text(tok, corpus):
-    samples = make_calibration_samples(tok, corpus, n_samples=8, context_len=N, continuation_len=M, seed=0, mix=parse_retrieval_mix(8))
+    samples = make_calibration_samples(
+        tok, corpus, n_samples=8, context_len=N, continuation_len=M, seed=0, mix=parse_retrieval_mix(8)
+    )
     calib = {d.id: d for d in split_corpus(corpus, "calib")}
     held_out = [d.title for d in split_corpus(corpus, "eval")]
     assert calib and held_out
@@ -115,12 +121,16 @@ def test_only_calibration_split_text(tok, corpus):
 
 
 def test_answer_is_in_the_continuation_and_only_in_the_evidence(tok, corpus):
-    samples = make_calibration_samples(tok, corpus, n_samples=9, context_len=N, continuation_len=M, seed=1, mix=parse_retrieval_mix("1.0"))
+    samples = make_calibration_samples(
+        tok, corpus, n_samples=9, context_len=N, continuation_len=M, seed=1, mix=parse_retrieval_mix("1.0")
+    )
     assert len(samples) == 9
     for s in samples:
         a, b = scored_span(s)
         answer_ids = s.continuation_ids[a:b]
-        assert tok.decode(answer_ids) == f" {s.answer}" and tok.decode(s.continuation_ids[:a]) == query_text(s.kind, s.key)
+        assert tok.decode(answer_ids) == f" {s.answer}" and tok.decode(s.continuation_ids[:a]) == query_text(
+            s.kind, s.key
+        )
         ctx = s.context_ids
         hits = [i for i in range(len(ctx)) if ctx[i : i + len(answer_ids)] == answer_ids]
         q0, q1 = s.evidence_spans[s.queried]
@@ -175,7 +185,11 @@ def test_no_template_key_format_or_vocabulary_shared_with_ruler():
     for pattern in formats:
         assert not any(pattern.search(t) for t in texts), pattern.pattern
     # no shared vocabulary: none of ruler's key words (adjectives, nouns) in our word lists or texts
-    ours = {w.casefold() for lst in (ev.COMMODITIES, ev.QUALIFIERS, ev.BUILDINGS, ev.FIRST_NAMES, ev.SURNAMES, ev.TOWNS) for w in lst}
+    ours = {
+        w.casefold()
+        for lst in (ev.COMMODITIES, ev.QUALIFIERS, ev.BUILDINGS, ev.FIRST_NAMES, ev.SURNAMES, ev.TOWNS)
+        for w in lst
+    }
     theirs = {w.casefold() for w in (*ruler_constant("ADJECTIVES"), *ruler_constant("NOUNS"))}
     assert len(theirs) > 100 and not ours & theirs
     words = {w.casefold() for t in texts for w in re.findall(r"[A-Za-z]+", t)}
@@ -206,7 +220,13 @@ def test_mix_parsing_and_errors():
     assert parse_retrieval_mix("0.5").evidence_samples(8) == 4 and parse_retrieval_mix("3").evidence_samples(8) == 3
     assert parse_retrieval_mix("25%").evidence_samples(8) == 2 and parse_retrieval_mix("1.0").evidence_samples(3) == 3
     assert parse_retrieval_mix("0.5").evidence_samples(3) == 2  # round half up
-    for bad, words in [("-1", "must not be negative"), ("1.5", "[0, 1]"), ("abc", "expected a count"), ("nan", "[0, 1]"), ("inf", "[0, 1]")]:
+    for bad, words in [
+        ("-1", "must not be negative"),
+        ("1.5", "[0, 1]"),
+        ("abc", "expected a count"),
+        ("nan", "[0, 1]"),
+        ("inf", "[0, 1]"),
+    ]:
         with pytest.raises(DataError, match=re.escape(words)) as err:
             parse_retrieval_mix(bad)
         assert repr(bad) in str(err.value) and "\n" not in str(err.value)
@@ -314,7 +334,9 @@ def checkpoint(tmp_path_factory):
     tiny_model("llama", layers=2).save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     corpus = path / "corpus.txt"
-    corpus.write_text(" ".join(f"It was the {i}th day of the fair, and the lanes were full. Who could say why?" for i in range(120)))
+    corpus.write_text(
+        " ".join(f"It was the {i}th day of the fair, and the lanes were full. Who could say why?" for i in range(120))
+    )
     return path, corpus
 
 
@@ -333,7 +355,12 @@ def test_cli_collect_with_a_mix(checkpoint, tmp_path, capsys):
     assert "1 with evidence" in " ".join(capsys.readouterr().err.split())
     table = SignalTable.load(out)
     r = table.retrieval
-    assert r["mix"] == "1" and r["evidence_samples"] == 1 and r["records_per_sample"] == 3 and r["samples"][0]["index"] == 1
+    assert (
+        r["mix"] == "1"
+        and r["evidence_samples"] == 1
+        and r["records_per_sample"] == 3
+        and r["samples"][0]["index"] == 1
+    )
     assert table.provenance["collect_key"]["scored"][1] == r["samples"][0]["scored"]
 
 
@@ -370,7 +397,13 @@ def test_smollm2_evidence_fits_the_default_continuation():
 
     _, tokenizer = load_model()
     samples = make_calibration_samples(
-        tokenizer, load_corpus("austen"), n_samples=12, context_len=512, continuation_len=16, seed=0, mix=parse_retrieval_mix(12)
+        tokenizer,
+        load_corpus("austen"),
+        n_samples=12,
+        context_len=512,
+        continuation_len=16,
+        seed=0,
+        mix=parse_retrieval_mix(12),
     )
     for s in samples:
         assert tokenizer.decode(s.continuation_ids[slice(*s.scored)]) == f" {s.answer}"

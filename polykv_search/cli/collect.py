@@ -25,6 +25,7 @@ provenance (``retrieval``) and in its collection key; solvers read the table as 
 from __future__ import annotations
 
 import argparse
+
 from polykv_search.cli.common import (
     CLIError,
     Interrupted,
@@ -49,16 +50,33 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "collect",
         help="collect calibration signals (cosine, dPPL, entropy) into a signal table",
-        description="Collect the signal table: for every (layer, phase, pattern, budget) cell, the cosine similarity of "
+        description="Collect the signal table: for every (layer, phase, pattern, budget) cell, the "
+        "cosine similarity of "
         "the layer's output and the perplexity change on teacher-forced continuations when only that layer evicts; "
         "per (layer, phase) the FullKV attention entropy and variance. Fast replay by default; resumable.",
     )
     add_model_args(p)
     g = p.add_argument_group("calibration data")
-    g.add_argument("--calib", default=None, help="corpus spec: austen (default), debian-faq, pydoc, a .txt/.jsonl/.parquet path, hf:NAME")
-    g.add_argument("--samples", type=positive_int, default=DEFAULT_SAMPLES, help=f"calibration samples (default {DEFAULT_SAMPLES})")
-    g.add_argument("--context-len", type=positive_int, default=DEFAULT_CONTEXT, help=f"context tokens n (default {DEFAULT_CONTEXT})")
-    g.add_argument("--continuation-len", type=positive_int, default=DEFAULT_CONTINUATION, help=f"continuation tokens m, >= 2 (default {DEFAULT_CONTINUATION})")
+    g.add_argument(
+        "--calib",
+        default=None,
+        help="corpus spec: austen (default), debian-faq, pydoc, a .txt/.jsonl/.parquet path, hf:NAME",
+    )
+    g.add_argument(
+        "--samples", type=positive_int, default=DEFAULT_SAMPLES, help=f"calibration samples (default {DEFAULT_SAMPLES})"
+    )
+    g.add_argument(
+        "--context-len",
+        type=positive_int,
+        default=DEFAULT_CONTEXT,
+        help=f"context tokens n (default {DEFAULT_CONTEXT})",
+    )
+    g.add_argument(
+        "--continuation-len",
+        type=positive_int,
+        default=DEFAULT_CONTINUATION,
+        help=f"continuation tokens m, >= 2 (default {DEFAULT_CONTINUATION})",
+    )
     g.add_argument("--seed", type=non_negative_int, default=0, help="sample placement seed (default 0)")
     g.add_argument(
         "--retrieval-mix", default="0", metavar="MIX",
@@ -69,19 +87,55 @@ def add_parser(sub) -> None:
     g.add_argument("--evidence-records", type=positive_int, default=None, metavar="N",
                    help="evidence statements per evidence sample, one of them queried (default 4)")  # fmt: skip
     g = p.add_argument_group("grid")
-    g.add_argument("--patterns", type=comma_list(str, "pattern"), default=",".join(DEFAULT_PATTERNS), help=f"comma separated (default {','.join(DEFAULT_PATTERNS)})")
-    g.add_argument("--budgets", type=comma_list(positive_int, "budget"), default=",".join(map(str, DEFAULT_BUDGETS)), help=f"comma separated (default {','.join(map(str, DEFAULT_BUDGETS))})")
-    g.add_argument("--phases", type=comma_list(str, "phase"), default="prefill,decoding", help="comma separated (default prefill,decoding)")
-    g.add_argument("--layers", type=_layers_spec, default="all", help="layers to collect, e.g. 0-3,10 (default all; others stay missing)")
+    g.add_argument(
+        "--patterns",
+        type=comma_list(str, "pattern"),
+        default=",".join(DEFAULT_PATTERNS),
+        help=f"comma separated (default {','.join(DEFAULT_PATTERNS)})",
+    )
+    g.add_argument(
+        "--budgets",
+        type=comma_list(positive_int, "budget"),
+        default=",".join(map(str, DEFAULT_BUDGETS)),
+        help=f"comma separated (default {','.join(map(str, DEFAULT_BUDGETS))})",
+    )
+    g.add_argument(
+        "--phases",
+        type=comma_list(str, "phase"),
+        default="prefill,decoding",
+        help="comma separated (default prefill,decoding)",
+    )
+    g.add_argument(
+        "--layers",
+        type=_layers_spec,
+        default="all",
+        help="layers to collect, e.g. 0-3,10 (default all; others stay missing)",
+    )
     g = p.add_argument_group("run")
     g.add_argument("--out", required=True, help="where to write the signal table (JSON)")
-    g.add_argument("--resume", action="store_true", help="continue the partial run in OUT.journal (the default when one matches); error if there is none")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the partial run in OUT.journal (the default when one matches); error if there is none",
+    )
     g.add_argument("--fresh", action="store_true", help="discard OUT.journal and start over")
-    g.add_argument("--naive", action="store_true", help="one full forward per cell (the slow reference) instead of the replay")
+    g.add_argument(
+        "--naive", action="store_true", help="one full forward per cell (the slow reference) instead of the replay"
+    )
     g.add_argument("--jobs", type=positive_int, default=1, help="parallel workers (default 1)")
-    g.add_argument("--backend", choices=["loky", "dask", "ray"], default=None, help="joblib backend for --jobs (default loky: local processes)")
+    g.add_argument(
+        "--backend",
+        choices=["loky", "dask", "ray"],
+        default=None,
+        help="joblib backend for --jobs (default loky: local processes)",
+    )
     g.add_argument("--address", default=None, help="dask scheduler / ray cluster address (default: start a local one)")
-    g.add_argument("--batch-tokens", type=positive_int, default=8192, help="continuation tokens (cells x m) run at once (default 8192)")
+    g.add_argument(
+        "--batch-tokens",
+        type=positive_int,
+        default=8192,
+        help="continuation tokens (cells x m) run at once (default 8192)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -101,7 +155,12 @@ def _layers_spec(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from polykv_search.data import DEFAULT_CORPUS, DataError, describe_samples, load_corpus
-    from polykv_search.data.evidence import DEFAULT_RECORDS, describe_evidence, make_calibration_samples, parse_retrieval_mix
+    from polykv_search.data.evidence import (
+        DEFAULT_RECORDS,
+        describe_evidence,
+        make_calibration_samples,
+        parse_retrieval_mix,
+    )
     from signals.collect import CollectError, ModelLoader, collect_signals, make_settings
     from signals.journal import journal_path
 
@@ -123,7 +182,15 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "loky" and args.jobs == 1:
         raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
     try:
-        make_settings(1, patterns=patterns, budgets=budgets, phases=phases, layers=[0], naive=args.naive, batch_tokens=args.batch_tokens)
+        make_settings(
+            1,
+            patterns=patterns,
+            budgets=budgets,
+            phases=phases,
+            layers=[0],
+            naive=args.naive,
+            batch_tokens=args.batch_tokens,
+        )
     except CollectError as err:  # grid errors before the (slow) model load
         raise CLIError(str(err)) from None
     try:
@@ -186,13 +253,16 @@ def run(args: argparse.Namespace) -> int:
     except CollectError as err:
         raise CLIError(str(err)) from None
     except KeyboardInterrupt:
-        raise Interrupted(f"finished cells are kept in {journal_path(out)}; rerun the same command to continue") from None
+        raise Interrupted(
+            f"finished cells are kept in {journal_path(out)}; rerun the same command to continue"
+        ) from None
     cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())
     t = table.provenance["timings"]
     evidence = table.provenance["retrieval"]["evidence_samples"]
     mixed = f" ({evidence} with evidence, scored on their answers)" if evidence else ""
     console.print(
-        f"wrote {out}: {cells} cells, {args.samples} samples{mixed} of {args.context_len}+{args.continuation_len} tokens, "
+        f"wrote {out}: {cells} cells, {args.samples} samples{mixed} of "
+        f"{args.context_len}+{args.continuation_len} tokens, "
         f"FullKV PPL {table.full_ppl:.3f}; {t['wall_seconds_last_run']:.1f}s (view it: polykv-search show {out})",
         highlight=False,
     )

@@ -42,8 +42,9 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .corpus import Corpus
 from .errors import DataError
@@ -229,7 +230,9 @@ class _Pieces:
         return out
 
 
-def evidence_sample(window: Sample, pieces: _Pieces, kind: str, records: int, rng: random.Random, attempts: int = 50) -> EvidenceSample:
+def evidence_sample(
+    window: Sample, pieces: _Pieces, kind: str, records: int, rng: random.Random, attempts: int = 50
+) -> EvidenceSample:
     """Turn a prose ``window`` (of ``make_samples``) into an evidence sample of ``kind``."""
     n, m = len(window.context_ids), len(window.continuation_ids)
     prose = list(window.context_ids) + list(window.continuation_ids)
@@ -241,7 +244,9 @@ def evidence_sample(window: Sample, pieces: _Pieces, kind: str, records: int, rn
             if all(key != k and value != v for k, v in pairs):
                 pairs.append((key, value))
         queried = rng.randrange(records)
-        stmts = [pieces(f.prefix) + pieces(f" {k}") + pieces(f.relation) + pieces(f" {v}") + pieces(".") for k, v in pairs]
+        stmts = [
+            pieces(f.prefix) + pieces(f" {k}") + pieces(f.relation) + pieces(f" {v}") + pieces(".") for k, v in pairs
+        ]
         key, answer = pairs[queried]
         query = pieces(f.query_prefix) + pieces(f" {key}") + pieces(f.relation)
         answer_ids, end = pieces(f" {answer}"), pieces(".")
@@ -249,7 +254,10 @@ def evidence_sample(window: Sample, pieces: _Pieces, kind: str, records: int, rn
         p = n - evidence
         tail = len(query) + len(answer_ids) + len(end)
         if p < n // 2:
-            raise DataError(f"context_len {n} is too short for {records} evidence records of {evidence} tokens (keep them under half of it)")
+            raise DataError(
+                f"context_len {n} is too short for {records} evidence records of {evidence} tokens "
+                "(keep them under half of it)"
+            )
         if tail > m:
             raise DataError(
                 f"continuation_len {m} is too short for evidence samples: the query and answer take {tail} tokens; "
@@ -260,7 +268,11 @@ def evidence_sample(window: Sample, pieces: _Pieces, kind: str, records: int, rn
         if any(k.casefold() in text or v.casefold() in text for k, v in pairs):
             continue
         spots = pieces.boundaries(ctx_prose)
-        spots = sorted(rng.sample(spots, records)) if len(spots) >= records else sorted(rng.sample(range(1, p + 1), records))
+        spots = (
+            sorted(rng.sample(spots, records))
+            if len(spots) >= records
+            else sorted(rng.sample(range(1, p + 1), records))
+        )
         context, spans, at = [], [], 0
         for spot, stmt in zip(spots, stmts):
             context += ctx_prose[at:spot]
@@ -289,7 +301,10 @@ def evidence_sample(window: Sample, pieces: _Pieces, kind: str, records: int, rn
         )
         assert len(context) == n and len(continuation) == m
         return sample
-    raise DataError(f"could not place {kind} evidence in window {window.doc_id}@{window.offset} (its prose uses every drawn key or value)")
+    raise DataError(
+        f"could not place {kind} evidence in window {window.doc_id}@{window.offset} (its prose uses "
+        "every drawn key or value)"
+    )
 
 
 def make_calibration_samples(
@@ -315,14 +330,22 @@ def make_calibration_samples(
         A mix that asks for more samples than ``n_samples``, or lengths too short for the evidence.
     """
     samples = make_samples(
-        tokenizer, corpus, n_samples=n_samples, context_len=context_len, continuation_len=continuation_len, seed=seed, role="calib"
+        tokenizer,
+        corpus,
+        n_samples=n_samples,
+        context_len=context_len,
+        continuation_len=continuation_len,
+        seed=seed,
+        role="calib",
     )
     k = mix.evidence_samples(n_samples) if mix is not None else 0
     if not k:
         return samples
     pieces = _Pieces(tokenizer)
     for j, index in enumerate(range(n_samples - k, n_samples)):
-        samples[index] = evidence_sample(samples[index], pieces, KINDS[j % len(KINDS)], mix.records, _sample_rng(seed, index))
+        samples[index] = evidence_sample(
+            samples[index], pieces, KINDS[j % len(KINDS)], mix.records, _sample_rng(seed, index)
+        )
     return samples
 
 
@@ -343,7 +366,14 @@ def describe_evidence(samples: Sequence[Any], mix: RetrievalMix | None = None) -
             records_per_sample=mix.records if mix is not None else len(evidence[0][1].statements),
             kinds={k: sum(s.kind == k for _, s in evidence) for k in KINDS},
             samples=[
-                {"index": i, "kind": s.kind, "key": s.key, "answer": s.answer, "scored": list(s.scored), "evidence_spans": [list(x) for x in s.evidence_spans]}
+                {
+                    "index": i,
+                    "kind": s.kind,
+                    "key": s.key,
+                    "answer": s.answer,
+                    "scored": list(s.scored),
+                    "evidence_spans": [list(x) for x in s.evidence_spans],
+                }
                 for i, s in evidence
             ],
         )

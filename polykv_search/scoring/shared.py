@@ -13,7 +13,7 @@ emit EOS leave the batch. Every row keeps exactly the tokens the per-entry path 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -143,12 +143,16 @@ class SharedScorer:
             [FanoutLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
         )
         x = torch.tensor([list(context_ids)], dtype=torch.long, device=self.caller.device)
-        out = self.model(input_ids=x, attention_mask=torch.ones_like(x), cache=cache, use_cache=True, **self.caller.last_only)
+        out = self.model(
+            input_ids=x, attention_mask=torch.ones_like(x), cache=cache, use_cache=True, **self.caller.last_only
+        )
         return out.logits[0, -1:]  # [1, V]: the same first prediction for every entry
 
     def _call(self, ids: list[list[int]], cache, *, last_only: bool = True) -> torch.Tensor:
         x = torch.tensor(ids, dtype=torch.long, device=self.caller.device)
-        return self.model(input_ids=x, cache=cache, use_cache=True, **(self.caller.last_only if last_only else {})).logits
+        return self.model(
+            input_ids=x, cache=cache, use_cache=True, **(self.caller.last_only if last_only else {})
+        ).logits
 
     def _teacher_forced(self, job: SampleJob, rows, first: torch.Tensor):
         t0 = time.perf_counter()
