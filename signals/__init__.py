@@ -17,6 +17,8 @@ collector per signal), :mod:`signals.uncertainty` (standard errors over samples 
 :mod:`signals.collect` (the driver).
 """
 
+import importlib
+
 from signals.synthetic import random_signal_table
 from signals.table import (
     CELL_SIGNALS,
@@ -39,9 +41,7 @@ _LAZY = {
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
+    if name in _LAZY:  # collection needs torch: loaded on first use
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'signals' has no attribute {name!r}")
 

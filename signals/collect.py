@@ -18,21 +18,30 @@ is the pooled token PPL) and ``ΔPPL = PPL(cell) − PPL(FullKV)``; every cell a
 per-sample values and standard errors over (sample, token block) units; entropy and variance are
 per-sample means.
 
-Modules: :mod:`signals.collect_settings` (grid, definitions), :mod:`signals.collect_parallel`
-(workers, backends, progress), :mod:`signals.collect_assemble` (records → table).
+Modules: :mod:`signals.collect_settings` (grid, definitions), :mod:`signals.collect_sample` (one
+sample's records: FullKV pass, replay or naive cells), :mod:`signals.collect_parallel` (workers,
+backends, progress), :mod:`signals.collect_assemble` (records → table).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
-from signals.collect_assemble import assemble, unit_record
+from polykv_search import __version__
+from polykv_search.data import samples_fingerprint
+from polykv_search.data.evidence import describe_evidence
+from polykv_search.models import model_fingerprint
+from polykv_search.patterns import make_pattern
+from polykv_search.runtime import model_spec
+from signals.collect_assemble import assemble
 from signals.collect_parallel import BACKENDS, ModelLoader, Progress, _GivenModel, run_parallel
+from signals.collect_sample import sample_records
 from signals.collect_settings import (
     DEFAULT_BUDGETS,
     DEFAULT_PATTERNS,
@@ -47,91 +56,9 @@ from signals.collect_settings import (
     scored_spans,
 )
 from signals.journal import Journal, JournalError, journal_path
-from signals.table import PHASES, SignalTable
-from signals.uncertainty import DEFAULT_BLOCKS, block_means, block_sizes
-
-
-# ----------------------------------------------------------------------------- per sample
-def sample_records(
-    model, context_ids, continuation_ids, index: int, units: Sequence[Unit], settings: CollectSettings, *,
-    need_full: bool, scored: tuple[int, int] | None = None,
-) -> Iterator[dict]:  # fmt: skip
-    """Records of one sample: its FullKV record (if ``need_full``), then one per unit, as each finishes.
-
-    ``scored``: the ``[start, end)`` continuation positions the signals average over (default all; an
-    evidence sample's answer). The whole continuation still runs; only the block means skip the rest.
-    """
-    from polykv_search.patterns import make_pattern
-    from polykv_search.runtime import apply_strategy, model_spec
-    from signals.fullkv import full_kv_pass
-    from signals.replay import replay_unit
-    from strategies import Strategy
-
-    num_layers = model_spec(model).num_layers
-    span = slice(*(scored or (0, len(continuation_ids))))
-    sizes = block_sizes(span.stop - span.start, settings.blocks)
-    t0 = time.perf_counter()
-    with torch.no_grad(), apply_strategy(model, Strategy.full(num_layers)) as rt:
-        record = full_kv_pass(model, rt, context_ids, continuation_ids, phases=settings.phases)
-        full = {
-            "kind": "full",
-            "sample": index,
-            "nll": float(record.nll[span].mean()),
-            "nll_blocks": block_means(record.nll.numpy()[span], sizes).tolist(),
-            "entropy": record.entropy,
-            "variance": record.variance,
-        }
-        if not settings.naive:
-            full["seconds"] = time.perf_counter() - t0
-            if need_full:
-                yield full
-            patterns = [make_pattern(p) for p in settings.patterns]
-            for unit in units:
-                t1 = time.perf_counter()
-                tokens = replay_unit(
-                    model,
-                    rt,
-                    record,
-                    unit.layer,
-                    unit.phase,
-                    patterns,
-                    settings.budgets,
-                    batch_tokens=settings.batch_tokens,
-                )
-                yield unit_record(unit, _scored(tokens, span), sizes, time.perf_counter() - t1)
-            return
-    del record
-    yield from _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes, span)
-
-
-def _naive_records(model, context_ids, continuation_ids, units, settings, full, t0, need_full, sizes, span):
-    import numpy as np
-
-    from signals.naive import NaiveReference, naive_cell
-    from signals.replay import TokenSignals
-
-    reference = NaiveReference(model, context_ids, continuation_ids)
-    full["nll"] = float(reference.nll[span].mean())
-    full["nll_blocks"] = block_means(reference.nll.numpy()[span], sizes).tolist()
-    full["seconds"] = time.perf_counter() - t0
-    if need_full:
-        yield full
-    for unit in units:
-        t1 = time.perf_counter()
-        cells = [
-            naive_cell(model, reference, context_ids, continuation_ids, unit.layer, unit.phase, pattern, budget)
-            for pattern in settings.patterns
-            for budget in settings.budgets
-        ]
-        tokens = TokenSignals(*(np.stack([c[k].numpy() for c in cells]) for k in range(3)))
-        yield unit_record(unit, _scored(tokens, span), sizes, time.perf_counter() - t1)
-
-
-def _scored(tokens, span: slice):
-    """The per-token signals at the scored continuation positions ``span``."""
-    from signals.replay import TokenSignals
-
-    return TokenSignals(tokens.cosine[:, span], tokens.nll[:, span], tokens.kl[:, span])
+from signals.table import SignalTable, SignalTableError
+from signals.uncertainty import DEFAULT_BLOCKS, block_sizes
+from strategies import PHASES
 
 
 # ----------------------------------------------------------------------------- driver
@@ -201,12 +128,6 @@ def collect_signals(
     on_record
         Called with every record after it is persisted (tests inject interruptions here).
     """
-    from polykv_search import __version__
-    from polykv_search.data import samples_fingerprint
-    from polykv_search.data.evidence import describe_evidence
-    from polykv_search.models import model_fingerprint
-    from polykv_search.runtime import model_spec
-
     started = time.perf_counter()
     spec = model_spec(model)
     num_layers = spec.num_layers
@@ -350,7 +271,7 @@ def collect_signals(
         "device": device,
         "code_version": __version__,
         "torch": torch.__version__,
-        "transformers": _transformers_version(),
+        "transformers": transformers.__version__,
         "timings": {
             "wall_seconds_last_run": round(time.perf_counter() - started, 3),
             "compute_seconds": round(compute, 3),
@@ -374,8 +295,6 @@ def collect_signals(
 
 def _finished_table(out, key) -> SignalTable | None:
     """The table at ``out`` if it is a finished collection with this very key."""
-    from signals.table import SignalTableError
-
     if not Path(out).is_file():
         return None
     try:
@@ -386,15 +305,7 @@ def _finished_table(out, key) -> SignalTable | None:
 
 
 def _pattern_params(name: str) -> dict:
-    from polykv_search.patterns import make_pattern
-
     return make_pattern(name).params()
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
 
 
 __all__ = [

@@ -8,9 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from joblib import Parallel, delayed, parallel_config
+from rich import progress as rich_progress
+from rich.console import Console
 
+from polykv_search.models import load_model
+from signals.collect_sample import sample_records
 from signals.collect_settings import CollectError, Unit
-from signals.table import PHASES
+from strategies import PHASES
 
 #: joblib backends for ``jobs > 1`` ("sequential": the task path in-process, for tests).
 BACKENDS = ("loky", "dask", "ray", "sequential")
@@ -26,8 +31,6 @@ class ModelLoader:
     attn_implementation: str = "sdpa"
 
     def __call__(self):
-        from polykv_search.models import load_model
-
         return load_model(
             self.name, device=self.device, dtype=self.dtype, attn_implementation=self.attn_implementation
         )[0]
@@ -57,8 +60,6 @@ def _worker_model(loader):
 def _run_task(
     loader, context_ids, continuation_ids, index, units, settings, need_full, threads, scored=None
 ) -> list[dict]:
-    from signals.collect import sample_records
-
     if threads:
         torch.set_num_threads(threads)
     model = _worker_model(loader)
@@ -69,10 +70,9 @@ def _run_task(
 
 @contextlib.contextmanager
 def _backend(backend: str | None, address: str | None, jobs: int = 1):
-    import joblib
-
+    # dask and ray are optional, heavy cluster backends: imported only when chosen
     if backend in (None, "loky", "sequential"):
-        with joblib.parallel_config(backend=backend or "loky"):
+        with parallel_config(backend=backend or "loky"):
             yield
         return
     if backend == "dask":
@@ -87,7 +87,7 @@ def _backend(backend: str | None, address: str | None, jobs: int = 1):
             else Client(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
         )
         with client:
-            with joblib.parallel_config(backend="dask"):
+            with parallel_config(backend="dask"):
                 yield
         return
     if backend == "ray":
@@ -101,7 +101,7 @@ def _backend(backend: str | None, address: str | None, jobs: int = 1):
             ray.init(address=address, num_cpus=None if address else jobs, ignore_reinit_error=True)
         register_ray()
         try:
-            with joblib.parallel_config(backend="ray"):
+            with parallel_config(backend="ray"):
                 yield
         finally:
             if started:
@@ -128,24 +128,15 @@ class Progress:
         self._bar = None
         if not enabled:
             return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("cells×samples"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+        rp = rich_progress
+        self._bar = rp.Progress(
+            rp.TextColumn("[progress.description]{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn("cells×samples"),
+            rp.TimeElapsedColumn(),
+            rp.TextColumn("ETA"),
+            rp.TimeRemainingColumn(),
             console=Console(stderr=True),
             transient=False,
         )
@@ -169,8 +160,6 @@ def run_parallel(
     samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar, spans=None
 ) -> None:
     """Run every pending unit through joblib; ``spans[s]``: sample s's scored continuation positions."""
-    from joblib import Parallel, delayed
-
     local = backend in (None, "loky", "sequential")
     threads = max(1, (os.cpu_count() or 1) // jobs) if backend in (None, "loky") else None
     tasks = []

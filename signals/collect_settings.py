@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from signals.table import PHASES
+from polykv_search.data.evidence import scored_span
+from polykv_search.patterns import PATTERNS
 from signals.uncertainty import DEFAULT_BLOCKS
+from strategies import PHASES
 
 DEFAULT_PATTERNS: tuple[str, ...] = ("snapkv", "tova", "h2o", "streaming_llm", "knorm", "random")
 DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128, 256)
@@ -95,8 +97,6 @@ def parse_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
 def make_settings(
     num_layers: int, *, patterns, budgets, phases, layers, naive: bool, batch_tokens: int, blocks: int = DEFAULT_BLOCKS
 ) -> CollectSettings:
-    from polykv_search.patterns import PATTERNS
-
     patterns = tuple(patterns)
     if not patterns:
         raise CollectError("patterns: give at least one")
@@ -130,8 +130,6 @@ def make_settings(
 def scored_spans(samples: Sequence[Any], m: int) -> list[tuple[int, int]]:
     """Each sample's scored continuation positions ``[start, end)`` (all m tokens unless the sample
     says otherwise: :func:`polykv_search.data.evidence.scored_span`), checked."""
-    from polykv_search.data.evidence import scored_span
-
     spans = [scored_span(s) for s in samples]
     for i, (a, b) in enumerate(spans):
         if not 0 <= a < b <= m:

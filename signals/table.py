@@ -26,7 +26,6 @@ import numpy as np
 
 from polykv_search.io import atomic_write_text
 from signals.table_codec import (
-    PHASES,
     SignalTableError,
     as_array,
     check_budgets,
@@ -40,12 +39,10 @@ from signals.table_codec import (
     is_int,
     retrieval_record,
 )
+from signals.table_json import READABLE_VERSIONS, SCHEMA_NAME, SCHEMA_VERSION, table_from_json, table_to_json
 from signals.uncertainty import t_quantile
+from strategies import PHASES
 
-SCHEMA_NAME = "polykv-signals"
-SCHEMA_VERSION = 2
-#: Versions :meth:`SignalTable.from_json` reads.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2)
 CELL_SIGNALS: tuple[str, ...] = ("cosine", "dppl", "kl")
 LAYER_SIGNALS: tuple[str, ...] = ("entropy", "variance")
 #: Signals where 0 means "as FullKV" (cosine's FullKV value is 1).
@@ -312,8 +309,6 @@ class SignalTable:
 
     # ------------------------------------------------------------------- JSON
     def to_json(self) -> dict[str, Any]:
-        from signals.table_json import table_to_json
-
         return table_to_json(self)
 
     def dumps(self) -> str:
@@ -335,8 +330,6 @@ class SignalTable:
 
     @classmethod
     def from_json(cls, data: Any) -> SignalTable:
-        from signals.table_json import table_from_json
-
         return table_from_json(cls, data)
 
     @classmethod

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-PHASES: tuple[str, ...] = ("prefill", "decoding")
+from strategies import PHASES
+
 DIM_NAMES = ("layers", "phases", "patterns", "budgets", "samples")
 
 

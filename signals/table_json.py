@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from signals.table_codec import (
-    PHASES,
     SignalTableError,
     check_budgets,
     check_num_layers,
@@ -45,14 +44,18 @@ from signals.table_codec import (
     encode,
     is_int,
 )
+from strategies import PHASES
+
+SCHEMA_NAME = "polykv-signals"
+SCHEMA_VERSION = 2
+#: Versions :func:`table_from_json` (and so :meth:`SignalTable.from_json`) reads.
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)
 
 _COMMON = ("num_layers", "phases", "patterns", "budgets", "cosine", "dppl", "entropy", "variance")
 _OPTIONAL = {1: ("full_ppl", "provenance"), 2: ("full_ppl", "provenance", "kl", "uncertainty")}
 
 
 def table_from_json(cls, data: Any):
-    from signals.table import READABLE_VERSIONS, SCHEMA_NAME
-
     if not isinstance(data, dict):
         raise SignalTableError("signals: the top level must be a JSON object")
     if data.get("schema") != SCHEMA_NAME:
@@ -125,8 +128,6 @@ def _uncertainty(block: Any, signals: list[str], cell: tuple[int, ...]) -> dict[
 
 def table_to_json(table) -> dict[str, Any]:
     """The version-2 document of ``table`` (see :mod:`signals.table`)."""
-    from signals.table import SCHEMA_NAME, SCHEMA_VERSION
-
     t = table
     uncertainty = None
     if t.se_dof is not None or t._per_sample is not None or any(np.isfinite(a).any() for a in t._se.values()):

@@ -37,17 +37,6 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("polykv_search/__init__.py", "polykv_search.patterns"): "CLI start-up time: torch on first use",
 }
 
-#: Library files whose function-level first-party imports are known exceptions -> the file it waits on.
-#: Each hides a cycle or an import that belongs at module level; they are owned by other work in
-#: progress (the signals side of the signals/solvers issue), so they are listed by file rather than by line.
-LAZY_WAITING: dict[str, str] = {
-    "signals/collect.py": "waiting on signals/collect.py (imports runtime, models, data, replay lazily)",
-    "signals/collect_parallel.py": "waiting on signals/collect_parallel.py (cycle with signals.collect)",
-    "signals/collect_settings.py": "waiting on signals/collect_settings.py (patterns)",
-    "signals/table.py": "waiting on signals/table.py (cycle with signals.table_json)",
-    "signals/table_json.py": "waiting on signals/table_json.py (cycle with signals.table)",
-}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -167,17 +156,15 @@ def test_function_level_first_party_imports_are_listed_with_a_reason():
     new = [
         f"{i.file}:{i.line} imports {i.module} inside a function"
         for i in seen
-        if (i.file, i.module) not in LAZY_ALLOWED and i.file not in LAZY_WAITING
+        if (i.file, i.module) not in LAZY_ALLOWED
     ]
     assert not new, (
         "first-party imports inside functions: import at module level (if that makes a cycle, the code is "
         "in the wrong layer or module); lazy only for heavy optional dependencies or CLI start-up time, "
         "listed in LAZY_ALLOWED with the reason:\n" + "\n".join(new)
     )
-    stale = sorted(set(LAZY_ALLOWED) - {(i.file, i.module) for i in seen}) + sorted(
-        set(LAZY_WAITING) - {i.file for i in seen}
-    )
-    assert not stale, f"exceptions that no longer occur (delete them from LAZY_ALLOWED / LAZY_WAITING): {stale}"
+    stale = sorted(set(LAZY_ALLOWED) - {(i.file, i.module) for i in seen})
+    assert not stale, f"exceptions that no longer occur (delete them from LAZY_ALLOWED): {stale}"
 
 
 def test_strategies_imports_nothing_above_itself_at_run_time():
