@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from polykv_search.cli import main
-from strategies import Strategy, StrategyError
+from strategies import PHASES, Strategy, StrategyError
 
 L = 4
 
@@ -546,9 +546,7 @@ def mutated_strategy(draw) -> str:
         doc["layers"][draw(st.integers(0, L - 1))] = draw(json_values)
     elif mode == "choice":
         layer = doc["layers"][draw(st.integers(0, L - 1))]
-        layer[draw(st.sampled_from(["prefill", "decoding"]))][
-            draw(st.sampled_from(["pattern", "budget", "params"]))
-        ] = draw(json_values)
+        layer[draw(st.sampled_from(PHASES))][draw(st.sampled_from(["pattern", "budget", "params"]))] = draw(json_values)
     text = json.dumps(doc)
     if mode == "truncate":
         text = text[: draw(st.integers(0, len(text) - 1))]

@@ -10,6 +10,7 @@ import pytest
 
 from signals import SignalTable, SignalTableError, random_signal_table
 from signals.table import SCHEMA_NAME, SCHEMA_VERSION
+from strategies import PHASES
 
 
 def small_table() -> SignalTable:
@@ -29,7 +30,7 @@ def small_table() -> SignalTable:
 # ------------------------------------------------------------------------ building
 def test_empty_table_has_the_grid_and_only_missing_values():
     t = SignalTable.empty(4, ["decoding", "prefill"], ["tova", "snapkv"], [128, 32, 64])
-    assert t.phases == ("prefill", "decoding")  # canonical phase order
+    assert t.phases == PHASES  # canonical phase order
     assert t.patterns == ("tova", "snapkv")  # pattern order kept
     assert t.budgets == (32, 64, 128)  # grid sorted
     assert t.cosine_array().shape == (4, 2, 2, 3) == t.shape
@@ -41,7 +42,7 @@ def test_empty_table_has_the_grid_and_only_missing_values():
 
 
 def test_set_cell_and_set_layer_fill_exactly_one_place():
-    t = SignalTable.empty(2, ["prefill", "decoding"], ["snapkv", "h2o"], [16, 32])
+    t = SignalTable.empty(2, PHASES, ["snapkv", "h2o"], [16, 32])
     t.set_cell(1, "decoding", "h2o", 16, cosine=0.75)
     t.set_cell(1, "decoding", "h2o", 16, dppl=0.25)  # the other argument is left alone
     assert (1, "decoding", "h2o", 16) in t.missing_cells()  # KL still missing

@@ -19,6 +19,7 @@ from solvers import Problem, SolverError, solve
 from solvers.base import cost_tensor
 from solvers.dp import solve_phase_dp
 from solvers.ilp import solve_phase_ilp
+from strategies import PHASES
 
 PATTERNS = ("snapkv", "tova", "h2o", "knorm", "streaming_llm", "random")
 N_INSTANCES = 220
@@ -120,10 +121,7 @@ def test_two_phases_add_up():
     a, b = solve("ilp", problem), solve("dp", problem)
     assert math.isclose(a.objective, b.objective, rel_tol=1e-9)
     assert math.isclose(a.objective, a.info["prefill"]["objective"] + a.info["decoding"]["objective"])
-    per_phase = [
-        solve("dp", Problem(table=t, global_budget=90, b_min=8, phases=[phase])).objective
-        for phase in ("prefill", "decoding")
-    ]
+    per_phase = [solve("dp", Problem(table=t, global_budget=90, b_min=8, phases=[phase])).objective for phase in PHASES]
     assert math.isclose(sum(per_phase), b.objective)
 
 
