@@ -20,6 +20,7 @@ from polykv_search.runtime import FULL_PLAN, EvictingLayer, PolyKVCache
 from signals import entropy as entropy_mod
 from signals import model_parts
 from signals.ppl import token_nll
+from strategies import PHASES
 
 
 class _QueryRecorder:
@@ -75,9 +76,7 @@ class FullKVRecord:
 
 
 @torch.no_grad()
-def full_kv_pass(
-    model, runtime, context_ids, continuation_ids, *, phases=("prefill", "decoding"), stats=True
-) -> FullKVRecord:
+def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=PHASES, stats=True) -> FullKVRecord:
     """Run one sample under FullKV (``runtime``: an applied Full strategy) and record it."""
     device = next(model.parameters()).device
     ctx = torch.as_tensor(context_ids, dtype=torch.long, device=device)

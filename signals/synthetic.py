@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from signals.table import PHASES, SignalTable
+from signals.table import SignalTable
+from strategies import PHASES
 
 
 def random_signal_table(
