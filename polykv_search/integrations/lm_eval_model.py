@@ -12,8 +12,9 @@ Model arguments (``--model_args``), besides every argument of lm-eval's ``hf`` m
 ``strategy``
     A strategy JSON file, ``full`` (the default: FullKV, still through the runtime) or
     ``uniform:PATTERN`` with ``budget=B``.
-``decode_interval``
-    Decoding evicts every k steps (as ``polykv-search score --decode-interval``).
+``decode_interval``, ``interval_mode``
+    Decoding evicts every k steps, ``within`` the budget (default) or ``over`` it (as
+    ``polykv-search score --decode-interval/--interval-mode``).
 
 The protocol is the one ``polykv-search score`` uses (:mod:`polykv_search.evaluation.runner`), one
 request at a time with a fresh cache, because eviction happens after a prefill call and a request
@@ -50,6 +51,7 @@ from polykv_search.evaluation.runner import _Caller, teacher_forced_logits
 from polykv_search.integrations.lm_eval_support import MODEL_NAME
 from polykv_search.models import DEFAULT_MODEL, model_path, resolve_model
 from polykv_search.runtime import apply_strategy, model_spec
+from polykv_search.runtime.layer import INTERVAL_MODES
 from strategies import Strategy, StrategyError
 
 PROTOCOL = (
@@ -127,8 +129,9 @@ class PolyKVLM(HFLM):
         Model name, path or loaded model (see the module docstring); default ``smollm2-135m``.
     strategy, budget
         What to apply (see :func:`resolve_strategy`); default FullKV.
-    decode_interval
-        Decoding evicts every k steps (default 1: every step).
+    decode_interval, interval_mode
+        Decoding evicts every k steps (default 1: every step), holding at most the budget
+        (``within``, default) or up to ``budget + k - 1`` tokens (``over``).
     device
         Default: ``cuda`` when available, else ``cpu`` (also when a CUDA device is asked for and there is
         none: lm-eval's CLI asks for ``cuda:0`` by default).
@@ -142,11 +145,16 @@ class PolyKVLM(HFLM):
         strategy: Any = "full",
         budget: Any = None,
         decode_interval: int = 1,
+        interval_mode: str = "within",
         device: str | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(decode_interval, bool) or not isinstance(decode_interval, int) or decode_interval < 1:
             raise StrategyError(f"polykv: decode_interval must be a positive integer, got {decode_interval!r}")
+        if interval_mode not in INTERVAL_MODES:
+            raise StrategyError(
+                f"polykv: interval_mode must be one of {', '.join(INTERVAL_MODES)}, got {interval_mode!r}"
+            )
         if isinstance(pretrained, str) and (
             device is None or (str(device).startswith("cuda") and not torch.cuda.is_available())
         ):
@@ -166,6 +174,7 @@ class PolyKVLM(HFLM):
         self.strategy, self.strategy_name = resolve_strategy(strategy, self.spec.num_layers, budget)
         self.strategy_name = name or self.strategy_name
         self.decode_interval = decode_interval
+        self.interval_mode = interval_mode
         self.kv_log: list[KVRecord] = []
         #: called after every request (``polykv-search score`` drives its progress bar with it)
         self.on_request: Callable[[], None] | None = None
@@ -178,7 +187,9 @@ class PolyKVLM(HFLM):
 
     # ------------------------------------------------------------------ helpers
     def _runtime(self):
-        return apply_strategy(self.model, self.strategy, decode_interval=self.decode_interval)
+        return apply_strategy(
+            self.model, self.strategy, decode_interval=self.decode_interval, interval_mode=self.interval_mode
+        )
 
     def _autocast(self) -> AbstractContextManager:
         if self.mixed_precision_dtype is None:
@@ -276,6 +287,7 @@ class PolyKVLM(HFLM):
             "global_budget": self.strategy.global_budget,
             "solver": self.strategy.provenance.get("solver"),
             "decode_interval": self.decode_interval,
+            "interval_mode": self.interval_mode,
             "protocol": PROTOCOL,
             **_means(self.kv_log),
             "tasks": {task: _means([r for r in self.kv_log if r.task == task]) for task in _tasks(self.kv_log)},
