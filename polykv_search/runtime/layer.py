@@ -17,8 +17,9 @@ from transformers.cache_utils import CacheLayerMixin
 from polykv_search.patterns.base import Pattern
 from polykv_search.patterns.full import Full
 from polykv_search.runtime.storage import TokenStore, capacity_for
+from strategies import PHASES
 
-PREFILL, DECODING = "prefill", "decoding"
+PREFILL, DECODING = PHASES
 
 #: How ``decode_interval = k`` evicts: ``"within"`` keeps every layer at or below its budget (it evicts
 #: down to ``budget - k + 1`` once over it); ``"over"`` lets it hold up to ``budget + k - 1`` tokens.
