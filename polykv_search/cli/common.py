@@ -113,6 +113,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention kernel (default sdpa)")
 
 
+def add_decode_interval_args(p: argparse.ArgumentParser, *, default: int | None, help: str) -> None:
+    """``--decode-interval`` and ``--interval-mode`` (see :class:`~polykv_search.runtime.PolyKVRuntime`)."""
+    p.add_argument("--decode-interval", type=positive_int, default=default, help=help)
+    p.add_argument(
+        "--interval-mode",
+        choices=("within", "over"),
+        default="within",
+        help="with --decode-interval k: 'within' never holds more than the budget (evicts down to "
+        "budget - k + 1; default), 'over' holds up to budget + k - 1",
+    )
+
+
 def check_model_args(args: argparse.Namespace) -> None:
     """Refuse a bad ``--model`` / ``--device`` in a moment, before anything slow runs."""
     from polykv_search.models import parse_device, resolve_model

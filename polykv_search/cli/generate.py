@@ -8,6 +8,7 @@ from rich.table import Table
 
 from polykv_search.cli.common import (
     CLIError,
+    add_decode_interval_args,
     add_model_args,
     check_model_args,
     console,
@@ -41,19 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--seed", type=non_negative_int, default=None, help="sampling seed, with --temperature > 0 (default 0)"
     )
-    p.add_argument(
-        "--decode-interval",
-        type=positive_int,
-        default=None,
-        help="with --strategy: evict every k decoding steps (default 1)",
-    )
-    p.add_argument(
-        "--interval-mode",
-        choices=("within", "over"),
-        default="within",
-        help="with --decode-interval k: 'within' never holds more than the budget (default), "
-        "'over' up to budget + k - 1",
-    )
+    add_decode_interval_args(p, default=None, help="with --strategy: evict every k decoding steps (default 1)")
     p.add_argument("--json", action="store_true", help="print a JSON record instead of text and a table")
     p.set_defaults(func=run)
 

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from polykv_search.cli.common import (
     CLIError,
+    add_decode_interval_args,
     add_model_args,
     check_output_path,
     console,
@@ -52,19 +53,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
     p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
-    p.add_argument(
-        "--decode-interval",
-        type=positive_int,
-        default=1,
-        help="decoding evicts every k steps instead of every step (default 1)",
-    )
-    p.add_argument(
-        "--interval-mode",
-        choices=("within", "over"),
-        default="within",
-        help="with --decode-interval k: 'within' never holds more than the budget (evicts down to "
-        "budget - k + 1; default), 'over' holds up to budget + k - 1",
-    )
+    add_decode_interval_args(p, default=1, help="decoding evicts every k steps instead of every step (default 1)")
     p.add_argument(
         "--batch-entries",
         type=positive_int,
