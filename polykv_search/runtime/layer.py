@@ -45,7 +45,7 @@ FULL_PLAN = PhasePlan(Full(), None)
 class EvictingLayer(CacheLayerMixin):
     """A dynamic cache layer that shrinks itself to its budget after the attention kernel.
 
-    Every attention call goes through :meth:`call` (the one place that runs the hooks, in this
+    Every attention call goes through :meth:`attention_call` (the one place that runs the hooks, in this
     order): :meth:`begin_call` (marks padding, sets query positions), the observing patterns'
     ``pre_kernel``, the kernel, their ``post_kernel``, then :meth:`end_call` (evicts when over budget).
     ``get_seq_length`` reports tokens *seen*, so ``generate()`` keeps absolute positions.
