@@ -49,14 +49,13 @@ class H2O(Pattern):
         else:
             grown = F.pad(acc, (0, n - acc.shape[-1]))
         qpos = layer.query_range
-        qvalid = layer.valid[:, 0, n - query.shape[-2] :]  # [B, q]: padding queries add nothing
-        padded = not layer.all_valid and not bool(qvalid.all())
+        qvalid = layer.query_valid(query.shape[-2])  # [B, q] or None: padding queries add nothing
         for start in range(0, query.shape[-2], self.chunk):
             stop = start + self.chunk
             chunk_pos = qpos[start:stop]
             upto = layer.visible_prefix(int(chunk_pos[-1]))  # causal: later keys get nothing from this chunk
             probs = layer.attention_probs(query[..., start:stop, :], chunk_pos, upto)  # [B, Hq, c, upto]
-            if padded:
+            if qvalid is not None:
                 probs = probs * qvalid[:, None, start:stop, None]
             grown[..., :upto] += layer.group_sum(probs.sum(dim=-2))
         token["acc"] = grown

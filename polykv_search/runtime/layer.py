@@ -309,6 +309,13 @@ class EvictingLayer(CacheLayerMixin):
             return None
         return self.allowed(query_positions)
 
+    def query_valid(self, q_len: int) -> torch.Tensor | None:
+        """Which of this call's ``q_len`` tokens are real ``[B, q]`` (the newest slots), or None when all are."""
+        if self.all_valid:
+            return None
+        valid = self._valid[:, 0, self.length - q_len :]
+        return None if bool(valid.all()) else valid
+
     def repeat_heads(self, t: torch.Tensor) -> torch.Tensor:
         """Expand a KV-head tensor ``[B, Hkv, ...]`` to query heads ``[B, Hq, ...]``."""
         return t if self.groups == 1 else t.repeat_interleave(self.groups, dim=1)
