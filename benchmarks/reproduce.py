@@ -4,11 +4,16 @@ Run (from the repository root)::
 
     python benchmarks/reproduce.py --out runs/repro                       # the README's table
     python benchmarks/reproduce.py --out runs/repro --budgets 64 --context-len 1024   # a smaller one
+    python benchmarks/reproduce.py --out runs/repro --retrieval-mix 0.5     # + retrieval-aware entries
+    python benchmarks/reproduce.py --out runs/repro --dry-run              # print the steps, run nothing
 
 Steps (each reuses finished work when rerun: signals resume, strategies and results files are kept):
 
 1. ``collect`` a calibration signal table (``--calib-*`` settings; calibration documents never meet
-   the evaluation documents).
+   the evaluation documents). With ``--retrieval-mix MIX`` (``collect --retrieval-mix``: a count, a
+   fraction or a percentage of ``--calib-samples``), also a second, retrieval-aware table
+   (``signals-retrieval.json``) with the same settings on the same calibration split, MIX of its
+   samples carrying synthetic evidence (formats unlike ruler's; no evaluation text is used).
 2. ``solve`` the uniform single-pattern strategies (``--patterns``) at every budget; the one the
    calibration signals predict to degrade least is what the *budgets-only* and the single-phase
    ablations build on (chosen on calibration data, never on evaluation scores).
@@ -21,9 +26,11 @@ Steps (each reuses finished work when rerun: signals resume, strategies and resu
      ``floor(B)`` in the other (``--phases``, ``--default-pattern``).
 
    ``proportional`` itself is "both". dp reaches the same objective as ilp; it is scored only when
-   its strategy differs from ilp's.
-4. ``score`` FullKV, the uniform baselines and every strategy of a budget in one run (shared prefill,
-   paired samples), then ``compare --across-budgets`` into ``table.md`` (scores ± 95 % paired
+   its strategy differs from ilp's. With ``--retrieval-mix``, ``proportional`` and ``ilp`` are also
+   solved on the retrieval-aware table (``proportional-retrieval-B<B>``, ``ilp-retrieval-B<B>``).
+4. ``score`` FullKV, the uniform baselines and every strategy of a budget, the retrieval-aware ones
+   included, in one run (shared prefill, paired samples; a results file is reused only when it
+   holds every strategy), then ``compare --across-budgets`` into ``table.md`` (scores ± 95 % paired
    bootstrap half-widths, differences to the best uniform, gap recovered with intervals),
    ``compare.json`` and ``sweep.png`` (score vs budget with error bars, per-layer budgets and patterns).
 """
@@ -35,6 +42,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -45,15 +53,31 @@ from strategies import Strategy  # noqa: E402
 
 UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
 METHODS = ("pyramid", "squeeze", "cake", "proportional", "ilp", "dp", "optuna")
+#: solved on the retrieval-aware table too (``--retrieval-mix``), as ``<method>-retrieval``
+RETRIEVAL_METHODS = ("proportional", "ilp")
+#: what :func:`plan` shows for the ablations' pattern, known only once the uniform strategies are solved
+PENDING = "<calibration-pattern>"
 
 
-def step(name: str, argv: list[str], log: dict) -> None:
-    print(f"\n=== {name}: polykv-search {' '.join(argv)}", flush=True)
+class Step(NamedTuple):
+    """One ``polykv-search`` command: its name in the log, its argv and (solve) the file it writes."""
+
+    name: str
+    argv: list[str]
+    target: Path | None = None
+
+
+def run_step(s: Step, log: dict) -> Path | None:
+    """Run ``s`` unless its target exists (then reuse it); returns the target."""
+    if s.target is not None and s.target.exists():
+        return s.target
+    print(f"\n=== {s.name}: polykv-search {' '.join(s.argv)}", flush=True)
     t0 = time.perf_counter()
-    rc = cli(argv)
-    log[name] = round(time.perf_counter() - t0, 1)
+    rc = cli(s.argv)
+    log[s.name] = round(time.perf_counter() - t0, 1)
     if rc != 0:
-        raise SystemExit(f"step {name!r} failed (exit {rc})")
+        raise SystemExit(f"step {s.name!r} failed (exit {rc})")
+    return s.target
 
 
 def calibration_pattern(paths: dict[str, Path]) -> str:
@@ -68,7 +92,8 @@ def calibration_pattern(paths: dict[str, Path]) -> str:
     return min(sorted(predicted), key=lambda q: predicted[q])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; a bad ``--retrieval-mix`` exits 2 with one line, before anything runs."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/repro")
     p.add_argument("--model", default="smollm2-135m")
@@ -81,148 +106,158 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-samples", type=int, default=2)
     p.add_argument("--calib-context-len", type=int, default=1024)
     p.add_argument("--calib-continuation-len", type=int, default=32)
+    p.add_argument(
+        "--retrieval-mix",
+        default=None,
+        metavar="MIX",
+        help="also collect a retrieval-aware table (collect --retrieval-mix MIX: a count, fraction or percentage of "
+        "--calib-samples) and score proportional/ilp solved on it beside the prose-only ones (default: none)",
+    )
     p.add_argument("--patterns", default=",".join(UNIFORM))
     p.add_argument("--grid", default="32,64,128,256", help="signal grid budgets")
     p.add_argument("--b-min", type=int, default=16)
     p.add_argument("--optuna-trials", type=int, default=8)
+    p.add_argument("--dry-run", action="store_true", help="print the steps (polykv-search argv) and run nothing")
     args = p.parse_args(argv)
+    if args.retrieval_mix is not None:
+        from polykv_search.cli.common import CLIError
+        from polykv_search.cli.quickstart import check_retrieval_mix
 
-    out = Path(args.out)
+        try:
+            args.retrieval_mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
+        except CLIError as err:
+            p.error(str(err))
+    args.out = Path(args.out)
+    args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    args.uniform = [q.strip() for q in args.patterns.split(",") if q.strip()]  # also the uniform baselines
+    return args
+
+
+def signals_path(args: argparse.Namespace, retrieval: bool = False) -> Path:
+    return args.out / ("signals-retrieval.json" if retrieval else "signals.json")
+
+
+def collect_steps(args: argparse.Namespace) -> list[Step]:
+    """The prose-only collection and, with ``--retrieval-mix``, the retrieval-aware one: same model,
+    grid, calibration corpus, split, seed and lengths, plus the mix."""
+    argv = ["collect", "--model", args.model, "--device", args.device, "--samples", str(args.calib_samples),
+            "--context-len", str(args.calib_context_len), "--continuation-len", str(args.calib_continuation_len),
+            "--patterns", args.patterns, "--budgets", args.grid]  # fmt: skip
+    steps = [Step("collect", [*argv, "--out", str(signals_path(args))])]
+    if args.retrieval_mix:
+        mixed = [*argv, "--retrieval-mix", args.retrieval_mix, "--out", str(signals_path(args, True))]
+        steps.append(Step("collect retrieval", mixed))
+    return steps
+
+
+def _solve(args: argparse.Namespace, B: str, name: str, solver_args: list[str], *, retrieval: bool = False,
+           extra: list[str] = ()) -> Step:  # fmt: skip
+    target = args.out / "strategies" / f"{name}-B{B}.json"
+    argv = ["solve", *solver_args, "--signals", str(signals_path(args, retrieval)), "--budget", B,
+            "--b-min", str(args.b_min), *extra, "--out", str(target)]  # fmt: skip
+    return Step(f"solve {name} B={B}", argv, target)
+
+
+def uniform_steps(args: argparse.Namespace, B: str) -> dict[str, Step]:
+    """The uniform single-pattern strategies at ``B`` (prose-only table)."""
+    return {u: _solve(args, B, f"uniform-{u}", ["--method", "uniform", "--pattern", u]) for u in args.uniform}
+
+
+def strategy_steps(args: argparse.Namespace, B: str, default: str) -> dict[str, Step]:
+    """Every scored strategy at ``B`` by entry name (without ``-B<B>``): the methods, the ablations
+    (on ``default``, the calibration pattern) and, with ``--retrieval-mix``, the retrieval-aware ones."""
+    runs = {m: ["--method", m] for m in METHODS}
+    runs["patterns-only"] = ["--method", "proportional", "--uniform-budgets"]
+    runs["budgets-only"] = ["--method", "proportional", "--fixed-pattern", default]
+    runs["prefill-only"] = ["--method", "proportional", "--phases", "prefill", "--default-pattern", default]
+    runs["decoding-only"] = ["--method", "proportional", "--phases", "decoding", "--default-pattern", default]
+    optuna = ["--model", args.model, "--device", args.device, "--trials", str(args.optuna_trials),
+              "--storage", str(args.out / "optuna.journal"), "--study-name", f"repro-B{B}",
+              "--samples", "1", "--context-len", str(args.calib_context_len)]  # fmt: skip
+    steps = {name: _solve(args, B, name, a, extra=optuna if name == "optuna" else []) for name, a in runs.items()}
+    if args.retrieval_mix:
+        for m in RETRIEVAL_METHODS:
+            steps[f"{m}-retrieval"] = _solve(args, B, f"{m}-retrieval", ["--method", m], retrieval=True)
+    return steps
+
+
+def score_step(args: argparse.Namespace, B: str, strategies: list[Path]) -> Step:
+    """FullKV, the uniform baselines and ``strategies`` in one score run (paired samples)."""
+    evaluation = ["--model", args.model, "--device", args.device, "--suite", args.suite, "--samples",
+                  str(args.samples), "--context-len", str(args.context_len), "--seed", str(args.seed)]  # fmt: skip
+    baselines = ["--baseline", "full", *[a for u in args.uniform for a in ("--baseline", f"uniform:{u}")]]
+    argv = ["score", *evaluation, "--budget", B, *baselines, "--strategy", *map(str, strategies),
+            "--out", str(results_path(args, B))]  # fmt: skip
+    return Step(f"score B={B}", argv)
+
+
+def results_path(args: argparse.Namespace, B: str) -> Path:
+    return args.out / f"results-B{B}.json"
+
+
+def compare_step(args: argparse.Namespace) -> Step:
+    results = [str(results_path(args, B)) for B in args.budgets]
+    argv = ["compare", *results, "--across-budgets", "--plot", str(args.out / "sweep.png"),
+            "--json", str(args.out / "compare.json")]  # fmt: skip
+    return Step("compare", argv)
+
+
+def plan(args: argparse.Namespace, default: str = PENDING) -> list[Step]:
+    """Every step :func:`main` runs, in order, without running any (dp is listed; :func:`main` drops it
+    from the score run when it equals ilp). ``default`` stands for the ablations' calibration pattern."""
+    steps = collect_steps(args)
+    for B in args.budgets:
+        steps += uniform_steps(args, B).values()
+        solved = strategy_steps(args, B, default)
+        steps += solved.values()
+        steps.append(score_step(args, B, [s.target for s in solved.values()]))
+    return [*steps, compare_step(args)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        for s in plan(args):
+            print(f"{s.name}: polykv-search {' '.join(s.argv)}")
+        return 0
+    out = args.out
+    if args.retrieval_mix:
+        from polykv_search.cli.common import CLIError
+        from polykv_search.cli.quickstart import check_table_mix
+
+        try:
+            check_table_mix(signals_path(args, True), args.retrieval_mix)
+        except CLIError as err:
+            raise SystemExit(f"error: {err}") from None
     (out / "strategies").mkdir(parents=True, exist_ok=True)
     log: dict = {}
-    budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
-    patterns = [q.strip() for q in args.patterns.split(",") if q.strip()]  # also the uniform baselines
-    evaluation = [
-        "--model",
-        args.model,
-        "--device",
-        args.device,
-        "--suite",
-        args.suite,
-        "--samples",
-        str(args.samples),
-        "--context-len",
-        str(args.context_len),
-        "--seed",
-        str(args.seed),
-    ]
-    signals = out / "signals.json"
-    step(
-        "collect",
-        [
-            "collect",
-            "--model",
-            args.model,
-            "--device",
-            args.device,
-            "--samples",
-            str(args.calib_samples),
-            "--context-len",
-            str(args.calib_context_len),
-            "--continuation-len",
-            str(args.calib_continuation_len),
-            "--patterns",
-            args.patterns,
-            "--budgets",
-            args.grid,
-            "--out",
-            str(signals),
-        ],
-        log,
-    )
+    for s in collect_steps(args):
+        run_step(s, log)
     results = []
-    for B in budgets:
-
-        def solve(name: str, solver_args: list[str], extra: list[str] = ()) -> Path:
-            target = out / "strategies" / f"{name}-B{B}.json"
-            if not target.exists():
-                step(
-                    f"solve {name} B={B}",
-                    [
-                        "solve",
-                        *solver_args,
-                        "--signals",
-                        str(signals),
-                        "--budget",
-                        B,
-                        "--b-min",
-                        str(args.b_min),
-                        *extra,
-                        "--out",
-                        str(target),
-                    ],
-                    log,
-                )
-            return target
-
-        uniform = {u: solve(f"uniform-{u}", ["--method", "uniform", "--pattern", u]) for u in patterns}
+    for B in args.budgets:
+        uniform = {u: run_step(s, log) for u, s in uniform_steps(args, B).items()}
         default = calibration_pattern(uniform)
         print(f"ablations at B={B} use {default} (lowest predicted degradation on the calibration signals)")
-        runs = {m: ["--method", m] for m in METHODS}
-        runs["patterns-only"] = ["--method", "proportional", "--uniform-budgets"]
-        runs["budgets-only"] = ["--method", "proportional", "--fixed-pattern", default]
-        runs["prefill-only"] = ["--method", "proportional", "--phases", "prefill", "--default-pattern", default]
-        runs["decoding-only"] = ["--method", "proportional", "--phases", "decoding", "--default-pattern", default]
-        optuna = [
-            "--model",
-            args.model,
-            "--device",
-            args.device,
-            "--trials",
-            str(args.optuna_trials),
-            "--storage",
-            str(out / "optuna.journal"),
-            "--study-name",
-            f"repro-B{B}",
-            "--samples",
-            "1",
-            "--context-len",
-            str(args.calib_context_len),
-        ]
-        solved = {
-            name: solve(name, solver_args, optuna if name == "optuna" else []) for name, solver_args in runs.items()
-        }
+        solved = {name: run_step(s, log) for name, s in strategy_steps(args, B, default).items()}
         if _same_strategy(solved["dp"], solved["ilp"]):
             print(f"dp == ilp at B={B}: scored once (as ilp)")
             del solved["dp"]
         # one score run per budget: FullKV, the uniform baselines and every strategy on the same samples
         # (the shared engine prefills each sample once for all of them; comparisons are paired)
-        scored = out / f"results-B{B}.json"
-        if not scored.exists():
-            baselines = ["--baseline", "full", *[a for u in patterns for a in ("--baseline", f"uniform:{u}")]]
-            step(
-                f"score B={B}",
-                [
-                    "score",
-                    *evaluation,
-                    "--budget",
-                    B,
-                    *baselines,
-                    "--strategy",
-                    *map(str, solved.values()),
-                    "--out",
-                    str(scored),
-                ],
-                log,
-            )
-        results.append(scored)
-    step(
-        "compare",
-        [
-            "compare",
-            *map(str, results),
-            "--across-budgets",
-            "--plot",
-            str(out / "sweep.png"),
-            "--json",
-            str(out / "compare.json"),
-        ],
-        log,
-    )
+        if not _results_cover(results_path(args, B), list(solved.values())):
+            run_step(score_step(args, B, list(solved.values())), log)
+        results.append(results_path(args, B))
+    run_step(compare_step(args), log)
     comparison = compare([load_results(r) for r in results], sources=[str(r) for r in results], across_budgets=True)
+    calibration = "strategies calibrated on prose" + (
+        f", the `*-retrieval` ones on a retrieval-aware table of the same calibration split "
+        f"(--retrieval-mix {args.retrieval_mix})"
+        if args.retrieval_mix
+        else ""
+    )
     lines = [
         f"{args.samples} samples per task, {args.context_len}-token contexts, seed {args.seed}; "
-        "score ± half-width of the 95 % paired bootstrap interval.",
+        f"score ± half-width of the 95 % paired bootstrap interval; {calibration}.",
         "",
         to_markdown(comparison),
         "",
@@ -235,6 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         f"\ndone: {out}/ (table.md, solvers.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}"
     )
     return 0
+
+
+def _results_cover(path: Path, strategies: list[Path]) -> bool:
+    """Whether the results file exists and scored every one of ``strategies``."""
+    try:
+        sources = {e["source"] for e in json.loads(path.read_text())["entries"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return {str(p) for p in strategies} <= sources
 
 
 def solver_report(out: Path) -> str:

@@ -4,6 +4,11 @@ collect a small signal grid -> every solver at one budget -> score them with the
 suites -> compare table, plots and a short markdown report, all under one output folder. Each step
 reuses finished work when rerun (collect resumes from its journal; solved strategies and score
 results whose settings match are kept).
+
+``--retrieval-mix MIX`` (as ``collect --retrieval-mix``: a count, a fraction or a percentage of
+``--calib-samples``) makes the calibration retrieval-aware; its signal table and strategies are
+written beside the prose-only ones (``signals-retrieval.json``, ``strategies/*-retrieval-B*.json``).
+The default, prose-only calibration, is unchanged. The report states which calibration was used.
 """
 
 from __future__ import annotations
@@ -37,6 +42,13 @@ def add_parser(sub) -> None:
         "--context-len", type=positive_int, default=512, help="calibration and evaluation context (default 512)"
     )
     p.add_argument("--continuation-len", type=positive_int, default=32)
+    p.add_argument(
+        "--retrieval-mix",
+        default="0",
+        metavar="MIX",
+        help="retrieval-aware calibration, as collect's: how many of the --calib-samples carry synthetic evidence; "
+        "a count (1), a fraction (0.5) or a percentage (50%%) (default 0: prose only)",
+    )
     p.add_argument(
         "--patterns",
         type=comma_list(str, "pattern"),
@@ -77,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from solvers import list_methods
 
     out = check_output_dir(args.out)
+    mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
+    tag = "-retrieval" if mix else ""  # the retrieval-aware files sit beside the prose-only ones
     resolve_tasks(args.suite)  # a bad suite fails now, not after the collect step
     known = {m.name for m in list_methods()}
     unknown = [m for m in args.methods if m not in known]
@@ -101,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
         timings[name] = time.perf_counter() - t0
 
     common = ["--model", model, "--device", args.device]
-    signals = out / "signals.json"
+    signals = out / f"signals{tag}.json"
+    if mix:
+        check_table_mix(signals, mix)
     step(
         "1/4 collect",
         [
@@ -117,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             patterns,
             "--budgets",
             budgets,
+            *(["--retrieval-mix", mix] if mix else []),
             "--out",
             str(signals),
         ],
@@ -125,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     strategies_dir = out / "strategies"
     paths = []
     for method in args.methods:
-        target = strategies_dir / f"{method}-B{B}.json"
+        target = strategies_dir / f"{method}{tag}-B{B}.json"
         extra = []
         if method == "optuna":
             extra = [
@@ -134,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                 "--model",
                 model,
                 "--study-name",
-                f"quickstart-{method}-B{B}",
+                f"quickstart-{method}{tag}-B{B}",
                 "--storage",
                 str(out / "optuna.journal"),
                 "--samples",
@@ -173,12 +190,51 @@ def run(args: argparse.Namespace) -> int:
         "4/4 compare",
         ["compare", str(results), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")],
     )
-    _write_report(out, results, timings, args)
+    _write_report(out, results, timings, args, signals)
     console.print(
         f"[green]done[/green]: everything is in {out}/ "
-        f"(report.md, compare.png, strategies/, signals.json, {results.name})"
+        f"(report.md, compare.png, strategies/, {signals.name}, {results.name})"
     )
     return 0
+
+
+def check_retrieval_mix(spec: str, n_samples: int) -> str | None:
+    """``--retrieval-mix`` checked as ``collect`` checks it, before any step runs.
+
+    Returns
+    -------
+    str or None
+        The spec to pass on to ``collect``, or None for prose only (``0``).
+
+    Raises
+    ------
+    CLIError
+        One line naming ``--retrieval-mix`` (bad syntax, more evidence samples than
+        ``--calib-samples``, a fraction that rounds to none).
+    """
+    from polykv_search.data import DataError
+    from polykv_search.data.evidence import parse_retrieval_mix
+
+    try:
+        mix = parse_retrieval_mix(spec)
+        if mix is not None:
+            mix.evidence_samples(n_samples)
+    except DataError as err:
+        raise CLIError(str(err).replace("retrieval mix", "--retrieval-mix", 1)) from None
+    return None if mix is None else mix.spec
+
+
+def check_table_mix(path: Path, spec: str) -> None:
+    """Refuse to reuse a retrieval-aware table (and the strategies solved on it) of another mix."""
+    try:
+        have = json.loads(path.read_text())["provenance"]["retrieval"]["mix"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if have != spec:
+        raise CLIError(
+            f"{path} was collected with --retrieval-mix {have}, not {spec}; "
+            "give another --out (or remove it and the *-retrieval-B*.json strategies)"
+        )
 
 
 def _results_match(path: Path, settings: dict, strategy_paths: list[str]) -> bool:
@@ -193,7 +249,21 @@ def _results_match(path: Path, settings: dict, strategy_paths: list[str]) -> boo
     return all(have.get(k) == v for k, v in settings.items()) and set(strategy_paths) <= sources
 
 
-def _write_report(out: Path, results: Path, timings: dict, args: argparse.Namespace) -> None:
+def calibration_summary(signals: Path) -> str:
+    """The report's words for the calibration's retrieval mix, read from the signal table's provenance."""
+    from polykv_search.cli.show_signals import describe_retrieval
+    from signals import SignalTable
+
+    try:
+        table = SignalTable.load(signals)
+        lines = describe_retrieval(table.retrieval, table.n_samples)
+    except Exception:  # noqa: BLE001 - the report still gets written; the table's problem shows elsewhere
+        lines = ["retrieval mix: unknown (the signal table cannot be read)"]
+    text = " ".join(line.strip() for line in lines)
+    return text[:1].upper() + text[1:] + "."
+
+
+def _write_report(out: Path, results: Path, timings: dict, args: argparse.Namespace, signals: Path) -> None:
     from polykv_search import compare as cmp
     from polykv_search.io import atomic_write_text
 
@@ -207,7 +277,8 @@ def _write_report(out: Path, results: Path, timings: dict, args: argparse.Namesp
         f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "
         f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`. "
         f"Calibration: {args.calib_samples} samples of {args.context_len} + {args.continuation_len} tokens, "
-        f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))}.",
+        f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))} "
+        f"(`{signals.name}`). {calibration_summary(signals)}",
         "",
         cmp.to_markdown(comparison),
         "",

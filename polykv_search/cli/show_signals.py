@@ -4,7 +4,9 @@ Per phase, a table of every layer: FullKV attention entropy and variance, the be
 (mean over the budget grid), by ΔPPL and by KL (means over the grid), the layer's sensitivity
 (worst-case ΔPPL over patterns at the smallest budget) and how many of its cells the calibration
 cannot tell from FullKV (their 95 % ΔPPL interval, value ± t·SE, contains 0; tables with standard
-errors only); then the most sensitive layers. ``--plot`` draws heatmaps (per phase: mean cosine over
+errors only); then the most sensitive layers. The header names the calibration's retrieval mix
+(evidence samples vs prose samples, records per evidence sample; "prose only" for tables collected
+without ``--retrieval-mix`` or before it existed). ``--plot`` draws heatmaps (per phase: mean cosine over
 the grid per layer × pattern, ΔPPL of every cell with a dot on the cells indistinguishable from
 FullKV) and entropy per layer.
 """
@@ -71,6 +73,44 @@ def summarize(table) -> dict:
     return result
 
 
+def describe_retrieval(record: dict | None, n_samples: int | None = None) -> list[str]:
+    """The calibration's retrieval mix as lines of at most 80 characters.
+
+    Parameters
+    ----------
+    record : dict or None
+        A table's provenance ``retrieval`` record (:attr:`SignalTable.retrieval`, written by
+        ``collect``); None or a record without evidence samples reads as prose only.
+    n_samples : int, optional
+        The table's sample count, for records that do not state it.
+
+    Returns
+    -------
+    list of str
+        ``["retrieval mix: prose only (8 samples)"]``, or a first line with the mix and the
+        counts and a second with the records per evidence sample, their kinds and what is scored.
+    """
+    record = record if isinstance(record, dict) else {}
+    evidence = _count(record.get("evidence_samples"))
+    prose = _count(record.get("prose_samples"))
+    total = evidence + prose if evidence is not None and prose is not None else n_samples
+    n = "?" if total is None else str(total)
+    if not evidence:
+        return [f"retrieval mix: prose only ({n} samples)"]
+    records = record.get("records_per_sample", "?")
+    head = f"retrieval mix {record.get('mix') or '?'}: {evidence} of {n} samples with evidence, "
+    head += f"{'?' if prose is None else prose} prose;"
+    kinds = record.get("kinds") if isinstance(record.get("kinds"), dict) else {}
+    kinds = ", ".join(f"{k} {v}" for k, v in kinds.items() if v)
+    tail = "scored on their answer tokens only"
+    line = f"  {records} records each (kinds {kinds}); {tail}" if kinds else ""
+    return [head, line if 0 < len(line) <= 80 else f"  {records} records each; {tail}"]
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def show_signals(path: str, plot: str | None = None) -> int:
     from signals import SignalTable
 
@@ -85,6 +125,8 @@ def show_signals(path: str, plot: str | None = None) -> int:
         f"(fingerprint {calib.get('fingerprint', '?')}), method {prov.get('method', '?')}",
         highlight=False,
     )
+    for line in describe_retrieval(table.retrieval, table.n_samples):
+        out.print(line, highlight=False, markup=False)
     out.print(
         f"grid: {L} layers x {F} phases x {P} patterns x {G} budgets {list(table.budgets)}; "
         f"{done}/{L * F * P * G} cells collected; FullKV PPL {_fmt(table.full_ppl)}",
