@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from polykv_search.patterns.base import Pattern, protected_ends
+from polykv_search.patterns.base import POS_INF, Pattern, protected_ends, select_keep
 
 
 @dataclass(frozen=True)
@@ -47,17 +47,26 @@ class SnapKV(Pattern):
     def pre_kernel(self, layer, state, query) -> None:
         old_q, old_pos = state.get("query"), state.get("query_pos")
         qpos = layer.query_range
+        q = query.shape[-2]
         if old_q is not None and old_q.shape[0] == query.shape[0] and old_pos.stop == qpos.start:
-            query = torch.cat([old_q, query], dim=-2)
             qpos = range(old_pos.start, qpos.stop)  # the calls' positions follow each other
-        state["query"] = query[..., -self.window :, :]
+            if q < self.window:
+                window = _slide(old_q, query, self.window)
+            else:
+                window = query[..., -self.window :, :]
+        else:
+            window = query[..., -self.window :, :]
+        state["query"] = window
         state["query_pos"] = qpos[-self.window :]
 
     def score(self, layer, state) -> torch.Tensor:
         probs = layer.attention_probs(state["query"], state["query_pos"])  # [B, Hq, w, n]
         votes = probs.sum(dim=-2)  # [B, Hq, n]
-        window = protected_ends(layer, votes.shape[-1], 0, self.window)
-        votes = votes.masked_fill(layer.repeat_heads(window), 0.0)  # the window does not vote for itself
+        if layer.all_valid:  # the window is the newest slots: zero them in place
+            votes[..., votes.shape[-1] - min(self.window, votes.shape[-1]) :] = 0.0
+        else:
+            window = protected_ends(layer, votes.shape[-1], 0, self.window)
+            votes = votes.masked_fill(layer.repeat_heads(window), 0.0)  # the window does not vote for itself
         b, h, n = votes.shape
         flat = votes.reshape(b * h, 1, n)
         pad = self.kernel // 2
@@ -67,5 +76,39 @@ class SnapKV(Pattern):
             pooled = F.max_pool1d(flat, self.kernel, stride=1, padding=pad)
         return layer.group_mean(pooled.reshape(b, h, n))
 
+    def cache_update(self, layer, state, budget: int) -> torch.Tensor:
+        if not layer.all_valid:
+            return super().cache_update(layer, state, budget)
+        # protected_ends without padding is the newest min(window, budget) slots: protect them in place
+        key = self.score(layer, state).float()
+        key[..., key.shape[-1] - min(self.window, budget) :] = POS_INF
+        return select_keep(key, None, None, budget)
+
     def protected(self, layer, budget: int) -> torch.Tensor:
         return protected_ends(layer, budget, 0, self.window)
+
+
+def _slide(old: torch.Tensor, query: torch.Tensor, window: int) -> torch.Tensor:
+    """The last ``window`` queries of ``old`` then ``query``, as a view of a preallocated buffer.
+
+    ``old`` is extended in place when it is the filled tail of such a buffer (``_polykv_fill`` marks
+    how far the buffer is written); otherwise (a prompt's queries, a copied or reordered state, a
+    window someone else already extended) the tail moves to a fresh buffer. New queries land past
+    every view handed out earlier, so an earlier window never changes.
+    """
+    q = query.shape[-2]
+    buf = old._base
+    hi = None
+    if buf is not None and getattr(buf, "_polykv_fill", None) is not None and old.stride() == buf.stride():
+        hi = (old.storage_offset() - buf.storage_offset()) // buf.stride(-2) + old.shape[-2]
+        if hi != buf._polykv_fill or old.shape[:2] != buf.shape[:2] or hi + q > buf.shape[-2]:
+            hi = None
+    if hi is None:
+        old = old[..., max(old.shape[-2] + q - window, 0) :, :]
+        b, h, _, d = query.shape
+        buf = query.new_empty(b, h, 2 * window, d)
+        hi = old.shape[-2]
+        buf[..., :hi, :] = old
+    buf[..., hi : hi + q, :] = query
+    buf._polykv_fill = hi + q
+    return buf[..., max(hi + q - window, 0) : hi + q, :]

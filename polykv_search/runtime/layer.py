@@ -201,8 +201,12 @@ class EvictingLayer(CacheLayerMixin):
         """Patterns that watch this call: the prefill pattern during prefill, and always the decoding
         pattern (so that, e.g., H2O decoding has the prompt's accumulated attention). Identical
         patterns share one state."""
-        plans = [self.plans[PREFILL]] if self.calls == 0 else []
-        plans.append(self.plans[DECODING])
+        decoding = self.plans[DECODING]
+        if self.calls:  # the common case, without building the dict
+            if not decoding.evicts:
+                return []
+            return [(decoding.pattern, self.states.setdefault(decoding.pattern, {}))]
+        plans = [self.plans[PREFILL], decoding]
         seen: dict[Pattern, dict] = {}
         for plan in plans:
             if plan.evicts and plan.pattern not in seen:
@@ -345,9 +349,19 @@ class EvictingLayer(CacheLayerMixin):
         # the scale goes on the (small) queries, not on the [q, n] logits: one pass less over them
         scaled = query.float().reshape(b, h, g * q, d) * self.scaling
         logits = torch.matmul(scaled, keys.float().transpose(-1, -2)).view(b, h, g, q, n)
-        mask = self.visibility(query_positions)
-        if mask is not None:
-            logits.masked_fill_(~mask[..., :n][:, :, None], float("-inf"))
+        if isinstance(query_positions, range) and self.sliding_window is None and self.all_valid:
+            # Kept positions are distinct, ascending and < seen, so only the last ``seen - 1 - start``
+            # slots can hold a key after the first query: mask just those columns.
+            first = self.length - (self.seen - 1 - query_positions.start)
+            if q and first < n:
+                first = max(first, 0)
+                kpos = self.positions[:, :, None, first:n]
+                qpos = torch.arange(query_positions.start, query_positions.stop, device=self.device)
+                logits[..., first:].masked_fill_((kpos > qpos[:, None])[:, :, None], float("-inf"))
+        else:
+            mask = self.visibility(query_positions)
+            if mask is not None:
+                logits.masked_fill_(~mask[..., :n][:, :, None], float("-inf"))
         return logits.softmax(dim=-1).view(b, hq, q, n)
 
     def visible_prefix(self, max_query_position: int) -> int:
