@@ -36,6 +36,8 @@ class Pattern:
     name: ClassVar[str] = ""
     #: True when the pattern never evicts (``full``).
     keeps_all: ClassVar[bool] = False
+    #: True when scoring rows as one padded batch gives each row's own scores (false for seeded draws).
+    batch_exact: ClassVar[bool] = True
 
     # -------------------------------------------------------------- hook points
     def pre_kernel(self, layer: EvictingLayer, state: dict, query: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ class Random(Pattern):
     """
 
     name: ClassVar[str] = "random"
+    batch_exact: ClassVar[bool] = False  # the draws depend on the batch shape and each row's eviction count
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -3,6 +3,7 @@
 from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError, model_spec
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
 from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
+from polykv_search.runtime.row_batch import RowBatchLayer
 from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy, strategy_plans
 from polykv_search.runtime.stacked import FanoutLayer, StackedLayer
 
@@ -16,6 +17,7 @@ __all__ = [
     "PhasePlan",
     "PolyKVCache",
     "PolyKVRuntime",
+    "RowBatchLayer",
     "StackedLayer",
     "UnsupportedModelError",
     "apply_strategy",

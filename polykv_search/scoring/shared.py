@@ -5,9 +5,10 @@ per-layer prompt K/V are the same for every entry. One context call therefore se
 :class:`~polykv_search.runtime.FanoutLayer` per layer hands every entry's row the prompt's keys and
 values, runs each distinct pattern's hooks once, and compresses each row with its own prefill plan.
 The question call and greedy decoding (or the teacher-forced continuation) of the entries then run as
-one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtime.StackedLayer`: rows
-hold different per-layer lengths, and each row's decoding pattern evicts on its own layer. Rows that
-emit EOS leave the batch. Every row keeps exactly the tokens the per-entry path keeps.
+one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtime.RowBatchLayer`: rows
+hold different per-layer lengths in one padded store, and the rows that share a decoding pattern score
+and evict together, each to its own budget. Rows that emit EOS leave the batch. Every row keeps exactly
+the tokens the per-entry path keeps.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from polykv_search.runtime import (
     FanoutLayer,
     PhasePlan,
     PolyKVCache,
-    StackedLayer,
+    RowBatchLayer,
     cache_report,
 )
 from polykv_search.scoring.job import SampleJob, SampleOutcome
@@ -97,8 +98,13 @@ class SharedScorer:
 
     def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:
         return PolyKVCache(
-            [StackedLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
+            [RowBatchLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
         )
+
+    @staticmethod
+    def _write_back(cache: PolyKVCache) -> None:
+        for layer in cache.layers:
+            layer.write_back()
 
     @torch.inference_mode()
     def run(self, job: SampleJob, *, fidelity: bool = True) -> list[SampleOutcome]:
@@ -158,7 +164,9 @@ class SharedScorer:
         t0 = time.perf_counter()
         target = list(job.target_ids)
         if len(target) > 1:
-            rest = self._call([target[:-1]] * len(rows), self._stacked(rows), last_only=False)
+            cache = self._stacked(rows)
+            rest = self._call([target[:-1]] * len(rows), cache, last_only=False)
+            self._write_back(cache)
             logits = [torch.cat([first, rest[i]], dim=0) for i in range(len(rows))]
         else:
             logits = [first] * len(rows)
@@ -190,7 +198,9 @@ class SharedScorer:
                 break
             if len(going) < len(active):  # finished rows leave the batch
                 active = [i for i, _ in going]
+                self._write_back(cache)
                 cache = self._stacked([rows[i] for i in active])
             logits = self._call([[t] for _, t in going], cache)[:, -1]
+        self._write_back(cache)
         _sync(self.caller.device)
         return new, {"question_s": t1 - t0, "decode_s": time.perf_counter() - t1}

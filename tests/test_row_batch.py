@@ -1,0 +1,118 @@
+"""RowBatchLayer decodes rows as one padded batch and keeps, for every row, exactly the tokens (and
+pattern state) the row keeps alone: every registry pattern, per-row budgets inside one pattern group,
+both interval modes, a multi-token call, GQA, rows leaving the batch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from polykv_search.patterns import PATTERNS, make_pattern
+from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan
+from polykv_search.runtime.row_batch import RowBatchLayer, keep_per_row
+
+H, G, D = 2, 2, 4
+KW = {"num_kv_heads": H, "groups": G, "scaling": 0.5}
+EVICTING = [p for p in PATTERNS if p != "full"]
+
+
+def prefilled(prefill: PhasePlan, decoding: PhasePlan, prompt, query, **kw) -> EvictingLayer:
+    """A detached layer after its prefill call on the shared prompt (hooks run, then compression)."""
+    layer = EvictingLayer(0, prefill, decoding, **KW, **kw)
+    k, v = prompt
+    layer.update(k, v)
+    layer.attention_call(query, None)
+    return layer
+
+
+def rows_for(pattern: str, n: int, gen, **kw) -> list[EvictingLayer]:
+    p, other = make_pattern(pattern), make_pattern("snapkv" if pattern != "snapkv" else "h2o")
+    plans = [
+        (PhasePlan(p, 12), PhasePlan(p, 12)),
+        (PhasePlan(other, 9), PhasePlan(p, 7)),  # another prefill pattern; a smaller decoding budget
+        (FULL_PLAN, FULL_PLAN),  # never evicts
+        (PhasePlan(p, n + 5), PhasePlan(p, 16)),  # the prefill keeps all, decoding grows to 16
+        (PhasePlan(p, 10), PhasePlan(other, 10)),  # another group
+        (PhasePlan(p, 5), PhasePlan(p, 3)),  # a budget below the interval
+    ]
+    prompt = (torch.randn(1, H, n, D, generator=gen), torch.randn(1, H, n, D, generator=gen))
+    query = torch.randn(1, H * G, n, D, generator=gen)
+    return [prefilled(a, b, prompt, query, **kw) for a, b in plans]
+
+
+def assert_rows_equal(got: list[EvictingLayer], want: list[EvictingLayer]) -> None:
+    for g, w in zip(got, want):
+        assert torch.equal(g.positions, w.positions)
+        assert torch.equal(g.keys, w.keys) and torch.equal(g.values, w.values)
+        assert (g.num_evictions, g.peak_length, g.seen) == (w.num_evictions, w.peak_length, w.seen)
+        assert g.states.keys() == w.states.keys()
+        for pattern, state in w.states.items():
+            for name, tensor in state.get("token", {}).items():
+                torch.testing.assert_close(g.states[pattern]["token"][name], tensor, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("pattern", EVICTING)
+@pytest.mark.parametrize(("interval", "mode"), [(1, "within"), (3, "within"), (3, "over")])
+def test_each_row_keeps_what_it_keeps_alone(pattern, interval, mode):
+    gen = torch.Generator().manual_seed(hash((pattern, interval, mode)) % 2**31)
+    kw = {"decode_interval": interval, "interval_mode": mode}
+    alone = rows_for(pattern, 20, gen, **kw)
+    batched = copy.deepcopy(alone)
+    batch = RowBatchLayer(0, batched, **KW, **kw)
+    active = list(range(len(alone)))
+    for step in range(14):
+        q = 5 if step == 0 else 1  # the question call, then decoding steps
+        k, v = torch.randn(len(active), H, q, D, generator=gen), torch.randn(len(active), H, q, D, generator=gen)
+        query = torch.randn(len(active), H * G, q, D, generator=gen)
+        for j, r in enumerate(active):
+            alone[r].update(k[j : j + 1], v[j : j + 1])
+            alone[r].attention_call(query[j : j + 1], None)
+        batch.update(k, v)
+        batch.attention_call(query, None)
+        batch.write_back()
+        assert_rows_equal([batched[r] for r in active], [alone[r] for r in active])
+        if step == 8:  # two rows leave; the others go on in a new batch built from the written-back rows
+            active = [r for r in active if r not in (1, 3)]
+            batch = RowBatchLayer(0, [batched[r] for r in active], **KW, **kw)
+    assert any(row.num_evictions > 1 for row in alone)
+
+
+def test_the_batch_is_the_rows_right_padded():
+    gen = torch.Generator().manual_seed(0)
+    rows = rows_for("h2o", 20, gen)
+    batch = RowBatchLayer(0, copy.deepcopy(rows), **KW)
+    n = max(r.length for r in rows)
+    assert batch.keys.shape == (len(rows), H, n, D) and not batch.all_valid
+    for i, row in enumerate(rows):
+        assert torch.equal(batch.positions[i, :, : row.length], row.positions[0])
+        assert not batch.valid[i, :, row.length :].any() and (batch.positions[i, :, row.length :] == -1).all()
+
+
+def test_keep_per_row_is_each_rows_stable_top_budget():
+    gen = torch.Generator().manual_seed(3)
+    key = torch.randint(0, 4, (5, 2, 11), generator=gen).float()  # many ties
+    key[1, :, 7:] = float("-inf")  # padding
+    budgets = [3, 6, 1, 11, 4]
+    keep, kept = keep_per_row(key, budgets)
+    for e in range(5):
+        b = budgets[e]
+        for h in range(2):  # stable: the older token first on ties
+            order = sorted(range(11), key=lambda i: (-key[e, h, i].item(), i))
+            assert keep[e, h, :b].tolist() == sorted(order[:b])
+        assert kept[e, 0].tolist() == [True] * b + [False] * (keep.shape[-1] - b)
+    same, all_kept = keep_per_row(key, [4] * 5)  # one budget for every row
+    assert all_kept.all() and same.tolist() == [
+        [sorted(sorted(range(11), key=lambda i: (-key[e, h, i].item(), i))[:4]) for h in range(2)] for e in range(5)
+    ]
+
+
+def test_rows_must_share_the_prompt_and_be_past_prefill():
+    gen = torch.Generator().manual_seed(1)
+    a, b = rows_for("tova", 20, gen)[:2]
+    b.seen += 1
+    with pytest.raises(ValueError, match="same prompt"):
+        RowBatchLayer(0, [a, b], **KW)
+    with pytest.raises(ValueError, match="at least one row"):
+        RowBatchLayer(0, [], **KW)
