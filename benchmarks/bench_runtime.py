@@ -10,7 +10,10 @@ interleaved order (A B C … then … C B A, ``--repeats`` times), so that machi
 * ``unmodified``: the model's own SDPA path and ``DynamicCache``;
 * ``FullKV``: the runtime applying the FullKV strategy (target: >= 0.98x unmodified);
 * ``B<budget> k<k> <mode>``: uniform ``--pattern`` at ``--budget`` for each ``--intervals`` value;
-  ``within`` holds at most the budget between steps, ``over`` up to ``budget + k - 1``.
+  ``within`` holds at most the budget between steps, ``over`` up to ``budget + k - 1``;
+* ``ceiling``: the unmodified model after a prompt of only ``--budget`` tokens: the same weights and a
+  budget-sized cache with no eviction work, i.e. the fastest decode any eviction to the budget can
+  reach on this machine (its prefill is of ``--budget`` tokens, so its prefill ratio means nothing).
 
 Each run prefills the prompt (timed: prefill; logits of the last token only, as ``generate`` does),
 then greedy-decodes ``--decode-steps`` tokens (timed:
@@ -82,18 +85,26 @@ def configurations(layers: int, pattern: str, budget: int, intervals: list[int])
     """(name, strategy, interval, mode) of every measured configuration."""
     budgeted = Strategy.uniform(layers, pattern, budget)
     configs = [("unmodified", None, 1, "within"), ("FullKV", Strategy.full(layers), 1, "within")]
+    # the ceiling: the unmodified model decoding after only a budget-long prompt (the same weights and a
+    # budget-sized cache, no eviction work), i.e. the fastest any eviction to the budget can decode
+    configs.append((CEILING.format(budget=budget), None, 1, "within"))
     for k in intervals:
         for mode in ("within", "over") if k > 1 else ("within",):
             configs.append((f"B{budget} k{k}" + (f" {mode}" if k > 1 else ""), budgeted, k, mode))
     return configs
 
 
-def measure(model, ids, steps: int, configs: list[tuple], repeats: int, on_run) -> dict[str, list[dict]]:
+#: Name of the ceiling configuration (its prefill is of ``budget`` tokens, so its prefill ratio is not one).
+CEILING = "ceiling {budget}-tok"
+
+
+def measure(model, ids, steps: int, configs: list[tuple], repeats: int, on_run, budget: int) -> dict[str, list[dict]]:
     runs: dict[str, list[dict]] = {name: [] for name, *_ in configs}
     run_once(model, ids[:, :256], 2, None, 1, "within")  # warm-up
     for r in range(repeats):
         for name, strategy, k, mode in configs if r % 2 == 0 else configs[::-1]:
-            runs[name].append(run_once(model, ids, steps, strategy, k, mode))
+            prompt = ids[:, -budget:] if name.startswith("ceiling") else ids
+            runs[name].append(run_once(model, prompt, steps, strategy, k, mode))
             on_run()
     return runs
 
@@ -139,7 +150,9 @@ def main() -> None:
 
             on_run()
             done[0] = 0
-            results[str(ctx)] = summarize(measure(model, ids, args.decode_steps, configs, args.repeats, on_run))
+            results[str(ctx)] = summarize(
+                measure(model, ids, args.decode_steps, configs, args.repeats, on_run, args.budget)
+            )
             write_json(args.out, _document(args, results))
     console.print(_table(args, results))
     console.print(f"wrote {args.out}")
