@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from polykv_search.cli.common import CLIError, check_output_path, console, non_negative_int, out, positive_int
+from signals.predict import OBJECTIVES as OBJECTIVE_CHOICES
 
 
 def add_parser(sub) -> None:
@@ -53,6 +54,18 @@ def add_parser(sub) -> None:
         action="store_true",
         help="compare results made on different samples or models (each run keeps its own references)",
     )
+    p.add_argument(
+        "--signals",
+        metavar="SIGNALS.json",
+        help="also rank-correlate each entry's degradation predicted from this signal table with the measured "
+        "scores and KL per budget (Spearman's rho with a bootstrap interval over the entries)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVE_CHOICES,
+        default="kl",
+        help="the predicted degradation for --signals (default kl)",
+    )
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap resampling (default 0)")
     p.add_argument(
         "--resamples",
@@ -71,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     for path, flag in ((args.json_out, "--json"), (args.plot, "--plot")):
         if path:
             check_output_path(path, flag)
+    predict = _predictor(args) if args.signals else None  # a bad table fails before any output
     try:
         docs = [cmp.load_results(path) for path in args.results]
         comparison = cmp.compare(
@@ -96,14 +110,54 @@ def run(args: argparse.Namespace) -> int:
         )
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
             console.print(line, style="dim", highlight=False)
+    agreement = _agreement(args, comparison, predict) if predict else None
     if args.json_out:
-        write_json(args.json_out, comparison.to_json())
+        doc = comparison.to_json()
+        if agreement is not None:
+            doc["prediction"] = {
+                "signals": args.signals,
+                "objective": args.objective,
+                "agreement": [a.to_json() for a in agreement],
+            }
+        write_json(args.json_out, doc)
         console.print(f"wrote {args.json_out}")
     if args.plot:
         with console.status("plotting ..."):
             cmp.plot(comparison, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _predictor(args):
+    """``strategy JSON -> predicted degradation`` from ``--signals`` (None where the table cannot say)."""
+    from signals import SignalTable
+    from signals.predict import predict_degradation
+    from strategies import PHASES, Strategy, StrategyError
+
+    table = SignalTable.load(args.signals)
+
+    def predict(data: dict) -> float | None:
+        try:
+            strategy = Strategy.from_json(data)
+        except StrategyError:
+            return None
+        if strategy.num_layers != table.num_layers:
+            return None
+        return predict_degradation(table, strategy, PHASES, args.objective)
+
+    return predict
+
+
+def _agreement(args, comparison, predict) -> list:
+    """Print (and return) the rank agreement of the table's predictions with the measured values."""
+    from polykv_search import stats
+    from polykv_search.compare.prediction import describe, prediction_agreement
+
+    agreement = prediction_agreement(comparison, predict, seed=args.seed, resamples=args.resamples or stats.RESAMPLES)
+    out.print(f"predicted {args.objective} degradation vs measured (Spearman, 95 % bootstrap over entries):")
+    for a in agreement:
+        out.print(f"  {describe(a)}", highlight=False)
+    return agreement
 
 
 def _legend(comparison, details: bool) -> list[str]:
