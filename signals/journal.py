@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from strategies.io import atomic_write_text
+
 JOURNAL_FORMAT = "polykv-signals-journal"
 JOURNAL_VERSION = 1
 
@@ -105,10 +107,7 @@ class Journal:
             good = i + 1
         if good < len(lines):
             # rewrite without the torn line so that appends start on a fresh line
-            text = "\n".join(lines[:good]) + "\n"
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, "\n".join(lines[:good]) + "\n")  # fsynced, then renamed
 
     def check_key(self, other: Mapping[str, Any]) -> None:
         for field, words in KEY_FIELDS.items():
