@@ -198,7 +198,7 @@ def results_path(args: argparse.Namespace, B: str) -> Path:
 def compare_step(args: argparse.Namespace) -> Step:
     results = [str(results_path(args, B)) for B in args.budgets]
     argv = ["compare", *results, "--across-budgets", "--plot", str(args.out / "sweep.png"),
-            "--json", str(args.out / "compare.json")]  # fmt: skip
+            "--json", str(args.out / "compare.json"), "--signals", str(signals_path(args))]  # fmt: skip
     return Step("compare", argv)
 
 
@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         to_markdown(comparison),
         "",
         *[f"- {n}" for n in notes(comparison)],
+        "",
+        *prediction_lines(comparison, args),
     ]
     atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
     atomic_write_text(out / "solvers.md", solver_report(out) + "\n")
@@ -270,6 +272,22 @@ def main(argv: list[str] | None = None) -> int:
         f"\ndone: {out}/ (table.md, solvers.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}"
     )
     return 0
+
+
+def prediction_lines(comparison, args: argparse.Namespace) -> list[str]:
+    """Predicted vs measured: Spearman's ρ of each calibration table's predicted KL with the measured
+    scores and KL, per budget (the check that the signals predict anything)."""
+    from polykv_search.compare.prediction import describe, prediction_agreement
+    from signals import SignalTable
+    from signals.predict import strategy_predictor
+
+    lines = []
+    for retrieval in (False, True) if args.retrieval_mix else (False,):
+        path = signals_path(args, retrieval)
+        predict = strategy_predictor(SignalTable.load(path), "kl")
+        lines.append(f"Predicted KL ({path.name}) vs measured, Spearman's ρ with a 95 % bootstrap over entries:")
+        lines += [f"- {describe(a)}" for a in prediction_agreement(comparison, predict, seed=args.seed)]
+    return lines
 
 
 def _results_cover(path: Path, strategies: list[Path]) -> bool:

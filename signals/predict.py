@@ -24,13 +24,14 @@ cell is rewarded for looking better than FullKV by chance:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from signals.table import SignalTable, SignalTableError
 from signals.uncertainty import t_quantile
-from strategies.strategy import Strategy
+from strategies.strategy import PHASES, Strategy, StrategyError
 
 OBJECTIVES: tuple[str, ...] = ("dppl", "1-cosine", "kl")
 NOISE_RULES: tuple[str, ...] = ("none", "clip", "interval", "upper")
@@ -123,4 +124,20 @@ def predict_degradation(
     return total
 
 
-__all__ = ["NOISE_RULES", "OBJECTIVES", "cell_costs", "cost_tensor", "predict_degradation"]
+def strategy_predictor(table: SignalTable, objective: str = "kl") -> Callable[[Any], float | None]:
+    """``strategy JSON -> predicted degradation`` over both phases (None: not a strategy of this table's
+    model, or a pattern or value the table lacks, e.g. FullKV's ``full``)."""
+
+    def predict(data: Any) -> float | None:
+        try:
+            strategy = Strategy.from_json(data)
+        except StrategyError:
+            return None
+        if strategy.num_layers != table.num_layers:
+            return None
+        return predict_degradation(table, strategy, PHASES, objective)
+
+    return predict
+
+
+__all__ = ["NOISE_RULES", "OBJECTIVES", "cell_costs", "cost_tensor", "predict_degradation", "strategy_predictor"]

@@ -129,23 +129,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _predictor(args):
-    """``strategy JSON -> predicted degradation`` from ``--signals`` (None where the table cannot say)."""
+    """``strategy JSON -> predicted degradation`` from ``--signals``."""
     from signals import SignalTable
-    from signals.predict import predict_degradation
-    from strategies import PHASES, Strategy, StrategyError
+    from signals.predict import strategy_predictor
 
-    table = SignalTable.load(args.signals)
-
-    def predict(data: dict) -> float | None:
-        try:
-            strategy = Strategy.from_json(data)
-        except StrategyError:
-            return None
-        if strategy.num_layers != table.num_layers:
-            return None
-        return predict_degradation(table, strategy, PHASES, args.objective)
-
-    return predict
+    return strategy_predictor(SignalTable.load(args.signals), args.objective)
 
 
 def _agreement(args, comparison, predict) -> list:
