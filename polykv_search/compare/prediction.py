@@ -125,17 +125,15 @@ def prediction_agreement(
 
 
 def describe(agreement: RankAgreement) -> str:
-    """One line: ``B=128 broad: ρ = -0.52 [-0.85, -0.01] over 15 entries (expected < 0: agrees)``."""
+    """One line: ``B=128 broad: ρ = -0.52 [-0.85, -0.01], n=15, expected < 0: agrees``."""
     where = f"B={agreement.budget:g} " if agreement.budget is not None else ""
     n = len(agreement.entries)
     if agreement.rho is None:
-        return f"{where}{agreement.measure}: no rank correlation ({n} entries, or constant values)"
+        return f"{where}{agreement.measure}: no rank correlation (n={n}, or constant values)"
     interval = "" if agreement.low is None else f" [{agreement.low:+.2f}, {agreement.high:+.2f}]"
     side = "> 0" if agreement.expected_sign > 0 else "< 0"
     verdict = "agrees" if agreement.agrees else "not resolved"
-    return (
-        f"{where}{agreement.measure}: ρ = {agreement.rho:+.2f}{interval} over {n} entries (expected {side}: {verdict})"
-    )
+    return f"{where}{agreement.measure}: ρ = {agreement.rho:+.2f}{interval}, n={n}, expected {side}: {verdict}"
 
 
 def _measured(row: Row, measure: str) -> float | None:
