@@ -22,6 +22,7 @@ import torch
 
 from polykv_search.patterns.base import NEG_INF, POS_INF, Pattern
 from polykv_search.runtime.layer import DECODING, FULL_PLAN, EvictingLayer
+from polykv_search.runtime.row_states import fit_tokens, row_state, stack_states
 from polykv_search.runtime.storage import TokenStore, capacity_for
 
 
@@ -66,7 +67,6 @@ class _Group:
     state: dict[str, Any]
     index: torch.Tensor | slice
     view: _GroupView
-    length: int = 0
 
 
 class RowBatchLayer(_RowsMask, EvictingLayer):
@@ -119,7 +119,7 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
             contiguous = idx == list(range(idx[0], idx[-1] + 1))
             index = slice(idx[0], idx[-1] + 1) if contiguous else torch.tensor(idx, device=self.device)
             states = [rows[r].states.get(pattern, {}) for r in idx]
-            state = _stack_states(states, [self.counts[r] for r in idx])
+            state = stack_states(states, [self.counts[r] for r in idx])
             view = _GroupView(self.layer_idx, FULL_PLAN, rows[idx[0]].plans[DECODING], **self._view_kwargs())
             budgets = [rows[r].plans[DECODING].budget for r in idx]
             groups.append(_Group(pattern, idx, budgets, state, index, view))
@@ -228,11 +228,11 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         rows = [group.rows[j] for j in picked]
         self._compact(torch.tensor(rows, device=dev), keep, kept)
         for name, tensor in group.state.get("token", {}).items():
-            fresh = take(_fit(tensor, end)).gather(-1, keep).masked_fill_(~kept, 0)
+            fresh = take(fit_tokens(tensor, end)).gather(-1, keep).masked_fill_(~kept, 0)
             if sel is None:
                 group.state["token"][name] = fresh
             else:
-                tensor = _fit(tensor, end)
+                tensor = fit_tokens(tensor, end)
                 tensor[sel] = fresh
                 group.state["token"][name] = tensor
         for j, r in zip(picked, rows):
@@ -277,8 +277,7 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         view.seen, view.calls, view.query_range = self.seen, self.calls, self.query_range
         view.num_evictions = max(self.row_evictions[r] for r in group.rows)
         for name, tensor in group.state.get("token", {}).items():
-            group.state["token"][name] = _fit(tensor, n)
-        group.length = n
+            group.state["token"][name] = fit_tokens(tensor, n)
 
     def write_back(self) -> None:
         """Give every row its tokens, counters and pattern state again (compact, unpadded)."""
@@ -293,7 +292,7 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
             row.peak_length = self.row_peaks[r]
         for group in self.row_groups:
             for j, r in enumerate(group.rows):
-                state = _row_state(group.state, len(group.rows), j, self.counts[r])
+                state = row_state(group.state, len(group.rows), j, self.counts[r])
                 self.rows[r].states = {group.pattern: state}
 
 
@@ -332,19 +331,6 @@ def keep_per_row(key: torch.Tensor, budgets: Sequence[int]) -> tuple[torch.Tenso
     return keep.masked_fill(~kept, 0), kept
 
 
-def _gather_tokens(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    return t.gather(2, keep[..., None].expand(-1, -1, -1, t.shape[-1]))
-
-
-def _fit(t: torch.Tensor, n: int) -> torch.Tensor:
-    """A token-axis tensor cut or zero-padded to ``n`` slots (cut slots are padding, so zero)."""
-    if t.shape[-1] == n:
-        return t
-    if t.shape[-1] > n:
-        return t[..., :n].contiguous()
-    return torch.nn.functional.pad(t, (0, n - t.shape[-1]))
-
-
 def _empty_store(like: EvictingLayer, r: int, capacity: int) -> TokenStore:
     h, d, dv = like.keys.shape[1], like.keys.shape[-1], like.values.shape[-1]
     dev = like.keys.device
@@ -368,39 +354,3 @@ def _grown(store: TokenStore, n: int, capacity: int) -> TokenStore:
     for a, b in zip((new.keys, new.values, new.positions, new.valid), store.views(n)):
         a[:, :, :n] = b
     return new
-
-
-def _stack_states(states: list[dict], counts: list[int]) -> dict:
-    """One group state from the rows' states: token tensors zero-padded to the longest row and
-    stacked, other batch-first tensors stacked, everything else equal across rows (taken once)."""
-    keys = set(states[0])
-    if any(set(s) != keys for s in states):
-        raise ValueError("rows of a group have different pattern states")
-    n = max(counts)
-    out: dict[str, Any] = {}
-    for key in keys:
-        values = [s[key] for s in states]
-        if key == "token":
-            out[key] = {name: torch.cat([_fit(v[name], n) for v in values]) for name in values[0]}
-        elif isinstance(values[0], torch.Tensor):
-            if any(v.dim() < 2 or v.shape[0] != 1 for v in values):
-                raise ValueError(f"pattern state {key!r} is not a per-row [1, ...] tensor")
-            out[key] = torch.cat(values)
-        elif all(v == values[0] for v in values):
-            out[key] = values[0]
-        else:
-            raise ValueError(f"rows of a group disagree on pattern state {key!r}")
-    return out
-
-
-def _row_state(state: dict, rows: int, j: int, count: int) -> dict:
-    """Row ``j``'s part of a group state (the inverse of :func:`_stack_states`)."""
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        if key == "token":
-            out[key] = {name: t[j : j + 1, :, :count] for name, t in value.items()}
-        elif isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[0] == rows:
-            out[key] = value[j : j + 1]
-        else:
-            out[key] = value
-    return out
