@@ -88,6 +88,11 @@ def test_the_batch_is_the_rows_right_padded():
     for i, row in enumerate(rows):
         assert torch.equal(batch.positions[i, :, : row.length], row.positions[0])
         assert not batch.valid[i, :, row.length :].any() and (batch.positions[i, :, row.length :] == -1).all()
+    batch.begin_call(0, None)
+    for group in batch.row_groups:  # a group's view shows its rows' slots, values too (built when read)
+        n = group.view.length
+        assert torch.equal(group.view.values, batch.values[group.rows, :, :n])
+        assert torch.equal(group.view.keys, batch.keys[group.rows, :, :n])
 
 
 def test_keep_per_row_is_each_rows_stable_top_budget():

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from polykv_search.patterns.base import NEG_INF, POS_INF, Pattern
+from polykv_search.patterns.base import NEG_INF, POS_INF, Pattern, select_keep
 from polykv_search.runtime.layer import DECODING, FULL_PLAN, EvictingLayer
 from polykv_search.runtime.row_states import fit_tokens, row_state, stack_states
 from polykv_search.runtime.storage import TokenStore, capacity_for
@@ -47,6 +47,19 @@ class _RowsMask:
 
 class _GroupView(_RowsMask, EvictingLayer):
     """The layer a group's pattern sees: its rows' slots of the batch store (no padding queries)."""
+
+    #: builds ``values`` on first read: no pattern hook reads them, so no copy per call
+    _take_values = None
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        if self._values is None and self._take_values is not None:
+            self._values = self._take_values()
+        return self._values
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._assign("_values", tensor)
 
     def query_valid(self, q_len: int) -> torch.Tensor | None:
         return None
@@ -269,7 +282,8 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         if take is None:
             idx = group.index
             take = lambda t: t[:, :, :n].index_select(0, idx)  # noqa: E731
-        view._keys, view._values = take(store.keys), take(store.values)
+        view._keys, view._values = take(store.keys), None
+        view._take_values = lambda: take(store.values)
         view._positions, view._valid = take(store.positions), take(store.valid)
         view._store = None
         view._all_valid = all(self.counts[r] == n for r in group.rows)
@@ -322,9 +336,9 @@ def keep_per_row(key: torch.Tensor, budgets: Sequence[int]) -> tuple[torch.Tenso
     Returns ``keep`` ``[E, H, m]`` (slot indices; padding entries repeat slot 0) and ``kept``
     ``[E, 1, m]`` (True for the real entries)."""
     m, low = max(budgets), min(budgets)
+    if low == m:  # one budget: the single-budget selection itself (``key`` carries every mask already)
+        return select_keep(key, None, None, m), torch.ones(key.shape[0], 1, m, dtype=torch.bool, device=key.device)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :m]
-    if low == m:
-        return order.sort(dim=-1).values, torch.ones(key.shape[0], 1, m, dtype=torch.bool, device=key.device)
     b = torch.tensor(list(budgets), device=key.device)
     kept = torch.arange(m, device=key.device)[None, None, :] < b[:, None, None]
     keep = order.masked_fill(~kept, key.shape[-1]).sort(dim=-1).values  # the padding entries sort last
