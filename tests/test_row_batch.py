@@ -79,6 +79,29 @@ def test_each_row_keeps_what_it_keeps_alone(pattern, interval, mode):
     assert any(row.num_evictions > 1 for row in alone)
 
 
+@pytest.mark.parametrize("pattern", EVICTING)
+def test_a_row_under_budget_keeps_its_state_while_shorter_rows_of_its_group_evict(pattern):
+    gen = torch.Generator().manual_seed(7)
+    p = make_pattern(pattern)
+    plans = [(PhasePlan(p, 5), PhasePlan(p, 4)), (PhasePlan(p, 30), PhasePlan(p, 40)), (FULL_PLAN, FULL_PLAN)]
+    prompt = (torch.randn(1, H, 20, D, generator=gen), torch.randn(1, H, 20, D, generator=gen))
+    query = torch.randn(1, H * G, 20, D, generator=gen)
+    alone = [prefilled(a, b, prompt, query) for a, b in plans]
+    batched = copy.deepcopy(alone)
+    batch = RowBatchLayer(0, batched, **KW)
+    for _ in range(6):  # row 0 evicts every step; row 1 (20+ tokens, budget 40) never does
+        k, v = torch.randn(3, H, 1, D, generator=gen), torch.randn(3, H, 1, D, generator=gen)
+        q = torch.randn(3, H * G, 1, D, generator=gen)
+        for r in range(3):
+            alone[r].update(k[r : r + 1], v[r : r + 1])
+            alone[r].attention_call(q[r : r + 1], None)
+        batch.update(k, v)
+        batch.attention_call(q, None)
+    batch.write_back()
+    assert alone[0].num_evictions > 3 and alone[1].num_evictions == 0
+    assert_rows_equal(batched, alone)
+
+
 def test_the_batch_is_the_rows_right_padded():
     gen = torch.Generator().manual_seed(0)
     rows = rows_for("h2o", 20, gen)
@@ -111,6 +134,22 @@ def test_keep_per_row_is_each_rows_stable_top_budget():
     assert all_kept.all() and same.tolist() == [
         [sorted(sorted(range(11), key=lambda i: (-key[e, h, i].item(), i))[:4]) for h in range(2)] for e in range(5)
     ]
+
+
+def test_one_token_out_per_row_selects_what_the_sort_selects():
+    gen = torch.Generator().manual_seed(4)
+    counts = [11, 8, 5, 2, 6]
+    key = torch.randint(0, 3, (5, 2, 11), generator=gen).float()  # many ties
+    key[0, 0, 3] = key[1, 1, 0] = float("inf")  # protected slots
+    key[4] = float("inf")  # a row whose every key ties at +inf: its newest real token goes
+    for e, c in enumerate(counts):
+        key[e, :, c:] = float("-inf")  # padding
+    budgets = [c - 1 for c in counts]
+    fast, fast_kept = keep_per_row(key, budgets, counts)
+    slow, slow_kept = keep_per_row(key, budgets)  # the sort
+    assert torch.equal(fast_kept, slow_kept)
+    assert torch.equal(fast.masked_fill(~fast_kept, 0), slow.masked_fill(~slow_kept, 0))
+    assert fast[4, :, :5].tolist() == [[0, 1, 2, 3, 4]] * 2
 
 
 def test_rows_must_share_the_prompt_and_be_past_prefill():

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from polykv_search.patterns.base import NEG_INF, POS_INF, Pattern, select_keep
+from polykv_search.patterns.base import NEG_INF, POS_INF, Pattern
 from polykv_search.runtime.layer import DECODING, FULL_PLAN, EvictingLayer
+from polykv_search.runtime.row_select import keep_per_row
 from polykv_search.runtime.row_states import fit_tokens, row_state, stack_states
 from polykv_search.runtime.storage import TokenStore, capacity_for
 
@@ -190,6 +191,7 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         self.calls += 1
         k = self.decode_interval
         self.row_steps = [s + 1 for s in self.row_steps]
+        picks = []
         for group in self.row_groups:
             targets = {}
             for j, r in enumerate(group.rows):
@@ -201,32 +203,60 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
                 elif self.row_steps[r] >= k:
                     targets[j] = budget
             if targets:
-                self._evict(group, targets)
+                picks.append((group, targets))
+        if picks:
+            self._evict(picks)
         self.row_peaks = [max(p, c) for p, c in zip(self.row_peaks, self.counts)]
         self._refresh()
 
     # ------------------------------------------------------------ eviction
-    def _evict(self, group: _Group, targets: dict[int, int]) -> None:
-        """Keep ``targets[j]`` tokens of the group's ``j``-th row (for the rows in ``targets``)."""
-        view, pattern, dev = group.view, group.pattern, self.device
+    def _evict(self, picks: list[tuple[_Group, dict[int, int]]]) -> None:
+        """Keep ``targets[j]`` tokens of each group's ``j``-th row (for the rows in ``targets``): every
+        group scores its rows, then one selection and one compaction serve all of them."""
+        end = max(self.counts[g.rows[j]] for g, targets in picks for j in targets)  # the picked rows' slots
+        keys, rows, budgets = [], [], []
+        for group, targets in picks:
+            picked = sorted(targets)
+            key = self._group_key(group, [targets[j] for j in picked], picked)
+            keys.append(torch.nn.functional.pad(key, (0, end - key.shape[-1]), value=NEG_INF))
+            rows += [group.rows[j] for j in picked]
+            budgets += [targets[j] for j in picked]
+        key = keys[0] if len(keys) == 1 else torch.cat(keys)
+        keep, kept = keep_per_row(key, budgets, [self.counts[r] for r in rows])  # [E, H, m], bool [E, 1, m]
+        keep = torch.nn.functional.pad(keep, (0, end - keep.shape[-1]))
+        kept = torch.nn.functional.pad(kept, (0, end - kept.shape[-1]))
+        self._compact(torch.tensor(rows, device=self.device), keep, kept)
+        at = 0
+        for group, targets in picks:
+            picked = sorted(targets)
+            part = slice(at, at + len(picked))
+            at += len(picked)
+            self._gather_tokens(group, picked, keep[part], kept[part], end)
+            for j in picked:
+                r = group.rows[j]
+                self.counts[r] = targets[j]
+                self.row_evictions[r] += 1
+                self.row_steps[r] = 0
+
+    def _group_key(self, group: _Group, budget_list: list[int], picked: list[int]) -> torch.Tensor:
+        """Selection keys ``[len(picked), H, n]`` of the group's ``picked`` rows: the pattern's scores,
+        protection (per row, at its own target) as +inf, padding as -inf."""
+        view, pattern = group.view, group.pattern
         score = pattern.score(view, group.state).float()  # [R_g, H, n]
-        picked = sorted(targets)
-        whole = len(picked) == len(group.rows)
-        sel = None if whole else torch.tensor(picked, device=dev)
+        sel = None if len(picked) == len(group.rows) else torch.tensor(picked, device=self.device)
 
         def take(t: torch.Tensor) -> torch.Tensor:
             return t if sel is None else t.index_select(0, sel)
 
-        budget_list = [targets[j] for j in picked]
-        budgets = torch.tensor(budget_list, device=dev)
         distinct = sorted(set(budget_list))
+        budgets = torch.tensor(budget_list, device=self.device) if len(distinct) > 1 else None
         protected = None
         for t in distinct:  # protection depends on each row's (interval) budget
             mask = pattern.protected(view, t)
             if mask is None:
                 continue
             mask = take(mask.expand(score.shape))
-            if len(distinct) > 1:
+            if budgets is not None:
                 mask = mask & (budgets == t)[:, None, None]
             protected = mask if protected is None else protected | mask
         key = take(score)
@@ -234,24 +264,22 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
             key = key.masked_fill(protected, POS_INF)
         if not view.all_valid:
             key = key.masked_fill(~take(view.valid), NEG_INF)
-        keep, kept = keep_per_row(key, budget_list)  # [E, H, m], bool [E, 1, m]
-        end = view.length
-        keep = torch.nn.functional.pad(keep, (0, end - keep.shape[-1]))
-        kept = torch.nn.functional.pad(kept, (0, end - kept.shape[-1]))
-        rows = [group.rows[j] for j in picked]
-        self._compact(torch.tensor(rows, device=dev), keep, kept)
+        return key
+
+    @staticmethod
+    def _gather_tokens(group: _Group, picked: list[int], keep, kept, end: int) -> None:
+        """The group's token-axis pattern state follows its picked rows' kept slots (``keep`` covers
+        slots ``0..end-1``; the group's other rows, possibly longer, keep theirs)."""
+        whole = len(picked) == len(group.rows)
         for name, tensor in group.state.get("token", {}).items():
-            fresh = take(fit_tokens(tensor, end)).gather(-1, keep).masked_fill_(~kept, 0)
-            if sel is None:
-                group.state["token"][name] = fresh
+            if whole:
+                fresh = fit_tokens(tensor, end).gather(-1, keep).masked_fill_(~kept, 0)
             else:
-                tensor = fit_tokens(tensor, end)
-                tensor[sel] = fresh
-                group.state["token"][name] = tensor
-        for j, r in zip(picked, rows):
-            self.counts[r] = targets[j]
-            self.row_evictions[r] += 1
-            self.row_steps[r] = 0
+                sel = torch.tensor(picked, device=tensor.device)
+                fresh = fit_tokens(tensor, max(end, tensor.shape[-1]))
+                rows = fit_tokens(fresh.index_select(0, sel), end).gather(-1, keep).masked_fill_(~kept, 0)
+                fresh[sel] = fit_tokens(rows, fresh.shape[-1])
+            group.state["token"][name] = fresh
 
     def _compact(self, rows: torch.Tensor, keep: torch.Tensor, kept: torch.Tensor) -> None:
         """Rewrite slots ``0..end-1`` of store ``rows``: the ``keep`` slots first, then padding."""
@@ -327,22 +355,6 @@ class _GroupDispatch:
     def post_kernel(self, layer, state, query) -> None:
         for group in self.batch.row_groups:
             group.pattern.post_kernel(group.view, group.state, self._queries(group, query))
-
-
-def keep_per_row(key: torch.Tensor, budgets: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row ``e`` the ``budgets[e]`` highest-key slots, ascending (ties: older first, as
-    :func:`~polykv_search.patterns.base.select_keep`), padded to the largest budget.
-
-    Returns ``keep`` ``[E, H, m]`` (slot indices; padding entries repeat slot 0) and ``kept``
-    ``[E, 1, m]`` (True for the real entries)."""
-    m, low = max(budgets), min(budgets)
-    if low == m:  # one budget: the single-budget selection itself (``key`` carries every mask already)
-        return select_keep(key, None, None, m), torch.ones(key.shape[0], 1, m, dtype=torch.bool, device=key.device)
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :m]
-    b = torch.tensor(list(budgets), device=key.device)
-    kept = torch.arange(m, device=key.device)[None, None, :] < b[:, None, None]
-    keep = order.masked_fill(~kept, key.shape[-1]).sort(dim=-1).values  # the padding entries sort last
-    return keep.masked_fill(~kept, 0), kept
 
 
 def _empty_store(like: EvictingLayer, r: int, capacity: int) -> TokenStore:
