@@ -123,6 +123,12 @@ def main(argv=None) -> int:
     ap.add_argument("--strategies", help="folder of solver strategy files (6 are used)")
     ap.add_argument("--h2o-repeats", type=int, default=2)
     ap.add_argument("--h2o-only", action="store_true", help="only the H2O-vs-SnapKV entry cost")
+    ap.add_argument(
+        "--shared-only",
+        action="store_true",
+        help="only the shared engine's wall and CPU time (e.g. to compare two commits; no per-entry path, "
+        "ceiling or H2O cost)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="runs/bench_score.json")
     args = ap.parse_args(argv)
@@ -148,12 +154,16 @@ def main(argv=None) -> int:
         samples = scoring.make_task_samples(tok, tasks, texts, n_samples=args.samples, context_len=n, seed=0)
         runs = {"shared": [], "per-entry": []}
         records = {}
-        for engine in () if args.h2o_only else ("shared", "per-entry"):  # one each: the per-entry path is the slow one
+        engines = () if args.h2o_only else ("shared",) if args.shared_only else ("shared", "per-entry")
+        for engine in engines:  # one each: the per-entry path is the slow one
             rec, wall, cpu = timed(lambda: scoring.score_entries(model, tok, es, samples, engine=engine))
             runs[engine].append({"wall_s": wall, "cpu_s": cpu})
             records[engine] = rec
             print(f"context {n}: {engine:9s} wall {wall:7.1f} s  cpu {cpu:7.1f} s", flush=True)
-        if records:
+        if args.shared_only:
+            report["contexts"][str(n)] = {"samples": sum(len(s) for _, s in samples.values()), "runs": runs}
+            continue
+        if len(records) == 2:
             same = per_sample_scores(records["shared"]) == per_sample_scores(records["per-entry"])
             ratio = runs["per-entry"][0]["wall_s"] / runs["shared"][0]["wall_s"]
             cpu_ratio = runs["per-entry"][0]["cpu_s"] / runs["shared"][0]["cpu_s"]
