@@ -214,9 +214,10 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         """Keep ``targets[j]`` tokens of each group's ``j``-th row (for the rows in ``targets``): every
         group scores its rows, then one selection and one compaction serve all of them."""
         end = max(self.counts[g.rows[j]] for g, targets in picks for j in targets)  # the picked rows' slots
-        keys, rows, budgets = [], [], []
+        keys, rows, budgets, parts = [], [], [], []
         for group, targets in picks:
             picked = sorted(targets)
+            parts.append((group, picked))
             key = self._group_key(group, [targets[j] for j in picked], picked)
             keys.append(torch.nn.functional.pad(key, (0, end - key.shape[-1]), value=NEG_INF))
             rows += [group.rows[j] for j in picked]
@@ -227,16 +228,14 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         kept = torch.nn.functional.pad(kept, (0, end - kept.shape[-1]))
         self._compact(torch.tensor(rows, device=self.device), keep, kept)
         at = 0
-        for group, targets in picks:
-            picked = sorted(targets)
+        for group, picked in parts:
             part = slice(at, at + len(picked))
             at += len(picked)
             self._gather_tokens(group, picked, keep[part], kept[part], end)
-            for j in picked:
-                r = group.rows[j]
-                self.counts[r] = targets[j]
-                self.row_evictions[r] += 1
-                self.row_steps[r] = 0
+        for r, b in zip(rows, budgets):
+            self.counts[r] = b
+            self.row_evictions[r] += 1
+            self.row_steps[r] = 0
 
     def _group_key(self, group: _Group, budget_list: list[int], picked: list[int]) -> torch.Tensor:
         """Selection keys ``[len(picked), H, n]`` of the group's ``picked`` rows: the pattern's scores,
