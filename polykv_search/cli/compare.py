@@ -21,7 +21,9 @@ def add_parser(sub) -> None:
         "is not clearly positive). ▲/▼ marks a difference to the best uniform whose interval excludes 0. --details "
         "adds the differences, KV MiB, gap intervals and KL(FullKV‖entry) fidelity columns. The best value per "
         "column (within each budget) is highlighted. Results made on different samples or models, or at different "
-        "budgets, are refused unless --allow-mismatch / --across-budgets.",
+        "budgets, are refused unless --allow-mismatch / --across-budgets. Files that split a suite's tasks between "
+        "them (e.g. one `score --suite ruler/TASK` run per task) are task shards of one run: merged, each row's "
+        "suite score is the mean over every task of the suite.",
     )
     p.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files from `polykv-search score`")
     p.add_argument("--tasks", action="store_true", help="also show per-task scores")

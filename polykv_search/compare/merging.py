@@ -17,6 +17,7 @@ from polykv_search import stats
 from polykv_search.compare.gaps import compute_references
 from polykv_search.compare.model import Comparison, Row, fmt_budget, layers_of, num, ordered
 from polykv_search.compare.reading import CompareError, check_results, entry_samples
+from polykv_search.compare.shards import SuiteTasks, add_kv, entry_weight, suite_scores
 from strategies import PHASES
 
 #: settings that change scores without changing the samples: differences are reported as warnings
@@ -43,7 +44,8 @@ def compare(
         A name per document (its path), used in messages and the JSON.
     allow_mismatch : bool
         Compare documents made on different samples or models; each (model, samples) is a run
-        with its own references.
+        with its own references. Documents that split a suite's tasks between them disjointly are
+        not a mismatch but task shards of one run (:mod:`~polykv_search.compare.shards`).
     across_budgets : bool
         Allow several budgets; rows are grouped by budget.
     level, resamples, seed
@@ -64,7 +66,9 @@ def compare(
         check_results(doc, src)
     warnings: list[str] = []
     mismatched = _check_models(docs, sources, allow_mismatch, warnings)
-    mismatched = _check_samples(docs, sources, allow_mismatch, warnings) or mismatched
+    suite_tasks = SuiteTasks()
+    mismatched = _check_samples(docs, sources, allow_mismatch, warnings, suite_tasks) or mismatched
+    sharded = {} if mismatched else suite_tasks.sharded()
     budgets = _check_budgets(docs, sources, across_budgets)
     _check_runtime_settings(docs, sources, warnings)
 
@@ -92,7 +96,8 @@ def compare(
         runs[run]["sources"].append(src)
         doc_run.append(run)
 
-    rows = _merge_rows(docs, sources, doc_run, warnings)
+    rows = _merge_rows(docs, sources, doc_run, warnings, sharded)
+    suite_scores(rows, sharded, warnings)
     suites = ordered(s for doc in docs for e in doc["entries"] for s in (e.get("suites") or {}))
     tasks = ordered(t for doc in docs for e in doc["entries"] for t in (e.get("scores") or {}))
     suite_of = _suite_of_tasks(docs, tasks)
@@ -137,10 +142,9 @@ def _check_models(docs, sources, allow, warnings) -> bool:
     return False
 
 
-def _check_samples(docs, sources, allow, warnings) -> bool:
+def _check_samples(docs, sources, allow, warnings, suite_tasks: SuiteTasks) -> bool:
     mismatched = False
     seen: dict[str, tuple[str, str]] = {}  # task -> (fingerprint, source)
-    suite_tasks: dict[str, tuple[frozenset, str]] = {}
     for doc, src in zip(docs, sources):
         tasks = doc["provenance"].get("tasks") or {}
         problems = []
@@ -153,13 +157,9 @@ def _check_samples(docs, sources, allow, warnings) -> bool:
         for task, info in tasks.items():
             by_suite.setdefault((info or {}).get("suite") or task.split("/")[0], set()).add(task)
         for suite, names in by_suite.items():
-            names_f = frozenset(names)
-            if suite in suite_tasks and suite_tasks[suite][0] != names_f:
-                problems.append(
-                    f"{suite_tasks[suite][1]} and {src} were scored on different samples "
-                    f"(suite {suite} has tasks {sorted(suite_tasks[suite][0])} vs {sorted(names_f)})"
-                )
-            suite_tasks.setdefault(suite, (names_f, src))
+            problem = suite_tasks.add(suite, frozenset(names), src)
+            if problem:
+                problems.append(problem)
         if problems:
             if not allow:
                 raise CompareError(f"{problems[0]}; pass --allow-mismatch to compare anyway")
@@ -214,8 +214,9 @@ def _entry_is_full(e: dict[str, Any]) -> bool:
     return e.get("global_budget") is None and e.get("solver") is None
 
 
-def _merge_rows(docs, sources, doc_run, warnings) -> list[Row]:
+def _merge_rows(docs, sources, doc_run, warnings, sharded: dict[str, list[str]]) -> list[Row]:
     rows: dict[tuple, Row] = {}
+    weights: dict[int, int] = {}  # id(row) -> samples behind its KV bytes (task shards)
     for doc, src, run in zip(docs, sources, doc_run):
         for e in doc["entries"]:
             full = _entry_is_full(e)
@@ -249,12 +250,18 @@ def _merge_rows(docs, sources, doc_run, warnings) -> list[Row]:
             if src not in row.sources:
                 row.sources.append(src)
             samples = entry_samples(e, f"{src}: {e['name']}")
+            if row.samples and samples and row.samples.keys().isdisjoint(samples):  # a further task shard
+                add_kv(row, e, weights)
+            else:
+                weights.setdefault(id(row), entry_weight(e))
             for task, ts in samples.items():
                 row.samples.setdefault(task, ts)
             _check_sample_means(e, samples, src, warnings)
             conflicts = []
             for key_, target in (("scores", row.scores), ("suites", row.suites)):
                 for k, v in (e.get(key_) or {}).items():
+                    if key_ == "suites" and k in sharded:
+                        continue  # a shard's partial mean: recomputed from the task scores
                     v = num(v)
                     if k in target and target[k] != v and not (target[k] is None or v is None):
                         conflicts.append(k)

@@ -1,0 +1,76 @@
+"""Task shards: results files that split one suite's tasks between them.
+
+A long suite can be scored one task per run (``score --suite ruler/cwe``, ``--suite ruler/vt``, ...,
+e.g. on several machines, or a few tasks per session). Files whose task sets of a suite are
+*disjoint* are shards of one run: :func:`compare` merges them, and a row's suite score is then the
+unweighted mean of its task scores over every task of the suite (the rule of one file), its KV bytes
+the sample-weighted mean. A row that lacks one of the suite's tasks gets no suite score. Task sets
+that overlap without being equal are still different samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from polykv_search.compare.model import Row, num
+
+
+class SuiteTasks:
+    """The task sets each suite has been seen with, file by file."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, list[frozenset[str]]] = {}
+        self.first: dict[str, str] = {}
+
+    def add(self, suite: str, tasks: frozenset[str], src: str) -> str | None:
+        """Record ``src``'s tasks of ``suite``; a problem message when they overlap another file's
+        unequal set (None when equal to one, or disjoint from all: a new shard)."""
+        seen = self.sets.setdefault(suite, [])
+        self.first.setdefault(suite, src)
+        if not seen or tasks in seen:
+            if not seen:
+                seen.append(tasks)
+            return None
+        if all(tasks.isdisjoint(s) for s in seen):
+            seen.append(tasks)
+            return None
+        other = next(s for s in seen if not tasks.isdisjoint(s))
+        return (
+            f"{self.first[suite]} and {src} were scored on different samples "
+            f"(suite {suite} has tasks {sorted(other)} vs {sorted(tasks)})"
+        )
+
+    def sharded(self) -> dict[str, list[str]]:
+        """Suite -> every task of it, for the suites split over several files."""
+        return {s: sorted(set().union(*sets)) for s, sets in self.sets.items() if len(sets) > 1}
+
+
+def entry_weight(e: dict[str, Any]) -> int:
+    """Samples behind an entry's KV bytes (its per-sample records; 1 when it has none)."""
+    n = sum(len((t or {}).get("per_sample") or []) for t in (e.get("tasks") or {}).values())
+    return max(n, 1)
+
+
+def add_kv(row: Row, e: dict[str, Any], weights: dict[int, int]) -> None:
+    """Fold a further shard's KV bytes into ``row`` (sample-weighted mean)."""
+    w_old, w_new = weights.get(id(row), 1), entry_weight(e)
+    for name in ("kv_bytes", "full_kv_bytes"):
+        old, new = getattr(row, name), num(e.get(name))
+        if old is not None and new is not None:
+            setattr(row, name, (old * w_old + new * w_new) / (w_old + w_new))
+    if row.kv_bytes is not None and row.full_kv_bytes:
+        row.kv_ratio = row.kv_bytes / row.full_kv_bytes
+    weights[id(row)] = w_old + w_new
+
+
+def suite_scores(rows: Sequence[Row], sharded: dict[str, list[str]], warnings: list[str]) -> None:
+    """Recompute each row's score on every sharded suite from its task scores."""
+    for suite, tasks in sharded.items():
+        for row in rows:
+            missing = [t for t in tasks if row.scores.get(t) is None]
+            if missing:
+                row.suites.pop(suite, None)
+                warnings.append(f"{row.name} has no {', '.join(missing)}: no {suite} score (the suite is sharded)")
+            else:
+                row.suites[suite] = sum(row.scores[t] for t in tasks) / len(tasks)

@@ -1,0 +1,105 @@
+"""compare on task shards: results files that split a suite's tasks between them disjointly
+(``score --suite ruler/cwe``, ``--suite ruler/vt``, ...) give the comparison of one file."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from polykv_search import compare as cmp
+from polykv_search.cli import main
+
+V2 = Path(__file__).parent / "fixtures" / "results_v2.json"
+SHARDS = (("broad/continuation", "ruler/niah_single"), ("broad/manyshot", "ruler/vt"))
+
+
+def shard(doc: dict, tasks: tuple[str, ...], kv_scale: float = 1.0) -> dict:
+    """``doc`` as a score run of ``tasks`` only would write it (partial suite means included)."""
+    out = copy.deepcopy(doc)
+    out["provenance"]["tasks"] = {t: v for t, v in doc["provenance"]["tasks"].items() if t in tasks}
+    for e in out["entries"]:
+        e["tasks"] = {t: v for t, v in e["tasks"].items() if t in tasks}
+        e["scores"] = {t: v for t, v in e["scores"].items() if t in tasks}
+        e["extra"] = {t: v for t, v in e["extra"].items() if t in tasks}
+        suites: dict[str, list[float]] = {}
+        for t, v in e["scores"].items():
+            suites.setdefault(t.split("/")[0], []).append(v)
+        e["suites"] = {s: sum(v) / len(v) for s, v in suites.items()}
+        e["kv_bytes"] *= kv_scale
+    return out
+
+
+@pytest.fixture(scope="module")
+def whole():
+    return cmp.compare([json.loads(V2.read_text())])
+
+
+def by_name(c: cmp.Comparison) -> dict[str, cmp.Row]:
+    return {r.name: r for r in c.rows}
+
+
+def test_shards_compare_exactly_as_the_one_file(whole):
+    doc = json.loads(V2.read_text())
+    c = cmp.compare([shard(doc, SHARDS[0]), shard(doc, SHARDS[1])], sources=["a.json", "b.json"])
+    assert not c.warnings and len(c.runs) == 1 and c.runs[0]["sources"] == ["a.json", "b.json"]
+    rows, ref = by_name(c), by_name(whole)
+    assert rows.keys() == ref.keys()
+    for name, r in rows.items():
+        w = ref[name]
+        assert r.suites == pytest.approx(w.suites)
+        assert (r.suite_iv, r.task_iv, r.diff, r.gap_iv, r.kl, r.kl_gap) == (
+            w.suite_iv,
+            w.task_iv,
+            w.diff,
+            w.gap_iv,
+            w.kl,
+            w.kl_gap,
+        )
+    assert cmp.to_markdown(c) == cmp.to_markdown(whole)
+
+
+def test_kv_bytes_of_shards_are_the_sample_weighted_mean():
+    doc = json.loads(V2.read_text())
+    a, b = shard(doc, SHARDS[0]), shard(doc, SHARDS[1], kv_scale=2.0)
+    c = cmp.compare([a, b])
+    e_a = next(e for e in a["entries"] if e["name"] == "pyramid")
+    e_b = next(e for e in b["entries"] if e["name"] == "pyramid")
+    n_a = sum(len(t["per_sample"]) for t in e_a["tasks"].values())
+    n_b = sum(len(t["per_sample"]) for t in e_b["tasks"].values())
+    r = by_name(c)["pyramid"]
+    assert r.kv_bytes == pytest.approx((e_a["kv_bytes"] * n_a + e_b["kv_bytes"] * n_b) / (n_a + n_b))
+    assert r.kv_ratio == pytest.approx(r.kv_bytes / r.full_kv_bytes)
+
+
+def test_a_row_missing_from_a_shard_has_no_score_on_the_sharded_suite():
+    doc = json.loads(V2.read_text())
+    a, b = shard(doc, SHARDS[0]), shard(doc, SHARDS[1])
+    b["entries"] = [e for e in b["entries"] if e["name"] != "pyramid"]
+    c = cmp.compare([a, b])
+    r = by_name(c)["pyramid"]
+    assert "broad" not in r.suites and "ruler" not in r.suites
+    assert any("pyramid has no broad/manyshot" in w for w in c.warnings)
+    assert by_name(c)["uniform-tova"].suites.keys() == {"broad", "ruler"}
+
+
+def test_overlapping_but_unequal_task_sets_are_still_different_samples():
+    doc = json.loads(V2.read_text())
+    a = shard(doc, SHARDS[0])
+    b = shard(doc, ("broad/continuation", "broad/manyshot", "ruler/vt"))
+    with pytest.raises(cmp.CompareError, match="suite broad has tasks"):
+        cmp.compare([a, b])
+
+
+def test_cli_compares_shards(tmp_path, capsys):
+    doc = json.loads(V2.read_text())
+    paths = []
+    for i, tasks in enumerate(SHARDS):
+        p = tmp_path / f"shard{i}.json"
+        p.write_text(json.dumps(shard(doc, tasks)))
+        paths.append(str(p))
+    assert main(["compare", *paths, "--json", str(tmp_path / "c.json")]) == 0
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert {r["name"] for r in saved["rows"]} == {r.name for r in cmp.compare([doc]).rows}
