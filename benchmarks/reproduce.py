@@ -5,6 +5,7 @@ Run (from the repository root)::
     python benchmarks/reproduce.py --out runs/repro                       # the README's table
     python benchmarks/reproduce.py --out runs/repro --budgets 64 --context-len 1024   # a smaller one
     python benchmarks/reproduce.py --out runs/repro --retrieval-mix 0.5     # + retrieval-aware entries
+    python benchmarks/reproduce.py --out runs/repro --score-per-task       # one score run per task (resumable)
     python benchmarks/reproduce.py --out runs/repro --dry-run              # print the steps, run nothing
 
 Steps (each reuses finished work when rerun: signals resume, strategies and results files are kept):
@@ -30,7 +31,9 @@ Steps (each reuses finished work when rerun: signals resume, strategies and resu
    solved on the retrieval-aware table (``proportional-retrieval-B<B>``, ``ilp-retrieval-B<B>``).
 4. ``score`` FullKV, the uniform baselines and every strategy of a budget, the retrieval-aware ones
    included, in one run (shared prefill, paired samples; a results file is reused only when it
-   holds every strategy), then ``compare --across-budgets`` into ``table.md`` (scores ± 95 % paired
+   holds every strategy; ``--score-per-task``: one run and file per task, with the seed that task
+   has in the one run, so that a study of several hours resumes after its last finished task), then
+   ``compare --across-budgets`` into ``table.md`` (scores ± 95 % paired
    bootstrap half-widths, differences to the best uniform, gap recovered with intervals),
    ``compare.json`` and ``sweep.png`` (score vs budget with error bars, per-layer budgets and patterns).
 """
@@ -117,6 +120,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grid", default="32,64,128,256", help="signal grid budgets")
     p.add_argument("--b-min", type=int, default=16)
     p.add_argument("--optuna-trials", type=int, default=8)
+    p.add_argument(
+        "--score-per-task",
+        action="store_true",
+        help="score each task of --suite in its own run and file (task shards, compared as one run): a long "
+        "study can be stopped and resumed between tasks, or its tasks run on several machines",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the steps (polykv-search argv) and run nothing")
     args = p.parse_args(argv)
     if args.retrieval_mix is not None:
@@ -181,22 +190,41 @@ def strategy_steps(args: argparse.Namespace, B: str, default: str) -> dict[str, 
     return steps
 
 
-def score_step(args: argparse.Namespace, B: str, strategies: list[Path]) -> Step:
-    """FullKV, the uniform baselines and ``strategies`` in one score run (paired samples)."""
-    evaluation = ["--model", args.model, "--device", args.device, "--suite", args.suite, "--samples",
-                  str(args.samples), "--context-len", str(args.context_len), "--seed", str(args.seed)]  # fmt: skip
+def score_steps(args: argparse.Namespace, B: str, strategies: list[Path]) -> list[Step]:
+    """FullKV, the uniform baselines and ``strategies`` in one score run (paired samples); with
+    ``--score-per-task``, one run per task of ``--suite`` (task shards: the task at index ``i`` gets
+    seed ``--seed + i``, so each task has the samples of the one run), each written to its own file."""
     baselines = ["--baseline", "full", *[a for u in args.uniform for a in ("--baseline", f"uniform:{u}")]]
-    argv = ["score", *evaluation, "--budget", B, *baselines, "--strategy", *map(str, strategies),
-            "--out", str(results_path(args, B))]  # fmt: skip
-    return Step(f"score B={B}", argv)
+    runs = list(enumerate(_task_names(args.suite))) if args.score_per_task else [(0, args.suite)]
+    steps = []
+    for i, suite in runs:
+        out = results_path(args, B, suite if args.score_per_task else None)
+        seed = str(args.seed + i)
+        evaluation = ["--model", args.model, "--device", args.device, "--suite", suite, "--samples",
+                      str(args.samples), "--context-len", str(args.context_len), "--seed", seed]  # fmt: skip
+        argv = ["score", *evaluation, "--budget", B, *baselines, "--strategy", *map(str, strategies),
+                "--out", str(out)]  # fmt: skip
+        steps.append(Step(f"score B={B}" + (f" {suite}" if args.score_per_task else ""), argv, out))
+    return steps
 
 
-def results_path(args: argparse.Namespace, B: str) -> Path:
-    return args.out / f"results-B{B}.json"
+def _task_names(suite: str) -> list[str]:
+    from polykv_search.scoring import resolve_tasks
+
+    return [t.name for t in resolve_tasks(suite)]
+
+
+def results_path(args: argparse.Namespace, B: str, task: str | None = None) -> Path:
+    return args.out / (f"results-B{B}.json" if task is None else f"results-B{B}-{task.replace('/', '-')}.json")
+
+
+def all_results(args: argparse.Namespace) -> list[Path]:
+    """Every results file of the study (per budget, or per budget and task with ``--score-per-task``)."""
+    return [Path(s.argv[-1]) for B in args.budgets for s in score_steps(args, B, [])]
 
 
 def compare_step(args: argparse.Namespace) -> Step:
-    results = [str(results_path(args, B)) for B in args.budgets]
+    results = [str(r) for r in all_results(args)]
     argv = ["compare", *results, "--across-budgets", "--plot", str(args.out / "sweep.png"),
             "--json", str(args.out / "compare.json"), "--signals", str(signals_path(args))]  # fmt: skip
     return Step("compare", argv)
@@ -210,7 +238,7 @@ def plan(args: argparse.Namespace, default: str = PENDING) -> list[Step]:
         steps += uniform_steps(args, B).values()
         solved = strategy_steps(args, B, default)
         steps += solved.values()
-        steps.append(score_step(args, B, [s.target for s in solved.values()]))
+        steps += score_steps(args, B, [s.target for s in solved.values()])
     return [*steps, compare_step(args)]
 
 
@@ -244,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             del solved["dp"]
         # one score run per budget: FullKV, the uniform baselines and every strategy on the same samples
         # (the shared engine prefills each sample once for all of them; comparisons are paired)
-        if not _results_cover(results_path(args, B), list(solved.values())):
-            run_step(score_step(args, B, list(solved.values())), log)
-        results.append(results_path(args, B))
+        for step in score_steps(args, B, list(solved.values())):
+            if not _results_cover(step.target, list(solved.values())):
+                run_step(step._replace(target=None), log)
+            results.append(step.target)
     run_step(compare_step(args), log)
     comparison = compare([load_results(r) for r in results], sources=[str(r) for r in results], across_budgets=True)
     calibration = "strategies calibrated on prose" + (
