@@ -320,12 +320,13 @@ def prediction_lines(comparison, args: argparse.Namespace) -> list[str]:
 
 
 def _results_cover(path: Path, strategies: list[Path]) -> bool:
-    """Whether the results file exists and scored every one of ``strategies``."""
+    """Whether the results file exists and scored every one of ``strategies`` (paths compared resolved:
+    a run given ``--out runs/x`` and one given its absolute path name the same files)."""
     try:
-        sources = {e["source"] for e in json.loads(path.read_text())["entries"]}
+        sources = {str(Path(e["source"]).resolve()) for e in json.loads(path.read_text())["entries"]}
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return {str(p) for p in strategies} <= sources
+    return {str(Path(p).resolve()) for p in strategies} <= sources
 
 
 def solver_report(out: Path) -> str:

@@ -59,3 +59,11 @@ def test_a_task_run_alone_with_its_seed_gets_the_samples_of_the_one_run():
     for i, task in enumerate(tasks):
         alone = scoring.make_task_samples(tok, [task], texts, n_samples=2, context_len=3000, seed=5 + i)
         assert alone[task.name][1] == together[task.name][1]
+
+
+def test_finished_results_are_recognised_whether_paths_are_relative_or_absolute(reproduce, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results-B256-ruler-vt.json"
+    results.write_text('{"entries": [{"source": "%s"}]}' % (tmp_path / "strategies" / "ilp-B256.json"))
+    assert reproduce._results_cover(results, [Path("strategies/ilp-B256.json")])
+    assert not reproduce._results_cover(results, [Path("strategies/ilp-B256.json"), Path("strategies/dp-B256.json")])
