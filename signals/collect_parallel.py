@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 from joblib import Parallel, delayed, parallel_config
-from rich import progress as rich_progress
 from rich.console import Console
 
 from polykv_search.models import load_model
+from polykv_search.progress import ProgressBar
 from signals.collect_sample import sample_records
 from signals.collect_settings import CollectError, Unit
 from strategies import PHASES
@@ -123,37 +123,13 @@ def _split(units: list[Unit], parts: int, num_layers: int) -> list[list[Unit]]:
 
 
 # ----------------------------------------------------------------------------- progress
-class Progress:
+class Progress(ProgressBar):
+    """Collection progress on stderr (a bar in a terminal, plain lines in a log); ``enabled=False``: none."""
+
     def __init__(self, enabled: bool, total: int, done: int, description: str):
-        self._bar = None
-        if not enabled:
-            return
-        rp = rich_progress
-        self._bar = rp.Progress(
-            rp.TextColumn("[progress.description]{task.description}"),
-            rp.BarColumn(),
-            rp.MofNCompleteColumn(),
-            rp.TextColumn("cells×samples"),
-            rp.TimeElapsedColumn(),
-            rp.TextColumn("ETA"),
-            rp.TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=False,
+        super().__init__(
+            Console(stderr=True) if enabled else None, description, total, completed=done, unit="cells×samples"
         )
-        self._task = self._bar.add_task(description, total=total, completed=done)
-
-    def __enter__(self):
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def advance(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task, n)
-
-    def __exit__(self, *exc):
-        if self._bar is not None:
-            self._bar.stop()
 
 
 def run_parallel(

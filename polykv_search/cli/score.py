@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from polykv_search.cli.common import (
@@ -19,6 +18,7 @@ from polykv_search.cli.common import (
     positive_float,
     positive_int,
 )
+from polykv_search.progress import ProgressBar
 
 
 def add_parser(sub) -> None:
@@ -129,15 +129,7 @@ def run(args: argparse.Namespace) -> int:
     engine = "per-entry" if args.no_shared_prefill else "shared"
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
     timing: dict[str, float] = {}
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=console) as bar:
-        job = bar.add_task(f"scoring {len(entries)} entries ({engine})", total=total)
+    with ProgressBar(console, f"scoring {len(entries)} entries ({engine})", total, unit="entry×samples") as bar:
         records = scoring.score_entries(
             model,
             tok,
@@ -148,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             decode_interval=args.decode_interval,
             interval_mode=args.interval_mode,
             max_new_tokens=args.max_new_tokens,
-            progress=lambda n: bar.advance(job, n),
+            progress=bar.advance,
             timing=timing,
         )
     if lm_request is not None:
