@@ -103,3 +103,12 @@ def test_cli_compares_shards(tmp_path, capsys):
     assert main(["compare", *paths, "--json", str(tmp_path / "c.json")]) == 0
     saved = json.loads((tmp_path / "c.json").read_text())
     assert {r["name"] for r in saved["rows"]} == {r.name for r in cmp.compare([doc]).rows}
+
+
+def test_the_description_names_every_shard_seed():
+    doc = json.loads(V2.read_text())
+    a, b = shard(doc, SHARDS[0]), shard(doc, SHARDS[1])
+    a["provenance"]["settings"]["seed"], b["provenance"]["settings"]["seed"] = 0, 1
+    assert "seeds 0, 1" in cmp.describe(cmp.compare([a, b]))
+    b["provenance"]["settings"]["seed"] = 0
+    assert "seed 0," in cmp.describe(cmp.compare([a, b]))

@@ -17,7 +17,7 @@ from polykv_search import stats
 from polykv_search.compare.gaps import compute_references
 from polykv_search.compare.model import Comparison, Row, fmt_budget, layers_of, num, ordered
 from polykv_search.compare.reading import CompareError, check_results, entry_samples
-from polykv_search.compare.shards import SuiteTasks, add_kv, entry_weight, suite_scores
+from polykv_search.compare.shards import SuiteTasks, add_kv, entry_weight, merge_settings, suite_scores
 from strategies import PHASES
 
 #: settings that change scores without changing the samples: differences are reported as warnings
@@ -93,6 +93,8 @@ def compare(
                 }
             )
         run = run_keys.index(key)
+        if runs[run]["sources"]:
+            merge_settings(runs[run]["settings"], _public_settings(prov.get("settings") or {}))
         runs[run]["sources"].append(src)
         doc_run.append(run)
 

@@ -74,3 +74,15 @@ def suite_scores(rows: Sequence[Row], sharded: dict[str, list[str]], warnings: l
                 warnings.append(f"{row.name} has no {', '.join(missing)}: no {suite} score (the suite is sharded)")
             else:
                 row.suites[suite] = sum(row.scores[t] for t in tasks) / len(tasks)
+
+
+def merge_settings(settings: dict[str, Any], more: dict[str, Any]) -> None:
+    """Fold a further file's settings into a run's: a setting the files differ in (task shards' seeds
+    and suites) becomes the list of its values, in file order."""
+    for k, v in more.items():
+        if k not in settings:
+            settings[k] = v
+            continue
+        values = settings[k] if isinstance(settings[k], list) else [settings[k]]
+        if v not in values:
+            settings[k] = [*values, v]

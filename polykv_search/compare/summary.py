@@ -16,7 +16,9 @@ def describe(c: Comparison) -> str:
         bits.append(f"context {s['context_len']}")
     if s.get("samples"):
         bits.append(f"{s['samples']} sample{'s' if s['samples'] != 1 else ''} per task")
-    if s.get("seed") is not None:
+    if isinstance(s.get("seed"), list):  # task shards: one seed per file
+        bits.append("seeds " + ", ".join(map(str, s["seed"])))
+    elif s.get("seed") is not None:
         bits.append(f"seed {s['seed']}")
     if c.budgets:
         bits.append("B = " + ", ".join(f"{b:g}" for b in c.budgets))
