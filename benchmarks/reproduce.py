@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         # one score run per budget: FullKV, the uniform baselines and every strategy on the same samples
         # (the shared engine prefills each sample once for all of them; comparisons are paired)
         for step in score_steps(args, B, list(solved.values())):
-            if not _results_cover(step.target, list(solved.values())):
+            if not _results_cover(step.target, list(solved.values()), step.argv):
                 run_step(step._replace(target=None), log)
             results.append(step.target)
     run_step(compare_step(args), log)
@@ -319,13 +319,23 @@ def prediction_lines(comparison, args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _results_cover(path: Path, strategies: list[Path]) -> bool:
+#: score flags a finished results file must have been made with to be reused, by settings key
+_SAMPLE_FLAGS = {"--suite": "suite", "--samples": "samples", "--context-len": "context_len", "--seed": "seed"}
+
+
+def _results_cover(path: Path, strategies: list[Path], argv: list[str] | None = None) -> bool:
     """Whether the results file exists and scored every one of ``strategies`` (paths compared resolved:
-    a run given ``--out runs/x`` and one given its absolute path name the same files)."""
+    a run given ``--out runs/x`` and one given its absolute path name the same files) on the samples
+    the score ``argv`` asks for (suite, samples, context length and seed, when ``argv`` is given)."""
     try:
-        sources = {str(Path(e["source"]).resolve()) for e in json.loads(path.read_text())["entries"]}
+        doc = json.loads(path.read_text())
+        sources = {str(Path(e["source"]).resolve()) for e in doc["entries"]}
+        settings = doc["provenance"]["settings"] if argv else {}
     except (OSError, ValueError, KeyError, TypeError):
         return False
+    for flag, key in _SAMPLE_FLAGS.items() if argv else ():
+        if flag in argv and str(settings.get(key)) != argv[argv.index(flag) + 1]:
+            return False
     return {str(Path(p).resolve()) for p in strategies} <= sources
 
 

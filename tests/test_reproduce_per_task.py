@@ -4,6 +4,7 @@ samples the task has in the one run (planned only: no model is loaded here)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,16 @@ def test_finished_results_are_recognised_whether_paths_are_relative_or_absolute(
     results.write_text('{"entries": [{"source": "%s"}]}' % (tmp_path / "strategies" / "ilp-B256.json"))
     assert reproduce._results_cover(results, [Path("strategies/ilp-B256.json")])
     assert not reproduce._results_cover(results, [Path("strategies/ilp-B256.json"), Path("strategies/dp-B256.json")])
+
+
+def test_a_finished_file_is_reused_only_on_the_samples_asked_for(reproduce, tmp_path):
+    results = tmp_path / "results-B256-ruler-vt.json"
+    strategy = tmp_path / "ilp-B256.json"
+    settings = {"suite": "ruler/vt", "samples": 100, "context_len": 1024, "seed": 4, "budget": 256.0}
+    results.write_text(json.dumps({"entries": [{"source": str(strategy)}], "provenance": {"settings": settings}}))
+    argv = ["score", "--suite", "ruler/vt", "--samples", "100", "--context-len", "1024", "--seed", "4"]
+    assert reproduce._results_cover(results, [strategy], argv)
+    for flag, other in (("--samples", "24"), ("--seed", "0"), ("--context-len", "2048"), ("--suite", "ruler")):
+        changed = list(argv)
+        changed[changed.index(flag) + 1] = other
+        assert not reproduce._results_cover(results, [strategy], changed), flag
