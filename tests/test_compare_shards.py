@@ -112,3 +112,21 @@ def test_the_description_names_every_shard_seed():
     assert "seeds 0, 1" in cmp.describe(cmp.compare([a, b]))
     b["provenance"]["settings"]["seed"] = 0
     assert "seed 0," in cmp.describe(cmp.compare([a, b]))
+
+
+def test_level_sets_every_interval_and_the_notes(tmp_path, capsys):
+    path = str(tmp_path / "v2.json")
+    Path(path).write_text(V2.read_text())
+    out = tmp_path / "c.json"
+    assert main(["compare", path, "--level", "0.99", "--json", str(out), "--markdown"]) == 0
+    assert "half-width of the 99% paired bootstrap" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    wide = cmp.compare([json.loads(V2.read_text())], level=0.99)
+    row = next(r for r in wide.rows if r.name == "pyramid")
+    kept = next(r for r in saved["rows"] if r["name"] == "pyramid")
+    assert kept["intervals"]["suites"]["broad"]["level"] == 0.99
+    assert kept["intervals"]["suites"]["broad"]["half_width"] == pytest.approx(row.suite_iv["broad"].half_width)
+    for bad in ("1", "0", "1.5", "high"):
+        assert main(["compare", path, "--level", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--level" in err and "Traceback" not in err

@@ -70,12 +70,29 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap resampling (default 0)")
     p.add_argument(
+        "--level",
+        type=_level,
+        default=None,
+        help="confidence level of every interval and mark (default 0.95; e.g. 1 - 0.05/m for a Bonferroni "
+        "correction over m comparisons)",
+    )
+    p.add_argument(
         "--resamples",
         type=positive_int,
         default=None,
         help="bootstrap resamples per interval (default 9999, scipy's default)",
     )
     p.set_defaults(func=run)
+
+
+def _level(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1 (exclusive), got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             across_budgets=args.across_budgets,
             seed=args.seed,
             resamples=args.resamples or stats.RESAMPLES,
+            level=args.level or stats.LEVEL,
         )
     except cmp.CompareError as err:
         raise CLIError(str(err)) from None

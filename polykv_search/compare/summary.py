@@ -33,7 +33,7 @@ def notes(c: Comparison) -> list[str]:
     lines = []
     if c.has_intervals:
         lines.append(
-            f"±: half-width of the {100 * st.get('level', stats.LEVEL):.0f}% paired bootstrap interval "
+            f"±: half-width of the {100 * st.get('level', stats.LEVEL):.4g}% paired bootstrap interval "
             f"({st.get('resamples')} resamples, seed {st.get('seed')}; ±? = a task has a single sample); "
             "▲/▼: resolved difference to the best uniform at the same budget (its interval excludes 0)"
         )
