@@ -3,25 +3,13 @@ samples the task has in the one run (planned only: no model is loaded here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-
-import pytest
 
 from polykv_search import scoring
 from tests.test_eval_support import char_tokenizer, haystack_texts
 
-ROOT = Path(__file__).resolve().parents[1]
 RULER = [t.name for t in scoring.resolve_tasks("ruler")]
-
-
-@pytest.fixture(scope="module")
-def reproduce():
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def arg(argv: list[str], flag: str) -> str:

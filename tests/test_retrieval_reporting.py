@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,8 +14,6 @@ from polykv_search.cli.quickstart import calibration_summary
 from polykv_search.cli.show_signals import describe_retrieval
 from polykv_search.data.evidence import describe_evidence, make_calibration_samples, parse_retrieval_mix
 from signals import SignalTable, random_signal_table
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def mixed_record(spec: str = "0.5", n: int = 4) -> dict:
@@ -138,14 +135,6 @@ def test_quickstart_report_names_the_calibration(tmp_path):
 
 
 # ------------------------------------------------------------------------------ reproduce.py
-@pytest.fixture(scope="module")
-def reproduce():
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_reproduce_plans_the_retrieval_aware_steps(reproduce, tmp_path):
     out = tmp_path / "repro"
     args = reproduce.parse_args(["--out", str(out), "--budgets", "64,128", "--retrieval-mix", "0.5"])
