@@ -220,7 +220,7 @@ def results_path(args: argparse.Namespace, B: str, task: str | None = None) -> P
 
 def all_results(args: argparse.Namespace) -> list[Path]:
     """Every results file of the study (per budget, or per budget and task with ``--score-per-task``)."""
-    return [Path(s.argv[-1]) for B in args.budgets for s in score_steps(args, B, [])]
+    return [s.target for B in args.budgets for s in score_steps(args, B, [])]
 
 
 def compare_step(args: argparse.Namespace) -> Step:

@@ -17,29 +17,23 @@ from polykv_search.compare.model import Row, num
 
 
 class SuiteTasks:
-    """The task sets each suite has been seen with, file by file."""
+    """The task sets each suite has been seen with, and the first file of each."""
 
     def __init__(self) -> None:
-        self.sets: dict[str, list[frozenset[str]]] = {}
-        self.first: dict[str, str] = {}
+        self.sets: dict[str, dict[frozenset[str], str]] = {}
 
     def add(self, suite: str, tasks: frozenset[str], src: str) -> str | None:
         """Record ``src``'s tasks of ``suite``; a problem message when they overlap another file's
         unequal set (None when equal to one, or disjoint from all: a new shard)."""
-        seen = self.sets.setdefault(suite, [])
-        self.first.setdefault(suite, src)
-        if not seen or tasks in seen:
-            if not seen:
-                seen.append(tasks)
-            return None
-        if all(tasks.isdisjoint(s) for s in seen):
-            seen.append(tasks)
-            return None
-        other = next(s for s in seen if not tasks.isdisjoint(s))
-        return (
-            f"{self.first[suite]} and {src} were scored on different samples "
-            f"(suite {suite} has tasks {sorted(other)} vs {sorted(tasks)})"
-        )
+        seen = self.sets.setdefault(suite, {})
+        other = next((s for s in seen if s != tasks and not tasks.isdisjoint(s)), None)
+        if other is not None:
+            return (
+                f"{seen[other]} and {src} were scored on different samples "
+                f"(suite {suite} has tasks {sorted(other)} vs {sorted(tasks)})"
+            )
+        seen.setdefault(tasks, src)
+        return None
 
     def sharded(self) -> dict[str, list[str]]:
         """Suite -> every task of it, for the suites split over several files."""
