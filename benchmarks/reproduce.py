@@ -6,6 +6,7 @@ Run (from the repository root)::
     python benchmarks/reproduce.py --out runs/repro --budgets 64 --context-len 1024   # a smaller one
     python benchmarks/reproduce.py --out runs/repro --retrieval-mix 0.5     # + retrieval-aware entries
     python benchmarks/reproduce.py --out runs/repro --score-per-task       # one score run per task (resumable)
+    python benchmarks/reproduce.py --out runs/repro --ablations-on proportional,ilp   # + ilp's ablations
     python benchmarks/reproduce.py --out runs/repro --dry-run              # print the steps, run nothing
 
 Steps (each reuses finished work when rerun: signals resume, strategies and results files are kept):
@@ -25,6 +26,8 @@ Steps (each reuses finished work when rerun: signals resume, strategies and resu
      (``--fixed-pattern``);
    * ``prefill-only`` / ``decoding-only``: proportional in one phase, the best uniform pattern at
      ``floor(B)`` in the other (``--phases``, ``--default-pattern``).
+
+   ``--ablations-on proportional,ilp`` also builds them on ilp (``ilp-patterns-only-B<B>``, ...).
 
    ``proportional`` itself is "both". dp reaches the same objective as ilp; it is scored only when
    its strategy differs from ilp's. With ``--retrieval-mix``, ``proportional`` and ``ilp`` are also
@@ -58,8 +61,9 @@ UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
 METHODS = ("pyramid", "squeeze", "cake", "proportional", "ilp", "dp", "optuna")
 #: solved on the retrieval-aware table too (``--retrieval-mix``), as ``<method>-retrieval``
 RETRIEVAL_METHODS = ("proportional", "ilp")
-#: what :func:`plan` shows for the ablations' pattern, known only once the uniform strategies are solved
-PENDING = "<calibration-pattern>"
+#: the solvers that take the ablation settings (--uniform-budgets, --fixed-pattern, --phases)
+ABLATABLE = ("proportional", "ilp", "dp")
+PENDING = "<calibration-pattern>"  # the ablations' pattern in a plan, before the uniforms are solved
 
 
 class Step(NamedTuple):
@@ -121,6 +125,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--b-min", type=int, default=16)
     p.add_argument("--optuna-trials", type=int, default=8)
     p.add_argument(
+        "--ablations-on",
+        default="proportional",
+        metavar="METHODS",
+        help=f"the solvers the four ablations are built on, comma-separated among {', '.join(ABLATABLE)}: "
+        "proportional's are named patterns-only etc., another's <method>-patterns-only (default proportional)",
+    )
+    p.add_argument(
         "--score-per-task",
         action="store_true",
         help="score each task of --suite in its own run and file (task shards, compared as one run): a long "
@@ -136,6 +147,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.retrieval_mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
         except CLIError as err:
             p.error(str(err))
+    args.ablations_on = [m.strip() for m in args.ablations_on.split(",") if m.strip()]
+    bad = [m for m in args.ablations_on if m not in ABLATABLE]
+    if bad or not args.ablations_on:
+        p.error(f"--ablations-on: {bad[0] if bad else 'nothing'!r} is not one of {', '.join(ABLATABLE)}")
     args.out = Path(args.out)
     args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     args.uniform = [q.strip() for q in args.patterns.split(",") if q.strip()]  # also the uniform baselines
@@ -176,10 +191,12 @@ def strategy_steps(args: argparse.Namespace, B: str, default: str) -> dict[str, 
     """Every scored strategy at ``B`` by entry name (without ``-B<B>``): the methods, the ablations
     (on ``default``, the calibration pattern) and, with ``--retrieval-mix``, the retrieval-aware ones."""
     runs = {m: ["--method", m] for m in METHODS}
-    runs["patterns-only"] = ["--method", "proportional", "--uniform-budgets"]
-    runs["budgets-only"] = ["--method", "proportional", "--fixed-pattern", default]
-    runs["prefill-only"] = ["--method", "proportional", "--phases", "prefill", "--default-pattern", default]
-    runs["decoding-only"] = ["--method", "proportional", "--phases", "decoding", "--default-pattern", default]
+    for m in args.ablations_on:
+        prefix = "" if m == "proportional" else f"{m}-"
+        runs[f"{prefix}patterns-only"] = ["--method", m, "--uniform-budgets"]
+        runs[f"{prefix}budgets-only"] = ["--method", m, "--fixed-pattern", default]
+        runs[f"{prefix}prefill-only"] = ["--method", m, "--phases", "prefill", "--default-pattern", default]
+        runs[f"{prefix}decoding-only"] = ["--method", m, "--phases", "decoding", "--default-pattern", default]
     optuna = ["--model", args.model, "--device", args.device, "--trials", str(args.optuna_trials),
               "--storage", str(args.out / "optuna.journal"), "--study-name", f"repro-B{B}",
               "--samples", "1", "--context-len", str(args.calib_context_len)]  # fmt: skip
