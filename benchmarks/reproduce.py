@@ -35,7 +35,7 @@ Steps (each reuses finished work when rerun: signals resume, strategies and resu
 4. ``score`` FullKV, the uniform baselines and every strategy of a budget, the retrieval-aware ones
    included, in one run (shared prefill, paired samples; a results file is reused only when it
    holds every strategy; ``--score-per-task``: one run and file per task, with the seed that task
-   has in the one run, so that a study of several hours resumes after its last finished task), then
+   has in the one run; a stopped score run resumes after its last finished sample anyway), then
    ``compare --across-budgets`` into ``table.md`` (scores ± 95 % paired
    bootstrap half-widths, differences to the best uniform, gap recovered with intervals),
    ``compare.json`` and ``sweep.png`` (score vs budget with error bars, per-layer budgets and patterns).

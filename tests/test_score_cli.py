@@ -24,13 +24,16 @@ def checkpoint(tmp_path_factory):
     return path, corpus
 
 
-def score(checkpoint, out, *extra):
+def score_argv(checkpoint, out, *extra) -> list[str]:
     ckpt, corpus = checkpoint
-    argv = ["score", "--model", str(ckpt), "--corpus", str(corpus), "--baseline", "full",
+    return ["score", "--model", str(ckpt), "--corpus", str(corpus), "--baseline", "full",
             "--baseline", "uniform:snapkv", "--baseline", "uniform:h2o", "--budget", "16",
             "--suite", "broad/continuation,ruler/niah_single", "--samples", "3", "--context-len", "300",
             "--max-new-tokens", "5", "--out", str(out), *extra]  # fmt: skip
-    assert main(argv) == 0
+
+
+def score(checkpoint, out, *extra):
+    assert main(score_argv(checkpoint, out, *extra)) == 0
     return json.loads(out.read_text())
 
 

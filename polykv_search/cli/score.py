@@ -127,26 +127,6 @@ def run(args: argparse.Namespace) -> int:
             tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
         )
     engine = "per-entry" if args.no_shared_prefill else "shared"
-    total = len(entries) * sum(len(s) for _, s in task_samples.values())
-    timing: dict[str, float] = {}
-    with ProgressBar(console, f"scoring {len(entries)} entries ({engine})", total, unit="entry×samples") as bar:
-        records = scoring.score_entries(
-            model,
-            tok,
-            entries,
-            task_samples,
-            engine=engine,
-            batch_entries=args.batch_entries,
-            decode_interval=args.decode_interval,
-            interval_mode=args.interval_mode,
-            max_new_tokens=args.max_new_tokens,
-            progress=bar.advance,
-            timing=timing,
-        )
-    if lm_request is not None:
-        lm_runs = lm_eval_score.run_entries(
-            model, tok, entries, lm_request, decode_interval=args.decode_interval, console=console
-        )
     settings = {
         "suite": args.suite,
         "samples": args.samples,
@@ -162,10 +142,38 @@ def run(args: argparse.Namespace) -> int:
         "attn": args.attn,
         "batch_entries": args.batch_entries,
     }
+    fingerprint = model_fingerprint(model)
+    checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples)
+    total = len(entries) * sum(len(s) for _, s in task_samples.values())
+    timing: dict[str, float] = {}
+    try:
+        with ProgressBar(console, f"scoring {len(entries)} entries ({engine})", total, unit="entry×samples") as bar:
+            records = scoring.score_entries(
+                model,
+                tok,
+                entries,
+                task_samples,
+                engine=engine,
+                batch_entries=args.batch_entries,
+                decode_interval=args.decode_interval,
+                interval_mode=args.interval_mode,
+                max_new_tokens=args.max_new_tokens,
+                progress=bar.advance,
+                timing=timing,
+                checkpoint=checkpoint,
+            )
+    except KeyboardInterrupt:
+        console.print(f"stopped: {len(checkpoint.done)} finished samples kept in {checkpoint.path}; "
+                      "the same command resumes from there")  # fmt: skip
+        raise
+    if lm_request is not None:
+        lm_runs = lm_eval_score.run_entries(
+            model, tok, entries, lm_request, decode_interval=args.decode_interval, console=console
+        )
     doc = scoring.results_document(
         records,
         model_name=args.model,
-        model_fp=model_fingerprint(model),
+        model_fp=fingerprint,
         task_samples=task_samples,
         settings=settings,
         split=split,
@@ -175,9 +183,33 @@ def run(args: argparse.Namespace) -> int:
     if lm_request is not None:
         lm_eval_score.fold(doc, lm_runs, lm_request)
     write_json(args.out, doc)
+    checkpoint.remove()
     print_results(doc)
     console.print(f"wrote {args.out}")
     return 0
+
+
+def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples):
+    """The run's checkpoint ``<out>.partial`` (:mod:`~polykv_search.scoring.checkpoint`): a stopped
+    run of the same command resumes from it; one of another run is a one-line error."""
+    from polykv_search.evaluation.samples import samples_fingerprint
+    from polykv_search.scoring import ScoreError
+    from polykv_search.scoring.checkpoint import Checkpoint, run_key
+
+    key = run_key(
+        settings=settings,
+        engine=engine,
+        model=model_fp,
+        entries=[[e.name, e.kind, e.strategy.to_json()] for e in entries],
+        samples={name: samples_fingerprint(samples) for name, (_, samples) in task_samples.items()},
+    )
+    try:
+        checkpoint = Checkpoint.open(f"{out}.partial", key)
+    except ScoreError as err:
+        raise CLIError(str(err)) from None
+    if checkpoint.done:
+        console.print(f"resuming: {len(checkpoint.done)} finished samples from {checkpoint.path}")
+    return checkpoint
 
 
 def print_results(doc: dict) -> None:

@@ -18,6 +18,7 @@ from polykv_search.evaluation.runner import (
 from polykv_search.evaluation.samples import encode_prompt
 from polykv_search.runtime import apply_strategy, strategy_plans
 from polykv_search.scoring import per_entry
+from polykv_search.scoring.checkpoint import Checkpoint
 from polykv_search.scoring.document import entry_record
 from polykv_search.scoring.entries import Entry, ScoreError
 from polykv_search.scoring.job import SampleJob
@@ -41,6 +42,7 @@ def score_entries(
     fidelity: bool = True,
     progress: Callable[[int], None] | None = None,
     timing: dict[str, float] | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> list[dict[str, Any]]:
     """Run every task's samples for every entry; returns the entries' records for the results file.
 
@@ -58,6 +60,8 @@ def score_entries(
         Called with the number of (entry, sample) units just finished.
     timing
         If given, filled with the run's wall seconds (``total_s``) and per-phase sums.
+    checkpoint
+        Finished samples found there are replayed, not run; each sample run is added to it.
     """
     if engine not in ENGINES:
         raise ScoreError(f"unknown scoring engine {engine!r}; expected one of {', '.join(ENGINES)}")
@@ -73,6 +77,17 @@ def score_entries(
     full_kv: list[list[float]] = [[] for _ in entries]
     seconds = [0.0] * len(entries)
     start = time.perf_counter()
+
+    def run_one(task, sample, scorer) -> list[dict[str, Any]]:
+        job = sample_job(tokenizer, task, sample, eos, max_new_tokens)
+        if scorer is not None:
+            return sample_rows(tokenizer, task, sample, job, scorer.run(job, fidelity=fidelity), shared=True)
+        outcomes = per_entry.run_sample(
+            model, entries, job, decode_interval=decode_interval, interval_mode=interval_mode, fidelity=fidelity,
+            caller=caller,
+        )  # fmt: skip
+        return sample_rows(tokenizer, task, sample, job, outcomes, shared=False)
+
     was_training = model.training
     model.eval()
     # the shared engine runs under one applied FullKV runtime (for its attention function and layer
@@ -90,37 +105,23 @@ def score_entries(
                 scorer = SharedScorer(model, runtime, plans, batch_entries=batch_entries)
             for task, samples in task_samples.values():
                 accs = [TaskAccumulator(task) for _ in entries]
-                task_start = time.perf_counter()
-                for sample in samples:
-                    job = sample_job(tokenizer, task, sample, eos, max_new_tokens)
-                    if scorer is not None:
-                        outcomes = scorer.run(job, fidelity=fidelity)
-                    else:
-                        outcomes = per_entry.run_sample(
-                            model,
-                            entries,
-                            job,
-                            decode_interval=decode_interval,
-                            interval_mode=interval_mode,
-                            fidelity=fidelity,
-                            caller=caller,
-                        )
-                    for i, out in enumerate(outcomes):
-                        pred = (
-                            out.pred if job.teacher_forced else tokenizer.decode(out.new_ids, skip_special_tokens=True)
-                        )
-                        record = sample_record(
-                            task, sample, pred, job.context_ids, job.question_ids, len(out.new_ids), out.timing
-                        )
-                        record["kv_bytes"], record["full_kv_bytes"] = out.kv_bytes, out.full_kv_bytes
-                        accs[i].add(pred, record)
-                        kv[i].append(out.kv_bytes)
-                        full_kv[i].append(out.full_kv_bytes)
-                        if scorer is None:
-                            seconds[i] += sum(out.timing.values())
+                wall = 0.0
+                for index, sample in enumerate(samples):
+                    row = checkpoint.get(task.name, index, sample.id) if checkpoint is not None else None
+                    if row is None:
+                        t0 = time.perf_counter()
+                        row = {"rows": run_one(task, sample, scorer)}
+                        row["wall"] = time.perf_counter() - t0
+                        if checkpoint is not None:
+                            checkpoint.add(task.name, index, sample.id, row["rows"], row["wall"])
+                    wall += row["wall"]
+                    for i, r in enumerate(row["rows"]):
+                        accs[i].add(r["record"]["prediction"], r["record"])
+                        kv[i].append(r["record"]["kv_bytes"])
+                        full_kv[i].append(r["record"]["full_kv_bytes"])
+                        seconds[i] += r["seconds"]
                     if progress is not None:
                         progress(len(entries))
-                wall = time.perf_counter() - task_start
                 for i, acc in enumerate(accs):
                     results[i].append(acc.result(samples, wall))
     finally:
@@ -131,6 +132,18 @@ def score_entries(
         entry_record(e, results[i], kv[i], full_kv[i], seconds[i] if engine == "per-entry" else None)
         for i, e in enumerate(entries)
     ]
+
+
+def sample_rows(tokenizer, task, sample, job: SampleJob, outcomes, *, shared: bool) -> list[dict[str, Any]]:
+    """Per entry: the results file's record of one sample (KV bytes included) and the entry's own
+    seconds (0 under the shared engine, where entries run together)."""
+    rows = []
+    for out in outcomes:
+        pred = out.pred if job.teacher_forced else tokenizer.decode(out.new_ids, skip_special_tokens=True)
+        record = sample_record(task, sample, pred, job.context_ids, job.question_ids, len(out.new_ids), out.timing)
+        record["kv_bytes"], record["full_kv_bytes"] = out.kv_bytes, out.full_kv_bytes
+        rows.append({"record": record, "seconds": 0.0 if shared else sum(out.timing.values())})
+    return rows
 
 
 def sample_job(tokenizer, task, sample, eos: frozenset[int], max_new_tokens: int | None) -> SampleJob:

@@ -1,0 +1,85 @@
+"""A score run's finished samples, kept beside its results file so that a stopped run resumes.
+
+``score --out R.json`` appends one JSON line per finished sample to ``R.json.partial``: every entry's
+per-sample record, KV bytes and seconds. Rerun with the same command, it replays those samples and
+runs only the rest; the results file is the one an uninterrupted run writes (but for wall times).
+The file's first line is a key (settings, entries, samples, model): a partial file of another run
+is refused, never mixed in. It is removed once the results file is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polykv_search.io import atomic_write_text
+from polykv_search.scoring.entries import ScoreError
+
+
+def run_key(**parts: Any) -> str:
+    """A hash of everything a run's results depend on (JSON-serializable parts)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, allow_nan=False).encode("utf-8")).hexdigest()[:24]
+
+
+@dataclass
+class Checkpoint:
+    """The finished samples of one run by ``(task, index)``; :meth:`open` reads or starts the file."""
+
+    path: Path
+    key: str
+    done: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: str | Path, key: str) -> Checkpoint:
+        """Resume from ``path`` if it holds this run (same ``key``), else start it; another run's file
+        is a :class:`ScoreError`. A last line cut off by a kill is dropped (that sample runs again)."""
+        path = Path(path)
+        cp = cls(path, key)
+        if not path.exists():
+            return cp
+        lines = path.read_text(encoding="utf-8").split("\n")
+        try:
+            head = json.loads(lines[0])
+        except json.JSONDecodeError:
+            head = {}
+        if head.get("key") != key:
+            raise ScoreError(
+                f"{path} holds a stopped score run of other settings, entries or samples; delete it to start over"
+            )
+        good = lines[:1]
+        for line in lines[1:]:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # the unfinished last line of a killed run
+            cp.done[(row["task"], row["index"])] = row
+            good.append(line)
+        if len(good) < len([line for line in lines if line]):
+            atomic_write_text(path, "\n".join(good) + "\n")  # later lines must not follow a cut one
+        return cp
+
+    def get(self, task: str, index: int, sample_id: str) -> dict[str, Any] | None:
+        """The finished sample ``index`` of ``task`` (``rows``: one per entry; ``wall``), or None."""
+        row = self.done.get((task, index))
+        if row is not None and row["sample"] != sample_id:
+            raise ScoreError(f"{self.path}: sample {index} of {task} is {row['sample']!r}, not {sample_id!r}")
+        return row
+
+    def add(self, task: str, index: int, sample_id: str, rows: list[dict[str, Any]], wall: float) -> None:
+        """Append one finished sample (flushed to disk before the next sample starts)."""
+        row = {"task": task, "index": index, "sample": sample_id, "wall": wall, "rows": rows}
+        text = json.dumps(row, allow_nan=False) + "\n"
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            text = json.dumps({"key": self.key}) + "\n" + text
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[(task, index)] = row
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
