@@ -58,6 +58,8 @@ def test_a_stopped_run_resumes_and_writes_the_uninterrupted_results(checkpoint, 
     assert len(lines) == 1 + 4  # the key, then one line per finished sample
     resumed = score(checkpoint, out)
     assert counted["runs"] == SAMPLES - 4  # only the unfinished samples ran
+    err = capsys.readouterr().err
+    assert "resuming: 4 finished samples" in err and "18/18 entry×samples" in err  # 3 entries × 6 samples
     assert without_times(resumed) == without_times(whole)
     assert not (tmp_path / "resumed.json.partial").exists()
 

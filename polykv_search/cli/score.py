@@ -147,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
     timing: dict[str, float] = {}
     try:
-        with ProgressBar(console, f"scoring {len(entries)} entries ({engine})", total, unit="entry×samples") as bar:
+        done = len(checkpoint.done) * len(entries)
+        bar = ProgressBar(
+            console, f"scoring {len(entries)} entries ({engine})", total, completed=done, unit="entry×samples"
+        )
+        with bar:
             records = scoring.score_entries(
                 model,
                 tok,

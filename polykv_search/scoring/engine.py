@@ -57,7 +57,8 @@ def score_entries(
     fidelity
         Also measure KL(FullKV ‖ entry) and ΔNLL on teacher-forced tasks.
     progress
-        Called with the number of (entry, sample) units just finished.
+        Called with the number of (entry, sample) units just run (not for samples replayed from
+        ``checkpoint``).
     timing
         If given, filled with the run's wall seconds (``total_s``) and per-phase sums.
     checkpoint
@@ -114,14 +115,14 @@ def score_entries(
                         row["wall"] = time.perf_counter() - t0
                         if checkpoint is not None:
                             checkpoint.add(task.name, index, sample.id, row["rows"], row["wall"])
+                        if progress is not None:
+                            progress(len(entries))
                     wall += row["wall"]
                     for i, r in enumerate(row["rows"]):
                         accs[i].add(r["record"]["prediction"], r["record"])
                         kv[i].append(r["record"]["kv_bytes"])
                         full_kv[i].append(r["record"]["full_kv_bytes"])
                         seconds[i] += r["seconds"]
-                    if progress is not None:
-                        progress(len(entries))
                 for i, acc in enumerate(accs):
                     results[i].append(acc.result(samples, wall))
     finally:
