@@ -50,18 +50,18 @@ def stop_after(checkpoint, out, counted, n: int, *extra: str) -> None:  # noqa: 
 def test_a_stopped_run_resumes_and_writes_the_uninterrupted_results(checkpoint, tmp_path, counted, capsys):  # noqa: F811
     whole = score(checkpoint, tmp_path / "whole.json")
     assert counted["runs"] == SAMPLES and not (tmp_path / "whole.json.partial").exists()
-    out = tmp_path / "resumed.json"
+    out = tmp_path / "new" / "resumed.json"  # in a folder that does not exist yet
     stop_after(checkpoint, out, counted, 4)
     assert not out.exists()  # nothing half-written
     assert "4 finished samples kept in" in capsys.readouterr().err  # and how to resume
-    lines = (tmp_path / "resumed.json.partial").read_text().splitlines()
+    lines = (tmp_path / "new" / "resumed.json.partial").read_text().splitlines()
     assert len(lines) == 1 + 4  # the key, then one line per finished sample
     resumed = score(checkpoint, out)
     assert counted["runs"] == SAMPLES - 4  # only the unfinished samples ran
     err = capsys.readouterr().err
     assert "resuming: 4 finished samples" in err and "18/18 entry×samples" in err  # 3 entries × 6 samples
     assert without_times(resumed) == without_times(whole)
-    assert not (tmp_path / "resumed.json.partial").exists()
+    assert not (tmp_path / "new" / "resumed.json.partial").exists()
 
 
 def test_a_line_cut_off_by_a_kill_is_dropped_and_that_sample_runs_again(checkpoint, tmp_path, counted):  # noqa: F811

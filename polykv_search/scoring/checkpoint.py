@@ -73,6 +73,7 @@ class Checkpoint:
         """Append one finished sample (flushed to disk before the next sample starts)."""
         row = {"task": task, "index": index, "sample": sample_id, "wall": wall, "rows": rows}
         text = json.dumps(row, allow_nan=False) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # the folders --out may still lack
         if not self.path.exists() or self.path.stat().st_size == 0:
             text = json.dumps({"key": self.key}) + "\n" + text
         with self.path.open("a", encoding="utf-8") as f:
