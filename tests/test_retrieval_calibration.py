@@ -1,4 +1,4 @@
-"""Retrieval-aware calibration: the evidence generator, its held-out-ness from ruler, and `collect --retrieval-mix`."""
+"""Retrieval-aware calibration: the evidence generator, its held-out-ness from ruler, and collecting with a mix."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ from polykv_search.data.evidence import (
 from polykv_search.evaluation import ruler
 from signals import SignalTable
 from signals.collect import collect_signals
-from signals.journal import journal_path
 
 N, M = 400, 56  # context / continuation tokens (characters, with the char-level tokenizer)
 
@@ -325,85 +324,3 @@ def test_a_table_without_the_record_reads_as_prose_only(tables):
     data["provenance"].pop("retrieval")
     old = SignalTable.from_json(data)
     assert old.retrieval["evidence_samples"] == 0 and old.retrieval["mix"] == "0"
-
-
-# ------------------------------------------------------------------------------ CLI
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama-evidence")
-    tiny_model("llama", layers=2).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    corpus = path / "corpus.txt"
-    corpus.write_text(
-        " ".join(f"It was the {i}th day of the fair, and the lanes were full. Who could say why?" for i in range(120))
-    )
-    return path, corpus
-
-
-def cli_argv(ckpt, corpus, out, *extra):
-    return ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--context-len", str(N),
-            "--continuation-len", str(M), "--patterns", "snapkv", "--budgets", "16", "--layers", "0",
-            "--out", str(out), "--no-progress", *extra]  # fmt: skip
-
-
-def test_cli_collect_with_a_mix(checkpoint, tmp_path, capsys):
-    from polykv_search.cli import main
-
-    ckpt, corpus = checkpoint
-    out = tmp_path / "mixed.json"
-    assert main(cli_argv(ckpt, corpus, out, "--retrieval-mix", "1", "--evidence-records", "3")) == 0
-    assert "1 with evidence" in " ".join(capsys.readouterr().err.split())
-    table = SignalTable.load(out)
-    r = table.retrieval
-    assert (
-        r["mix"] == "1"
-        and r["evidence_samples"] == 1
-        and r["records_per_sample"] == 3
-        and r["samples"][0]["index"] == 1
-    )
-    assert table.provenance["collect_key"]["scored"][1] == r["samples"][0]["scored"]
-
-
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--retrieval-mix", "-1"], "--retrieval-mix '-1': must not be negative"),
-        (["--retrieval-mix", "1.5"], "--retrieval-mix '1.5': a fraction must lie in [0, 1]"),
-        (["--retrieval-mix", "lots"], "--retrieval-mix 'lots'"),
-        (["--retrieval-mix", "nan"], "--retrieval-mix 'nan'"),
-        (["--retrieval-mix", "3"], "only 2 samples"),
-        (["--retrieval-mix", "0.1"], "rounds to 0"),
-        (["--evidence-records", "2"], "give --retrieval-mix"),
-        (["--retrieval-mix", "1", "--continuation-len", "8"], "continuation_len 8 is too short"),
-    ],
-)
-def test_cli_bad_mix_is_a_one_line_error_exit_2(checkpoint, tmp_path, capsys, extra, message):
-    from polykv_search.cli import main
-
-    ckpt, corpus = checkpoint
-    out = tmp_path / "signals.json"
-    assert main(cli_argv(ckpt, corpus, out, *extra)) == 2
-    err = capsys.readouterr().err
-    assert message in " ".join(err.split()) and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1
-    assert not out.exists() and not journal_path(out).exists()
-
-
-@pytest.mark.slow
-def test_smollm2_evidence_fits_the_default_continuation():
-    """On the default model and corpus, every kind's query and answer fit `collect`'s default 16 tokens."""
-    from polykv_search.data import load_corpus
-    from polykv_search.models import load_model
-
-    _, tokenizer = load_model()
-    samples = make_calibration_samples(
-        tokenizer,
-        load_corpus("austen"),
-        n_samples=12,
-        context_len=512,
-        continuation_len=16,
-        seed=0,
-        mix=parse_retrieval_mix(12),
-    )
-    for s in samples:
-        assert tokenizer.decode(s.continuation_ids[slice(*s.scored)]) == f" {s.answer}"
