@@ -8,10 +8,10 @@ on each sample's scored tokens beside the table's prediction (the sum of that pa
 cells over layers and phases, on the same samples). Evidence samples (a retrieval-aware table) and
 prose samples are reported apart, with the evidence answers still predicted right.
 
-Run (from the repository root; about 3 min for an 8-sample, 512-token table on 2 cores)::
+Run (from the repository root; 79 s on 2 cores for the command below)::
 
     python benchmarks/diagnose_additivity.py --signals runs/study6-ruler/signals-retrieval.json \
-        --budgets 128,256 --json runs/study6-ruler/additivity.json
+        --budgets 64,128,256 --answerable 16 1024 256 --json runs/study6-ruler/additivity.json
 """
 
 from __future__ import annotations
@@ -79,12 +79,42 @@ def measured(model, samples: list, strategies: list[Strategy]) -> tuple[np.ndarr
     return kl, right
 
 
+def answerable_check(model, tok, table: dict, n: int, context_len: int, budget: int) -> dict:
+    """``n`` fresh evidence samples (every one carries evidence; the table's corpus, seed, records and
+    continuation length, at ``context_len``): per uniform pattern at ``budget``, every layer
+    evicting, how many of the answers FullKV gets right it still gets right, and its answer-token KL."""
+    cal = table["provenance"]["calibration"]
+    records = (table["provenance"].get("retrieval") or {}).get("records_per_sample") or 4
+    fresh = make_calibration_samples(
+        tok, load_corpus(cal["spec"]), n_samples=n, context_len=context_len,
+        continuation_len=cal["continuation_len"], seed=cal["seed"], mix=parse_retrieval_mix(str(n), records=records),
+    )  # fmt: skip
+    patterns = table["patterns"]
+    kl, right = measured(model, fresh, [Strategy.uniform(table["num_layers"], q, budget) for q in patterns])
+    ok = right[0]
+    print(f"\n{n} fresh evidence samples at {context_len} tokens, B = {budget}: FullKV answers {ok.sum()} right")
+    out = {"samples": n, "context_len": context_len, "budget": budget, "full_right": int(ok.sum()), "patterns": {}}
+    for i, q in enumerate(patterns):
+        row = {"right": int(right[i + 1][ok].sum()), "kl_answerable": float(kl[i][ok].mean()) if ok.any() else None}
+        out["patterns"][q] = row
+        print(f"  {q:<14} {row['right']:>3}/{ok.sum()} still right, answer KL {row['kl_answerable'] or 0:.3f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--signals", required=True, help="a signal table (version 2, with per-sample values)")
     p.add_argument("--budgets", help="budgets of the table's grid to check (default: all)")
     p.add_argument("--model", help="default: the table's model")
     p.add_argument("--json", help="also write the figures as JSON")
+    p.add_argument(
+        "--answerable",
+        nargs=3,
+        type=int,
+        metavar=("N", "CONTEXT", "B"),
+        help="also run N fresh evidence samples at CONTEXT tokens with each uniform pattern at B (every layer): "
+        "of the answers FullKV gets right, how many each keeps",
+    )
     args = p.parse_args(argv)
     table = json.loads(Path(args.signals).read_text())
     if "per_sample" not in (table.get("uncertainty") or {}):
@@ -126,9 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         if len(pts) > 2:
             ranks[name] = float(stats.spearmanr(*zip(*pts)).statistic)
             print(f"Spearman(predicted, measured) over the {len(pts)} cells, {name}: {ranks[name]:+.2f}")
+    doc = {"signals": args.signals, "evidence_samples": int(evidence.sum()), "rows": rows, "spearman": ranks,
+           "full_answers_right": int(right[0, evidence].sum())}  # fmt: skip
+    if args.answerable:
+        doc["answerable"] = answerable_check(model, tok, table, *args.answerable)
     if args.json:
-        doc = {"signals": args.signals, "evidence_samples": int(evidence.sum()), "rows": rows, "spearman": ranks,
-               "full_answers_right": int(right[0, evidence].sum())}  # fmt: skip
         atomic_write_text(args.json, json.dumps(doc, indent=2) + "\n")
     return 0
 
