@@ -13,11 +13,22 @@ import pytest
 import polykv_search  # noqa: F401  (registers the pattern catalog)
 
 
-@pytest.fixture(scope="module")
-def reproduce():
-    """``benchmarks/reproduce.py`` as a module (it is a script, not part of the package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce.py"
-    spec = importlib.util.spec_from_file_location("reproduce", path)
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` as a module (a script, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def reproduce():
+    """``benchmarks/reproduce.py``."""
+    return benchmark_script("reproduce")
+
+
+@pytest.fixture(scope="module")
+def diagnose():
+    """``benchmarks/diagnose_additivity.py``."""
+    return benchmark_script("diagnose_additivity")

@@ -3,11 +3,7 @@ and the measurement evicts every layer (nothing at all when the budget holds the
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
-import pytest
 
 from polykv_search.data import Sample
 from strategies import Strategy
@@ -15,15 +11,6 @@ from tests.test_eval_support import char_tokenizer, haystack_texts
 from tests.tiny import tiny_model
 
 L = 3
-
-
-@pytest.fixture(scope="module")
-def diagnose():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "diagnose_additivity.py"
-    spec = importlib.util.spec_from_file_location("diagnose_additivity", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def samples(n: int = 2, ctx: int = 80, cont: int = 10) -> list[Sample]:
