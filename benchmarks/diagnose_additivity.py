@@ -79,12 +79,14 @@ def measured(model, samples: list, strategies: list[Strategy]) -> tuple[np.ndarr
     return kl, right
 
 
-def answerable_check(model, tok, table: dict, n: int, context_len: int, budget: int) -> dict:
+def answerable_check(
+    model, tok, table: dict, n: int, context_len: int, budget: int, records: int | None = None
+) -> dict:
     """``n`` fresh evidence samples (every one carries evidence; the table's corpus, seed, records and
     continuation length, at ``context_len``): per uniform pattern at ``budget``, every layer
     evicting, how many of the answers FullKV gets right it still gets right, and its answer-token KL."""
     cal = table["provenance"]["calibration"]
-    records = (table["provenance"].get("retrieval") or {}).get("records_per_sample") or 4
+    records = records or (table["provenance"].get("retrieval") or {}).get("records_per_sample") or 4
     fresh = make_calibration_samples(
         tok, load_corpus(cal["spec"]), n_samples=n, context_len=context_len,
         continuation_len=cal["continuation_len"], seed=cal["seed"], mix=parse_retrieval_mix(str(n), records=records),
@@ -92,8 +94,10 @@ def answerable_check(model, tok, table: dict, n: int, context_len: int, budget: 
     patterns = table["patterns"]
     kl, right = measured(model, fresh, [Strategy.uniform(table["num_layers"], q, budget) for q in patterns])
     ok = right[0]
-    print(f"\n{n} fresh evidence samples at {context_len} tokens, B = {budget}: FullKV answers {ok.sum()} right")
-    out = {"samples": n, "context_len": context_len, "budget": budget, "full_right": int(ok.sum()), "patterns": {}}
+    print(f"\n{n} fresh evidence samples ({records} records each) at {context_len} tokens, B = {budget}:")
+    print(f"FullKV answers {ok.sum()} right")
+    out = {"samples": n, "records": records, "context_len": context_len, "budget": budget, "full_right": int(ok.sum())}
+    out["patterns"] = {}
     for i, q in enumerate(patterns):
         row = {"right": int(right[i + 1][ok].sum()), "kl_answerable": float(kl[i][ok].mean()) if ok.any() else None}
         out["patterns"][q] = row
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also run N fresh evidence samples at CONTEXT tokens with each uniform pattern at B (every layer): "
         "of the answers FullKV gets right, how many each keeps",
     )
+    p.add_argument("--records", type=int, help="--answerable: evidence statements per sample (default: the table's)")
     args = p.parse_args(argv)
     table = json.loads(Path(args.signals).read_text())
     if "per_sample" not in (table.get("uncertainty") or {}):
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"signals": args.signals, "evidence_samples": int(evidence.sum()), "rows": rows, "spearman": ranks,
            "full_answers_right": int(right[0, evidence].sum())}  # fmt: skip
     if args.answerable:
-        doc["answerable"] = answerable_check(model, tok, table, *args.answerable)
+        doc["answerable"] = answerable_check(model, tok, table, *args.answerable, records=args.records)
     if args.json:
         atomic_write_text(args.json, json.dumps(doc, indent=2) + "\n")
     return 0
