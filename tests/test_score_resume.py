@@ -96,3 +96,11 @@ def test_a_checkpoint_refuses_a_different_sample_at_a_finished_index(tmp_path):
     with pytest.raises(ScoreError, match="delete it"):
         Checkpoint.open(tmp_path / "p", "another key")
     assert json.loads((tmp_path / "p").read_text().splitlines()[0]) == {"key": "k"}
+
+
+def test_a_file_cut_inside_its_first_line_holds_nothing_and_is_started_again(tmp_path):
+    (tmp_path / "p").write_text('{"key": "k", "tas')
+    cp = Checkpoint.open(tmp_path / "p", "k")
+    assert cp.done == {} and not (tmp_path / "p").exists()
+    cp.add("t", 0, "s0", [], 1.0)
+    assert Checkpoint.open(tmp_path / "p", "k").get("t", 0, "s0")["wall"] == 1.0

@@ -45,6 +45,9 @@ class Checkpoint:
         try:
             head = json.loads(lines[0])
         except json.JSONDecodeError:
+            if len([line for line in lines if line]) <= 1:  # killed while writing its first line: nothing kept
+                path.unlink()
+                return cp
             head = {}
         if head.get("key") != key:
             raise ScoreError(
