@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:
         console.print(f"stopped: {len(checkpoint.done)} finished samples kept in {checkpoint.path}; "
-                      "the same command resumes from there")  # fmt: skip
+                      "the same command resumes from there", soft_wrap=True)  # fmt: skip
         raise
     if lm_request is not None:
         lm_runs = lm_eval_score.run_entries(
@@ -212,7 +212,7 @@ def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_s
     except ScoreError as err:
         raise CLIError(str(err)) from None
     if checkpoint.done:
-        console.print(f"resuming: {len(checkpoint.done)} finished samples from {checkpoint.path}")
+        console.print(f"resuming: {len(checkpoint.done)} finished samples from {checkpoint.path}", soft_wrap=True)
     return checkpoint
 
 
