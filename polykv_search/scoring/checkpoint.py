@@ -42,10 +42,11 @@ class Checkpoint:
         if not path.exists():
             return cp
         lines = path.read_text(encoding="utf-8").split("\n")
+        written = sum(1 for line in lines if line)
         try:
             head = json.loads(lines[0])
         except json.JSONDecodeError:
-            if len([line for line in lines if line]) <= 1:  # killed while writing its first line: nothing kept
+            if written <= 1:  # killed while writing its first line: nothing kept
                 path.unlink()
                 return cp
             head = {}
@@ -61,7 +62,7 @@ class Checkpoint:
                 break  # the unfinished last line of a killed run
             cp.done[(row["task"], row["index"])] = row
             good.append(line)
-        if len(good) < len([line for line in lines if line]):
+        if len(good) < written:
             atomic_write_text(path, "\n".join(good) + "\n")  # later lines must not follow a cut one
         return cp
 

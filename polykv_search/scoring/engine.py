@@ -111,8 +111,8 @@ def score_entries(
                     row = checkpoint.get(task.name, index, sample.id) if checkpoint is not None else None
                     if row is None:
                         t0 = time.perf_counter()
-                        row = {"rows": run_one(task, sample, scorer)}
-                        row["wall"] = time.perf_counter() - t0
+                        rows = run_one(task, sample, scorer)
+                        row = {"rows": rows, "wall": time.perf_counter() - t0}
                         if checkpoint is not None:
                             checkpoint.add(task.name, index, sample.id, row["rows"], row["wall"])
                         if progress is not None:
