@@ -86,6 +86,15 @@ def test_the_partial_file_of_another_run_is_refused_with_one_line(checkpoint, tm
     assert not out.exists() and (tmp_path / "r.json.partial").read_text() == before
 
 
+def test_a_run_stopped_under_another_release_is_not_resumed(checkpoint, tmp_path, counted, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "r.json"
+    stop_after(checkpoint, out, counted, 1)
+    monkeypatch.setattr("polykv_search.__version__", "99.0")
+    capsys.readouterr()
+    assert main(score_argv(checkpoint, out)) == 2
+    assert "code versions" in capsys.readouterr().err and not out.exists()
+
+
 def test_a_checkpoint_refuses_a_different_sample_at_a_finished_index(tmp_path):
     cp = Checkpoint.open(tmp_path / "p", "k")
     cp.add("t", 0, "s0", [], 1.0)

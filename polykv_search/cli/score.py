@@ -201,6 +201,7 @@ def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_s
     from polykv_search.scoring.checkpoint import Checkpoint, run_key
 
     key = run_key(
+        versions=_versions(),
         settings=settings,
         engine=engine,
         model=model_fp,
@@ -214,6 +215,17 @@ def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_s
     if checkpoint.done:
         console.print(f"resuming: {len(checkpoint.done)} finished samples from {checkpoint.path}", soft_wrap=True)
     return checkpoint
+
+
+def _versions() -> dict[str, str]:
+    """The code a run's numbers come from: a stopped run is not resumed by another release."""
+    import torch
+    import transformers
+
+    import polykv_search
+
+    return {"polykv_search": polykv_search.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__}  # fmt: skip
 
 
 def print_results(doc: dict) -> None:

@@ -3,8 +3,9 @@
 ``score --out R.json`` appends one JSON line per finished sample to ``R.json.partial``: every entry's
 per-sample record, KV bytes and seconds. Rerun with the same command, it replays those samples and
 runs only the rest; the results file is the one an uninterrupted run writes (but for wall times).
-The file's first line is a key (settings, entries, samples, model): a partial file of another run
-is refused, never mixed in. It is removed once the results file is written.
+The file's first line is a key (settings, entries, samples, model, and the versions of
+polykv-search, torch and transformers): a partial file of another run is refused, never mixed in.
+It is removed once the results file is written.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Checkpoint:
             head = {}
         if head.get("key") != key:
             raise ScoreError(
-                f"{path} holds a stopped score run of other settings, entries or samples; delete it to start over"
+                f"{path} holds a stopped score run of other settings, entries, samples or code versions; "
+                "delete it to start over"
             )
         good = lines[:1]
         for line in lines[1:]:
