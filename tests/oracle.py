@@ -1,11 +1,11 @@
 """An independent oracle for the runtime: keep the FULL cache and mask the evicted tokens.
 
-It shares no code with ``polykv_search.runtime`` or the fast patterns: attention runs over every
+It shares no code with ``polykv_search.runtime`` or the fast patterns but the one statement of the
+eviction rule (``eviction_target``: when, and down to how many tokens): attention runs over every
 token ever seen with a per-(layer, row, head) "kept" mask, and eviction decisions come from slow,
 obvious per-row Python reference implementations of each pattern. Same semantics as the spec:
-prefill compresses after the layer's kernel; decoding evicts when over budget every
-``decode_interval`` steps (mode ``"over"``) or, in mode ``"within"``, whenever over budget, down to
-``budget - k + 1`` tokens; the decoding pattern also observes the prefill call.
+prefill compresses after the layer's kernel; decoding evicts as ``eviction_target`` says; the decoding
+pattern also observes the prefill call.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from polykv_search.runtime import eviction_target
 from strategies import Strategy
 
 NAME = "polykv_oracle"
@@ -130,19 +131,12 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
     if phase == "decoding":
         L.since += 1
     name, params, budget = plan
-    if budget is not None and name != "full":
+    if name != "full":
         n_kept = int(L.kept[0, 0].sum())
-        if phase == "prefill" and n_kept > budget:
-            _evict(L, plan, key, scaling, groups)
-            L.evictions += 1
-            L.since = 0
-        elif o.mode == "within" and n_kept > budget:
-            target = max(budget - o.interval + 1, 1)
+        # the runtime's own statement of when and how far to evict; the selection below stays the oracle's
+        target = eviction_target(phase, n_kept, budget, interval=o.interval, mode=o.mode, steps_since_eviction=L.since)
+        if target is not None:
             _evict(L, (name, params, target), key, scaling, groups)
-            L.evictions += 1
-            L.since = 0
-        elif o.mode == "over" and n_kept > budget and L.since >= o.interval:
-            _evict(L, plan, key, scaling, groups)
             L.evictions += 1
             L.since = 0
     if phase == "prefill":

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from polykv_search.patterns.base import Pattern, protected_ends
+from polykv_search.patterns.base import Pattern, protected_ends, select_keep
 from polykv_search.patterns.pyramidkv import PyramidKV
 from polykv_search.patterns.snapkv import SnapKV
+from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
 
 D = 8
@@ -41,12 +42,12 @@ class RefLayer(EvictingLayer):
         seen: dict = {}
         for plan in plans:
             if plan.evicts and plan.pattern not in seen:
-                seen[plan.pattern] = self.states.setdefault(plan.pattern, {})
+                seen[plan.pattern] = self.states.setdefault(plan.pattern, PatternState())
         return list(seen.items())
 
 
 def _ref_score(pattern: SnapKV, layer, state) -> torch.Tensor:
-    probs = layer.attention_probs(state["query"], state["query_pos"])
+    probs = layer.attention_probs(state.row["query"], state.shared["query_pos"])
     votes = probs.sum(dim=-2)
     window = protected_ends(layer, votes.shape[-1], 0, pattern.window)
     votes = votes.masked_fill(layer.repeat_heads(window), 0.0)
@@ -63,19 +64,19 @@ class RefSnapKV(SnapKV):
     name: ClassVar[str] = "ref_snapkv"
 
     def pre_kernel(self, layer, state, query) -> None:
-        old_q, old_pos = state.get("query"), state.get("query_pos")
+        old_q, old_pos = state.row.get("query"), state.shared.get("query_pos")
         qpos = layer.query_range
         if old_q is not None and old_q.shape[0] == query.shape[0] and old_pos.stop == qpos.start:
             query = torch.cat([old_q, query], dim=-2)
             qpos = range(old_pos.start, qpos.stop)
-        state["query"] = query[..., -self.window :, :]
-        state["query_pos"] = qpos[-self.window :]
+        state.row["query"] = query[..., -self.window :, :]
+        state.shared["query_pos"] = qpos[-self.window :]
 
     def score(self, layer, state) -> torch.Tensor:
         return _ref_score(self, layer, state)
 
-    def cache_update(self, layer, state, budget):
-        return Pattern.cache_update(self, layer, state, budget)
+    def selection_key(self, layer, state, budgets, rows=None):
+        return Pattern.selection_key(self, layer, state, budgets, rows)
 
 
 def naive_probs(layer: EvictingLayer, query: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
@@ -136,7 +137,8 @@ def test_snapkv_decoding_keeps_exactly_what_the_plain_computation_keeps(case, se
         for layer in (fast, ref):
             _call(layer, k, v, query, padding)
         f_state, r_state = fast.states[fast.plans["decoding"].pattern], ref.states[ref.plans["decoding"].pattern]
-        assert torch.equal(f_state["query"], r_state["query"]) and f_state["query_pos"] == r_state["query_pos"]
+        assert torch.equal(f_state.row["query"], r_state.row["query"])
+        assert f_state.shared["query_pos"] == r_state.shared["query_pos"]
         assert torch.equal(fast.positions, ref.positions) and torch.equal(fast.valid, ref.valid)
         assert torch.equal(fast.keys, ref.keys)
         # the scores themselves, bit for bit, on the current (possibly evicted, padded, sliding) cache
@@ -144,7 +146,8 @@ def test_snapkv_decoding_keeps_exactly_what_the_plain_computation_keeps(case, se
         assert torch.equal(pattern.score(fast, f_state), _ref_score(pattern, ref, r_state))
         for budget in {1, fast.length // 2, fast.length - 1} - {0}:
             assert torch.equal(
-                pattern.cache_update(fast, f_state, budget), Pattern.cache_update(pattern, ref, r_state, budget)
+                pattern.cache_update(fast, f_state, budget),
+                select_keep(Pattern.selection_key(pattern, ref, r_state, [budget]), None, None, budget),
             )
     assert fast.num_evictions > 3
 
@@ -191,11 +194,11 @@ def test_sliding_query_buffer_never_changes_an_earlier_window():
         queries.append(query)
         _call(lay, torch.randn(1, 1, q_len, D), torch.randn(1, 1, q_len, D), query, None)
         state = lay.states[pattern]
-        windows.append((state["query"], state["query"].clone()))
+        windows.append((state.row["query"], state.row["query"].clone()))
         if len(windows) == 20:  # a copied state (fork) and a reordered one start buffers of their own
             twin = copy.deepcopy(state)
             lay.reorder_cache(torch.tensor([0]))
     for view, snapshot in windows:
         assert torch.equal(view, snapshot)
     assert torch.equal(windows[-1][0], torch.cat(queries, dim=-2)[..., -pattern.window :, :])
-    assert twin["query"].shape[-2] == pattern.window
+    assert twin.row["query"].shape[-2] == pattern.window

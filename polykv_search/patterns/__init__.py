@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.base import LayerView, Pattern
 from polykv_search.patterns.full import Full
 from polykv_search.patterns.h2o import H2O
 from polykv_search.patterns.knorm import KNorm
 from polykv_search.patterns.pyramidkv import PyramidKV
 from polykv_search.patterns.random import Random
 from polykv_search.patterns.snapkv import SnapKV
+from polykv_search.patterns.state import PatternState
 from polykv_search.patterns.streaming_llm import StreamingLLM
 from polykv_search.patterns.tova import TOVA
 
@@ -36,4 +37,12 @@ def make_pattern(name: str, **params: Any) -> Pattern:
     return get_pattern_class(name)(**params)
 
 
-__all__ = ["PATTERNS", "Pattern", "get_pattern_class", "make_pattern", *[c.__name__ for c in PATTERNS.values()]]
+__all__ = [
+    "PATTERNS",
+    "LayerView",
+    "Pattern",
+    "PatternState",
+    "get_pattern_class",
+    "make_pattern",
+    *[c.__name__ for c in PATTERNS.values()],
+]

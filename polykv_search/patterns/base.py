@@ -1,9 +1,8 @@
-"""The pattern protocol: the three hook points and the shared keep-the-best-``b`` selection.
+"""The pattern–layer contract: what a pattern may read of a layer, its state, and its hook points.
 
-A pattern is a small frozen dataclass holding its parameters; everything that changes while a
-sequence is processed lives in the layer's :class:`~polykv_search.runtime.layer.EvictingLayer`
-(``layer.state(key)`` gives a pattern its own dict of tensors). Tensors whose last axis is the token
-axis and that are stored under ``state["token"]`` are gathered with the cache on every eviction.
+A pattern is a small frozen dataclass holding its parameters. It reads the layer only through
+:class:`LayerView` and remembers what it needs in a :class:`~polykv_search.patterns.state.PatternState`
+(token-aligned, per-row and shared tensors, moved with the cache by the runtime).
 
 Hook points, called by the runtime in this order for every attention call of a layer:
 
@@ -13,25 +12,96 @@ Hook points, called by the runtime in this order for every attention call of a l
     After the attention kernel: compute the attention statistics the pattern needs.
 ``cache_update(layer, state, budget) -> keep``
     Only when the layer must shrink: return the indices ``[batch, kv_heads, budget]`` to keep.
+
+``cache_update_rows`` is ``cache_update``'s batched variant for a right-padded batch of rows with a
+budget each (the scorer decodes many entries as one batch). Every pattern has one: the default ranks
+by :meth:`Pattern.selection_key` exactly as ``cache_update`` does, and a pattern that overrides
+``cache_update`` alone gets one that calls its ``cache_update`` once per distinct budget, so the
+two can never disagree.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.patterns.selection import (  # noqa: F401  (re-exported: the historical home)
+    NEG_INF,
+    POS_INF,
+    keep_per_row,
+    protected_ends,
+    select_keep,
+    sinks_and_recent,
+    valid_rank,
+)
+from polykv_search.patterns.state import PatternState
 
-NEG_INF = float("-inf")
-POS_INF = float("inf")
+
+class LayerView(Protocol):
+    """Everything a pattern may read of a layer's cache (the runtime's layers and row views implement it).
+
+    Shapes: ``B`` batch rows, ``Hkv`` KV heads, ``Hq`` query heads, ``n`` cached tokens, ``D`` head size.
+    """
+
+    #: Index of the layer in the model (seeds, per-layer choices).
+    layer_idx: int
+    #: KV heads ``Hkv``; ``Hq = Hkv * groups``.
+    num_kv_heads: int
+    #: Sequence positions of the attention call in progress (this call's queries).
+    query_range: range
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """Cached post-RoPE keys ``[B, Hkv, n, D]``."""
+
+    @property
+    def values(self) -> torch.Tensor:
+        """Cached values ``[B, Hkv, n, Dv]``."""
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """Bool ``[B, Hkv, n]``: real tokens (False: padding, never kept ahead of a real token)."""
+
+    @property
+    def all_valid(self) -> bool:
+        """True when no slot is padding (fast paths may then skip the masks)."""
+
+    @property
+    def length(self) -> int:
+        """``n``, the slots held per row and head (the tokens kept, plus padding)."""
+
+    @property
+    def num_evictions(self) -> int:
+        """Evictions so far (seeded draws depend on it)."""
+
+    def query_valid(self, q_len: int) -> torch.Tensor | None:
+        """Which of this call's ``q_len`` queries are real ``[B, q]``, or None when all are."""
+
+    def visible_prefix(self, max_query_position: int) -> int:
+        """How many leading cached slots a query at ``max_query_position`` (or before) may see."""
+
+    def attention_probs(
+        self, query: torch.Tensor, query_positions: torch.Tensor | range, upto: int | None = None
+    ) -> torch.Tensor:
+        """Exact softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` over the cached keys, masked as
+        the model's kernel masks them (``upto``: only the first ``upto`` slots)."""
+
+    def repeat_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``[B, Hkv, ...]`` to query heads ``[B, Hq, ...]``."""
+
+    def group_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """``[B, Hq, ...]`` to KV heads ``[B, Hkv, ...]``, summing each GQA group."""
+
+    def group_mean(self, t: torch.Tensor) -> torch.Tensor:
+        """``[B, Hq, ...]`` to KV heads ``[B, Hkv, ...]``, averaging each GQA group."""
 
 
 @dataclass(frozen=True)
 class Pattern:
-    """Base class of every eviction pattern (see the module docstring for the hook points)."""
+    """Base class of every eviction pattern (see the module docstring for the contract)."""
 
     name: ClassVar[str] = ""
     #: True when the pattern never evicts (``full``).
@@ -39,83 +109,85 @@ class Pattern:
     #: True when scoring rows as one padded batch gives each row's own scores (false for seeded draws).
     batch_exact: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "cache_update" in cls.__dict__ and "cache_update_rows" not in cls.__dict__:
+            cls.cache_update_rows = Pattern._rows_by_cache_update
+
     # -------------------------------------------------------------- hook points
-    def pre_kernel(self, layer: EvictingLayer, state: dict, query: torch.Tensor) -> None:
+    def pre_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
         """Called before the kernel with this call's post-RoPE queries ``[B, Hq, q, D]``."""
 
-    def post_kernel(self, layer: EvictingLayer, state: dict, query: torch.Tensor) -> None:
+    def post_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
         """Called after the kernel; accumulate attention statistics here."""
 
-    def cache_update(self, layer: EvictingLayer, state: dict, budget: int) -> torch.Tensor:
+    def cache_update(self, layer: LayerView, state: PatternState, budget: int) -> torch.Tensor:
         """Indices ``[B, Hkv, budget]`` (ascending) of the cached tokens to keep."""
-        score = self.score(layer, state)
-        protected = self.protected(layer, budget)
-        return select_keep(score, None if layer.all_valid else layer.valid, protected, budget)
+        return select_keep(self.selection_key(layer, state, [budget]), None, None, budget)
+
+    def cache_update_rows(
+        self, layer: LayerView, state: PatternState, rows: Sequence[int], budgets: Sequence[int], counts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cache_update`` for a right-padded batch: row ``rows[e]`` of ``layer`` (its real tokens in
+        slots ``0..counts[e]-1``) keeps ``budgets[e]`` tokens, exactly those ``cache_update`` keeps for it
+        alone. Returns ``keep`` ``[E, Hkv, max(budgets)]`` and ``kept`` ``[E, 1, max(budgets)]`` (False:
+        an entry past the row's budget) as :func:`~polykv_search.patterns.selection.keep_per_row`."""
+        return keep_per_row(self.selection_key(layer, state, budgets, rows), budgets, counts)
 
     # ---------------------------------------------------------- building blocks
-    def score(self, layer: EvictingLayer, state: dict) -> torch.Tensor:
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
         """Importance ``[B, Hkv, n]`` of every cached token (higher is kept first)."""
         raise NotImplementedError
 
-    def protected(self, layer: EvictingLayer, budget: int) -> torch.Tensor | None:
+    def protected(self, layer: LayerView, budget: int) -> torch.Tensor | None:
         """Bool ``[B, Hkv, n]``: tokens kept regardless of score (sinks, recent window); None: none."""
         return None
+
+    def selection_key(
+        self, layer: LayerView, state: PatternState, budgets: Sequence[int], rows: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Keys ``[E, Hkv, n]`` whose stable top-``budgets[e]`` is row ``rows[e]``'s kept set: the score,
+        protected tokens (at each row's own budget) at +inf, padding at -inf. ``rows=None``: every row,
+        with ``budgets`` one entry for all of them or one per row."""
+        score = self.score(layer, state).float()
+        sel = None if rows is None else torch.tensor(list(rows), device=score.device)
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t if sel is None else t.index_select(0, sel)
+
+        distinct = sorted(set(budgets))
+        per_row = torch.tensor(list(budgets), device=score.device) if len(distinct) > 1 else None
+        protected = None
+        for b in distinct:
+            mask = self.protected(layer, b)
+            if mask is None:
+                continue
+            mask = take(mask.expand(score.shape))
+            if per_row is not None:
+                mask = mask & (per_row == b)[:, None, None]
+            protected = mask if protected is None else protected | mask
+        key = take(score)
+        if protected is not None:
+            key = key.masked_fill(protected, POS_INF)
+        if not layer.all_valid:
+            key = key.masked_fill(~take(layer.valid), NEG_INF)
+        return key
+
+    def _rows_by_cache_update(self, layer, state, rows, budgets, counts):
+        """The batched variant of a pattern that overrides ``cache_update`` alone: one call per distinct
+        budget on the whole batch, each row taking its own budget's selection (rows are independent
+        when ``batch_exact``)."""
+        m = max(budgets)
+        keep = torch.zeros(len(rows), layer.num_kv_heads, m, dtype=torch.long, device=layer.keys.device)
+        for b in sorted(set(budgets)):
+            chosen = self.cache_update(layer, state, b)  # [B, Hkv, b]
+            for e, (r, rb) in enumerate(zip(rows, budgets)):
+                if rb == b:
+                    keep[e, :, :b] = chosen[r]
+        slot = torch.arange(m, device=keep.device)
+        kept = slot[None, None, :] < torch.tensor(list(budgets), device=keep.device)[:, None, None]
+        return keep, kept
 
     # ------------------------------------------------------------------ utility
     def params(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def valid_rank(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank of each valid token among the valid tokens of its row (0 = oldest), and the row count.
-
-    The cache keeps tokens in position order, so a cumulative sum along the token axis is the rank.
-    """
-    v = valid.long()
-    rank = v.cumsum(-1) - 1
-    return rank, v.sum(-1, keepdim=True)
-
-
-def sinks_and_recent(valid: torch.Tensor, budget: int, n_sink: int, n_recent: int) -> torch.Tensor:
-    """Protect the oldest ``n_sink`` and newest ``n_recent`` valid tokens, capped at ``budget``."""
-    n_sink = min(n_sink, budget)
-    n_recent = min(n_recent, budget - n_sink)
-    rank, count = valid_rank(valid)
-    sink = rank < n_sink
-    recent = (count - 1 - rank) < n_recent
-    return valid & (sink | recent)
-
-
-def protected_ends(layer: EvictingLayer, budget: int, n_sink: int, n_recent: int) -> torch.Tensor:
-    """:func:`sinks_and_recent` of the layer's cache; without padding the ranks are the slots."""
-    if not layer.all_valid:
-        return sinks_and_recent(layer.valid, budget, n_sink, n_recent)
-    n_sink = min(n_sink, budget)
-    n_recent = min(n_recent, budget - n_sink)
-    n = layer.length
-    slot = torch.arange(n, device=layer.valid.device)
-    return ((slot < n_sink) | (slot >= n - n_recent)).expand(layer.valid.shape)
-
-
-def select_keep(
-    score: torch.Tensor, valid: torch.Tensor | None, protected: torch.Tensor | None, budget: int
-) -> torch.Tensor:
-    """Keep ``budget`` tokens per row: protected first, then highest score, padding last.
-
-    ``valid=None``: no padding; ``protected=None``: nothing protected. Ties are broken towards the
-    older token (a stable descending sort), which the reference implementations in the tests
-    reproduce exactly. The result is sorted by token index.
-    """
-    key = score.float()
-    if protected is not None:
-        key = key.masked_fill(protected, POS_INF)
-    if valid is not None:
-        key = key.masked_fill(~valid, NEG_INF)
-    n = key.shape[-1]
-    if n == budget + 1:
-        # one token out (a decoding step): the sort's last, i.e. the newest of the lowest keys
-        drop = (n - 1) - key.flip(-1).argmin(dim=-1, keepdim=True)
-        slot = torch.arange(budget, device=key.device)
-        return slot + (slot >= drop)
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
-    return order[..., :budget].sort(dim=-1).values

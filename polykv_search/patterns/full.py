@@ -7,7 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.base import LayerView, Pattern
+from polykv_search.patterns.state import PatternState
 
 
 @dataclass(frozen=True)
@@ -17,5 +18,5 @@ class Full(Pattern):
     name: ClassVar[str] = "full"
     keeps_all: ClassVar[bool] = True
 
-    def score(self, layer, state) -> torch.Tensor:
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
         return torch.zeros(layer.valid.shape, device=layer.valid.device)

@@ -12,7 +12,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from polykv_search.patterns.base import Pattern, protected_ends
+from polykv_search.patterns.base import LayerView, Pattern, protected_ends
+from polykv_search.patterns.state import PatternState
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,9 @@ class H2O(Pattern):
         if not isinstance(self.chunk, int) or self.chunk < 1:
             raise ValueError(f"chunk must be a positive integer, got {self.chunk!r}")
 
-    def post_kernel(self, layer, state, query) -> None:
+    def post_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
         n = layer.length
-        token = state.setdefault("token", {})
-        acc = token.get("acc")
+        acc = state.token.get("acc")
         if acc is None:
             grown = torch.zeros(layer.valid.shape, dtype=torch.float32, device=layer.valid.device)
         else:
@@ -58,10 +58,10 @@ class H2O(Pattern):
             if qvalid is not None:
                 probs = probs * qvalid[:, None, start:stop, None]
             grown[..., :upto] += layer.group_sum(probs.sum(dim=-2))
-        token["acc"] = grown
+        state.token["acc"] = grown
 
-    def score(self, layer, state) -> torch.Tensor:
-        return state["token"]["acc"]
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
+        return state.token["acc"]
 
-    def protected(self, layer, budget: int) -> torch.Tensor:
+    def protected(self, layer: LayerView, budget: int) -> torch.Tensor:
         return protected_ends(layer, budget, 0, int(budget * self.recent_ratio))

@@ -11,7 +11,8 @@ from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.base import LayerView, Pattern
+from polykv_search.patterns.state import PatternState
 
 
 @dataclass(frozen=True)
@@ -20,5 +21,5 @@ class KNorm(Pattern):
 
     name: ClassVar[str] = "knorm"
 
-    def score(self, layer, state) -> torch.Tensor:
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
         return -layer.keys.float().norm(dim=-1)

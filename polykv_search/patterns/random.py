@@ -8,7 +8,8 @@ from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.base import LayerView, Pattern
+from polykv_search.patterns.state import PatternState
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Random(Pattern):
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
-    def score(self, layer, state) -> torch.Tensor:
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
         return random_scores(self.seed, layer.layer_idx, layer.num_evictions, tuple(layer.valid.shape)).to(
             layer.valid.device
         )

@@ -6,13 +6,15 @@ https://arxiv.org/abs/2404.14469
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from polykv_search.patterns.base import POS_INF, Pattern, protected_ends, select_keep
+from polykv_search.patterns.base import POS_INF, LayerView, Pattern, protected_ends
+from polykv_search.patterns.state import PatternState
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,8 @@ class SnapKV(Pattern):
         if self.pooling not in ("avgpool", "maxpool"):
             raise ValueError(f"pooling must be 'avgpool' or 'maxpool', got {self.pooling!r}")
 
-    def pre_kernel(self, layer, state, query) -> None:
-        old_q, old_pos = state.get("query"), state.get("query_pos")
+    def pre_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
+        old_q, old_pos = state.row.get("query"), state.shared.get("query_pos")
         qpos = layer.query_range
         q = query.shape[-2]
         if old_q is not None and old_q.shape[0] == query.shape[0] and old_pos.stop == qpos.start:
@@ -56,11 +58,11 @@ class SnapKV(Pattern):
                 window = query[..., -self.window :, :]
         else:
             window = query[..., -self.window :, :]
-        state["query"] = window
-        state["query_pos"] = qpos[-self.window :]
+        state.row["query"] = window
+        state.shared["query_pos"] = qpos[-self.window :]
 
-    def score(self, layer, state) -> torch.Tensor:
-        probs = layer.attention_probs(state["query"], state["query_pos"])  # [B, Hq, w, n]
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
+        probs = layer.attention_probs(state.row["query"], state.shared["query_pos"])  # [B, Hq, w, n]
         votes = probs.sum(dim=-2)  # [B, Hq, n]
         if layer.all_valid:  # the window is the newest slots: zero them in place
             votes[..., votes.shape[-1] - min(self.window, votes.shape[-1]) :] = 0.0
@@ -76,15 +78,19 @@ class SnapKV(Pattern):
             pooled = F.max_pool1d(flat, self.kernel, stride=1, padding=pad)
         return layer.group_mean(pooled.reshape(b, h, n))
 
-    def cache_update(self, layer, state, budget: int) -> torch.Tensor:
-        if not layer.all_valid:
-            return super().cache_update(layer, state, budget)
+    def selection_key(
+        self, layer: LayerView, state: PatternState, budgets: Sequence[int], rows: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        if not layer.all_valid or len(set(budgets)) > 1:
+            return super().selection_key(layer, state, budgets, rows)
         # protected_ends without padding is the newest min(window, budget) slots: protect them in place
         key = self.score(layer, state).float()
-        key[..., key.shape[-1] - min(self.window, budget) :] = POS_INF
-        return select_keep(key, None, None, budget)
+        if rows is not None:
+            key = key.index_select(0, torch.tensor(list(rows), device=key.device))
+        key[..., key.shape[-1] - min(self.window, budgets[0]) :] = POS_INF
+        return key
 
-    def protected(self, layer, budget: int) -> torch.Tensor:
+    def protected(self, layer: LayerView, budget: int) -> torch.Tensor:
         return protected_ends(layer, budget, 0, self.window)
 
 

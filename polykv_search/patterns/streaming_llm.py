@@ -11,7 +11,8 @@ from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import Pattern, protected_ends
+from polykv_search.patterns.base import LayerView, Pattern, protected_ends
+from polykv_search.patterns.state import PatternState
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class StreamingLLM(Pattern):
         if not isinstance(self.n_sink, int) or self.n_sink < 0:
             raise ValueError(f"n_sink must be a non-negative integer, got {self.n_sink!r}")
 
-    def score(self, layer, state) -> torch.Tensor:
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
         return torch.zeros(layer.valid.shape, device=layer.valid.device)
 
-    def protected(self, layer, budget: int) -> torch.Tensor:
+    def protected(self, layer: LayerView, budget: int) -> torch.Tensor:
         return protected_ends(layer, budget, self.n_sink, budget)

@@ -10,7 +10,8 @@ from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.base import LayerView, Pattern
+from polykv_search.patterns.state import PatternState
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,11 @@ class TOVA(Pattern):
 
     name: ClassVar[str] = "tova"
 
-    def pre_kernel(self, layer, state, query) -> None:
-        state["query"] = query[..., -1:, :]
-        state["query_pos"] = layer.query_range[-1:]
+    def pre_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
+        state.row["query"] = query[..., -1:, :]
+        state.shared["query_pos"] = layer.query_range[-1:]
 
-    def score(self, layer, state) -> torch.Tensor:
-        probs = layer.attention_probs(state["query"], state["query_pos"])  # [B, Hq, 1, n]
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
+        probs = layer.attention_probs(state.row["query"], state.shared["query_pos"])  # [B, Hq, 1, n]
         shared = probs[:, :, 0, :].mean(dim=1, keepdim=True)  # [B, 1, n]
         return shared.expand(-1, layer.num_kv_heads, -1)

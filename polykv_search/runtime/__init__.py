@@ -1,7 +1,9 @@
 """The shared eviction runtime: apply a strategy to a loaded HF causal LM."""
 
 from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError, model_spec
-from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
+from polykv_search.runtime.base_layer import RuntimeLayer
+from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan, eviction_target
+from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
 from polykv_search.runtime.row_batch import RowBatchLayer
 from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy, strategy_plans
@@ -18,10 +20,12 @@ __all__ = [
     "PolyKVCache",
     "PolyKVRuntime",
     "RowBatchLayer",
+    "RuntimeLayer",
     "StackedLayer",
     "UnsupportedModelError",
     "apply_strategy",
     "cache_report",
+    "eviction_target",
     "model_spec",
     "strategy_plans",
 ]

@@ -38,11 +38,16 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     scaling = module.scaling if scaling is None else scaling
     sliding = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     padding = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
-    layer = runtime.take_pending(module.layer_idx)
-    if layer is None:  # no cache (use_cache=False): plain causal attention over this call
+    layer = runtime.take_pending(module.layer_idx)  # raises when a cache exists but its layer is missing
+    if layer is None:  # no cache at all (use_cache=False): plain causal attention over this call
         mask = _stateless_mask(query.shape[-2], key.shape[-2], padding, sliding, query.device)
         return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None), None
 
+    if key is not layer.keys:
+        raise RuntimeError(
+            f"polykv-search: layer {module.layer_idx}'s attention got keys that are not its cache layer's "
+            "(the model changed them after cache.update); refusing to attend over a cache it does not hold"
+        )
     q_len = query.shape[-2]
 
     def attend():

@@ -50,7 +50,9 @@ class CacheReport:
 
 
 def layer_report(layer) -> LayerReport:
-    """What one cache layer (an :class:`~polykv_search.runtime.layer.EvictingLayer`) holds now."""
+    """What one cache layer (an :class:`~polykv_search.runtime.layer.EvictingLayer`, or a composite of
+    rows, which has no plans of its own) holds now."""
+    plans = getattr(layer, "plans", None)
     return LayerReport(
         layer=layer.layer_idx,
         seen=layer.seen,
@@ -58,8 +60,8 @@ def layer_report(layer) -> LayerReport:
         kv_bytes=layer.kv_bytes(),
         peak_kv_bytes=_peak_bytes(layer),
         full_kv_bytes=_full_bytes(layer),
-        prefill_budget=layer.plans["prefill"].budget,
-        decoding_budget=layer.plans["decoding"].budget,
+        prefill_budget=plans["prefill"].budget if plans else None,
+        decoding_budget=plans["decoding"].budget if plans else None,
     )
 
 
@@ -73,7 +75,8 @@ def _full_bytes(layer) -> int:
     if layer.keys is None:
         return 0
     b, h, _, d = layer.keys.shape
-    return 2 * b * h * layer.seen * d * layer.keys.element_size()
+    dv = layer.values.shape[-1]  # the value head size may differ from the key's
+    return b * h * layer.seen * (d * layer.keys.element_size() + dv * layer.values.element_size())
 
 
 def _peak_bytes(layer) -> int:

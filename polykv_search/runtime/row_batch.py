@@ -20,57 +20,14 @@ from typing import Any
 
 import torch
 
-from polykv_search.patterns.base import NEG_INF, POS_INF, Pattern
-from polykv_search.runtime.layer import DECODING, FULL_PLAN, EvictingLayer
-from polykv_search.runtime.row_select import keep_per_row
-from polykv_search.runtime.row_states import fit_tokens, row_state, stack_states
+from polykv_search.patterns.base import NEG_INF, Pattern
+from polykv_search.patterns.selection import keep_per_row
+from polykv_search.patterns.state import PatternState
+from polykv_search.runtime.base_layer import RuntimeLayer
+from polykv_search.runtime.eviction import DECODING, eviction_target
+from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.row_view import GroupView, RowsMask
 from polykv_search.runtime.storage import TokenStore, capacity_for
-
-
-def _newest_only(layer: EvictingLayer, query_positions) -> bool:
-    return (
-        isinstance(query_positions, range)
-        and len(query_positions) == 1
-        and query_positions.start == layer.seen - 1
-        and layer.sliding_window is None
-    )
-
-
-class _RowsMask:
-    """``allowed`` for rows stored compactly (row ``r`` valid in slots ``0..count-1`` on every head): the
-    newest query sees exactly the valid slots, one ``[R, 1, 1, n]`` mask for all heads."""
-
-    def allowed(self, query_positions):
-        if not self.all_valid and _newest_only(self, query_positions):
-            return self._valid[:, :1, None, :]
-        return super().allowed(query_positions)
-
-
-class _GroupView(_RowsMask, EvictingLayer):
-    """The layer a group's pattern sees: its rows' slots of the batch store (no padding queries)."""
-
-    #: builds ``values`` on first read: no pattern hook reads them, so no copy per call
-    _take_values = None
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        if self._values is None and self._take_values is not None:
-            self._values = self._take_values()
-        return self._values
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._assign("_values", tensor)
-
-    def query_valid(self, q_len: int) -> torch.Tensor | None:
-        return None
-
-    def attention_probs(self, query, query_positions, upto=None):
-        probs = super().attention_probs(query, query_positions, upto)
-        # A query that sees none of a row's keys (a SnapKV window query older than every kept token)
-        # has NaN probabilities; alone, the row's window mask zeroes all of them, but here they would
-        # also reach the padding slots (and SnapKV's pooling). Zero is what the row alone ends with.
-        return probs if self.all_valid else probs.nan_to_num_(0.0)
 
 
 @dataclass
@@ -78,12 +35,17 @@ class _Group:
     pattern: Pattern
     rows: list[int]
     budgets: list[int]
-    state: dict[str, Any]
+    state: PatternState
     index: torch.Tensor | slice
-    view: _GroupView
+    view: GroupView
+
+    @property
+    def default_rows(self) -> bool:
+        """True when the pattern ranks rows with the default batched variant (``selection_key``)."""
+        return type(self.pattern).cache_update_rows is Pattern.cache_update_rows
 
 
-class RowBatchLayer(_RowsMask, EvictingLayer):
+class RowBatchLayer(RowsMask, RuntimeLayer):
     """Rows (detached single-sequence layers in their decoding phase) shown as one right-padded batch.
 
     The attention kernel sees ``keys``/``values`` ``[R, Hkv, N, D]`` with ``N`` the longest row and
@@ -91,7 +53,7 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
     """
 
     def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
-        super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
+        super().__init__(layer_idx, **kwargs)
         rows = list(rows)
         if not rows:
             raise ValueError("RowBatchLayer needs at least one row")
@@ -132,22 +94,19 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
             pattern = key if isinstance(key, Pattern) else key[0]
             contiguous = idx == list(range(idx[0], idx[-1] + 1))
             index = slice(idx[0], idx[-1] + 1) if contiguous else torch.tensor(idx, device=self.device)
-            states = [rows[r].states.get(pattern, {}) for r in idx]
-            state = stack_states(states, [self.counts[r] for r in idx])
-            view = _GroupView(self.layer_idx, FULL_PLAN, rows[idx[0]].plans[DECODING], **self._view_kwargs())
+            states = [rows[r].states.get(pattern) or PatternState() for r in idx]
+            state = PatternState.stack(states, [self.counts[r] for r in idx])
+            view = GroupView(
+                self.layer_idx,
+                num_kv_heads=self.num_kv_heads,
+                groups=self.groups,
+                scaling=self.scaling,
+                sliding_window=self.sliding_window,
+                device=self.device,
+            )
             budgets = [rows[r].plans[DECODING].budget for r in idx]
             groups.append(_Group(pattern, idx, budgets, state, index, view))
         return groups
-
-    def _view_kwargs(self) -> dict:
-        return {
-            "num_kv_heads": self.num_kv_heads,
-            "groups": self.groups,
-            "scaling": self.scaling,
-            "sliding_window": self.sliding_window,
-            "decode_interval": self.decode_interval,
-            "interval_mode": self.interval_mode,
-        }
 
     # ------------------------------------------------------- cache layer API
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -173,8 +132,7 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         self.counts = [c + q for c in self.counts]
         self.seen += q
         self._refresh()
-        if self._on_update is not None:
-            self._on_update(self)
+        self._notify_update()
         return self._keys, self._values
 
     def begin_call(self, q_len: int, padding_mask) -> None:
@@ -185,7 +143,7 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
             self._point_view(group)
 
     def observers(self):
-        return [(self._dispatch, {})] if self.row_groups else []
+        return [(self._dispatch, None)] if self.row_groups else []
 
     def end_call(self) -> None:
         self.calls += 1
@@ -195,13 +153,16 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
         for group in self.row_groups:
             targets = {}
             for j, r in enumerate(group.rows):
-                budget, n = group.budgets[j], self.counts[r]
-                if n <= budget:
-                    continue
-                if self.interval_mode == "within":
-                    targets[j] = budget - min(k, budget) + 1
-                elif self.row_steps[r] >= k:
-                    targets[j] = budget
+                target = eviction_target(
+                    DECODING,
+                    self.counts[r],
+                    group.budgets[j],
+                    interval=k,
+                    mode=self.interval_mode,
+                    steps_since_eviction=self.row_steps[r],
+                )
+                if target is not None:
+                    targets[j] = target
             if targets:
                 picks.append((group, targets))
         if picks:
@@ -211,74 +172,55 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
 
     # ------------------------------------------------------------ eviction
     def _evict(self, picks: list[tuple[_Group, dict[int, int]]]) -> None:
-        """Keep ``targets[j]`` tokens of each group's ``j``-th row (for the rows in ``targets``): every
-        group scores its rows, then one selection and one compaction serve all of them."""
+        """Keep ``targets[j]`` tokens of each group's ``j``-th row (for the rows in ``targets``), chosen by
+        the group pattern's ``cache_update_rows``; then one compaction serves every group.
+
+        Groups whose pattern uses the default batched variant (rank by ``selection_key``, then
+        :func:`~polykv_search.patterns.selection.keep_per_row`) share one ``keep_per_row`` call: its
+        rows are independent, so each row gets what its own group's call would give it."""
         end = max(self.counts[g.rows[j]] for g, targets in picks for j in targets)  # the picked rows' slots
-        keys, rows, budgets, parts = [], [], [], []
+        parts, shared_keys, shared_budgets, shared_counts = [], [], [], []
         for group, targets in picks:
             picked = sorted(targets)
-            parts.append((group, picked))
-            key = self._group_key(group, [targets[j] for j in picked], picked)
-            keys.append(torch.nn.functional.pad(key, (0, end - key.shape[-1]), value=NEG_INF))
+            budgets = [targets[j] for j in picked]
+            counts = [self.counts[group.rows[j]] for j in picked]
+            if group.default_rows:
+                key = group.pattern.selection_key(group.view, group.state, budgets, picked)
+                shared_keys.append(torch.nn.functional.pad(key, (0, end - key.shape[-1]), value=NEG_INF))
+                shared_budgets += budgets
+                shared_counts += counts
+                parts.append((group, picked, budgets, None))
+            else:
+                chosen = group.pattern.cache_update_rows(group.view, group.state, picked, budgets, counts)
+                parts.append((group, picked, budgets, chosen))
+        if shared_keys:
+            key = shared_keys[0] if len(shared_keys) == 1 else torch.cat(shared_keys)
+            shared = keep_per_row(key, shared_budgets, shared_counts)
+        width = max(max(budgets) for _, _, budgets, _ in parts)
+        keeps, kepts, rows, all_budgets, at = [], [], [], [], 0
+        for group, picked, budgets, chosen in parts:
+            if chosen is None:
+                chosen = (shared[0][at : at + len(picked)], shared[1][at : at + len(picked)])
+                at += len(picked)
+            keeps.append(torch.nn.functional.pad(chosen[0], (0, width - chosen[0].shape[-1])))
+            kepts.append(torch.nn.functional.pad(chosen[1], (0, width - chosen[1].shape[-1])))
             rows += [group.rows[j] for j in picked]
-            budgets += [targets[j] for j in picked]
-        key = keys[0] if len(keys) == 1 else torch.cat(keys)
-        keep, kept = keep_per_row(key, budgets, [self.counts[r] for r in rows])  # [E, H, m], bool [E, 1, m]
+            all_budgets += budgets
+        keep = keeps[0] if len(keeps) == 1 else torch.cat(keeps)  # [E, H, m], bool [E, 1, m]
+        kept = kepts[0] if len(kepts) == 1 else torch.cat(kepts)
         keep = torch.nn.functional.pad(keep, (0, end - keep.shape[-1]))
         kept = torch.nn.functional.pad(kept, (0, end - kept.shape[-1]))
         self._compact(torch.tensor(rows, device=self.device), keep, kept)
         at = 0
-        for group, picked in parts:
+        for group, picked, _, _ in parts:
             part = slice(at, at + len(picked))
             at += len(picked)
-            self._gather_tokens(group, picked, keep[part], kept[part], end)
-        for r, b in zip(rows, budgets):
+            whole = len(picked) == len(group.rows)
+            group.state.gather_rows(None if whole else picked, keep[part], kept[part], end)
+        for r, b in zip(rows, all_budgets):
             self.counts[r] = b
             self.row_evictions[r] += 1
             self.row_steps[r] = 0
-
-    def _group_key(self, group: _Group, budget_list: list[int], picked: list[int]) -> torch.Tensor:
-        """Selection keys ``[len(picked), H, n]`` of the group's ``picked`` rows: the pattern's scores,
-        protection (per row, at its own target) as +inf, padding as -inf."""
-        view, pattern = group.view, group.pattern
-        score = pattern.score(view, group.state).float()  # [R_g, H, n]
-        sel = None if len(picked) == len(group.rows) else torch.tensor(picked, device=self.device)
-
-        def take(t: torch.Tensor) -> torch.Tensor:
-            return t if sel is None else t.index_select(0, sel)
-
-        distinct = sorted(set(budget_list))
-        budgets = torch.tensor(budget_list, device=self.device) if len(distinct) > 1 else None
-        protected = None
-        for t in distinct:  # protection depends on each row's (interval) budget
-            mask = pattern.protected(view, t)
-            if mask is None:
-                continue
-            mask = take(mask.expand(score.shape))
-            if budgets is not None:
-                mask = mask & (budgets == t)[:, None, None]
-            protected = mask if protected is None else protected | mask
-        key = take(score)
-        if protected is not None:
-            key = key.masked_fill(protected, POS_INF)
-        if not view.all_valid:
-            key = key.masked_fill(~take(view.valid), NEG_INF)
-        return key
-
-    @staticmethod
-    def _gather_tokens(group: _Group, picked: list[int], keep, kept, end: int) -> None:
-        """The group's token-axis pattern state follows its picked rows' kept slots (``keep`` covers
-        slots ``0..end-1``; the group's other rows, possibly longer, keep theirs)."""
-        whole = len(picked) == len(group.rows)
-        for name, tensor in group.state.get("token", {}).items():
-            if whole:
-                fresh = fit_tokens(tensor, end).gather(-1, keep).masked_fill_(~kept, 0)
-            else:
-                sel = torch.tensor(picked, device=tensor.device)
-                fresh = fit_tokens(tensor, max(end, tensor.shape[-1]))
-                rows = fit_tokens(fresh.index_select(0, sel), end).gather(-1, keep).masked_fill_(~kept, 0)
-                fresh[sel] = fit_tokens(rows, fresh.shape[-1])
-            group.state["token"][name] = fresh
 
     def _compact(self, rows: torch.Tensor, keep: torch.Tensor, kept: torch.Tensor) -> None:
         """Rewrite slots ``0..end-1`` of store ``rows``: the ``keep`` slots first, then padding."""
@@ -303,38 +245,46 @@ class RowBatchLayer(_RowsMask, EvictingLayer):
 
     def _point_view(self, group: _Group) -> None:
         """Point the group's view at its rows' slots: the rows' longest prefix of the store."""
-        view, store = group.view, self._batch
+        store = self._batch
         n = max(self.counts[r] for r in group.rows)
-        take = (lambda t: t[group.index, :, :n]) if isinstance(group.index, slice) else None
-        if take is None:
-            idx = group.index
-            take = lambda t: t[:, :, :n].index_select(0, idx)  # noqa: E731
-        view._keys, view._values = take(store.keys), None
-        view._take_values = lambda: take(store.values)
-        view._positions, view._valid = take(store.positions), take(store.valid)
-        view._store = None
-        view._all_valid = all(self.counts[r] == n for r in group.rows)
-        view.device, view.is_initialized = self.device, True
-        view.seen, view.calls, view.query_range = self.seen, self.calls, self.query_range
-        view.num_evictions = max(self.row_evictions[r] for r in group.rows)
-        for name, tensor in group.state.get("token", {}).items():
-            group.state["token"][name] = fit_tokens(tensor, n)
+        if isinstance(group.index, slice):
+            take = lambda t: t[group.index, :, :n]  # noqa: E731
+        else:
+            take = lambda t: t[:, :, :n].index_select(0, group.index)  # noqa: E731
+        group.view.show(
+            take(store.keys),
+            lambda: take(store.values),
+            take(store.positions),
+            take(store.valid),
+            all_valid=all(self.counts[r] == n for r in group.rows),
+            seen=self.seen,
+            calls=self.calls,
+            num_evictions=max(self.row_evictions[r] for r in group.rows),
+            query_range=self.query_range,
+        )
+        group.state.fit(n)
 
     def write_back(self) -> None:
         """Give every row its tokens, counters and pattern state again (compact, unpadded)."""
+        states = {r: row.states for r, row in enumerate(self.rows)}
+        for group in self.row_groups:
+            for j, r in enumerate(group.rows):
+                states[r] = {group.pattern: group.state.take_row(j, self.counts[r])}
         store = self._batch
         for r, row in enumerate(self.rows):
             c = self.counts[r]
-            row._keys, row._values = store.keys[r : r + 1, :, :c], store.values[r : r + 1, :, :c]
-            row._positions, row._valid = store.positions[r : r + 1, :, :c], store.valid[r : r + 1, :, :c]
-            row._store, row._all_valid = None, True
-            row.seen, row.calls = self.seen, self.calls
-            row.num_evictions, row.steps_since_eviction = self.row_evictions[r], self.row_steps[r]
-            row.peak_length = self.row_peaks[r]
-        for group in self.row_groups:
-            for j, r in enumerate(group.rows):
-                state = row_state(group.state, len(group.rows), j, self.counts[r])
-                self.rows[r].states = {group.pattern: state}
+            row.restore(
+                store.keys[r : r + 1, :, :c],
+                store.values[r : r + 1, :, :c],
+                store.positions[r : r + 1, :, :c],
+                store.valid[r : r + 1, :, :c],
+                seen=self.seen,
+                calls=self.calls,
+                num_evictions=self.row_evictions[r],
+                steps_since_eviction=self.row_steps[r],
+                peak_length=self.row_peaks[r],
+                states=states[r],
+            )
 
 
 class _GroupDispatch:

@@ -22,7 +22,9 @@ from transformers.cache_utils import Cache, DynamicCache
 from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
-from polykv_search.runtime.layer import INTERVAL_MODES, EvictingLayer, PhasePlan
+from polykv_search.runtime.base_layer import RuntimeLayer
+from polykv_search.runtime.eviction import INTERVAL_MODES, PhasePlan
+from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.report import CacheReport, cache_report
 from strategies import Strategy
 
@@ -76,9 +78,12 @@ class PolyKVRuntime:
         self.interval_mode = interval_mode
         self.plans = strategy_plans(strategy)
         self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
-        self._pending: dict[int, EvictingLayer] = {}
+        self._pending: dict[int, RuntimeLayer] = {}
         self.last_cache: PolyKVCache | None = None
-        self._hook = None
+        #: True while a model forward runs without any cache (``use_cache=False``): the only case in
+        #: which attention may run without a cache layer.
+        self.uncached = False
+        self._hooks: list = []
 
     # ---------------------------------------------------------------- lifetime
     def __enter__(self) -> PolyKVRuntime:
@@ -88,14 +93,18 @@ class PolyKVRuntime:
         attn.register()
         attn.ACTIVE[id(config)] = self
         self._forward_sig = inspect.signature(self.model.forward)
-        self._hook = self.model.register_forward_pre_hook(self._inject_cache, with_kwargs=True)
+        self._hooks = [
+            self.model.register_forward_pre_hook(self._inject_cache, with_kwargs=True),
+            self.model.register_forward_hook(self._forward_done, always_call=True),
+        ]
         self.model.set_attn_implementation(attn.ATTN_NAME)
         return self
 
     def __exit__(self, *exc) -> None:
         self.model.set_attn_implementation(self.spec.attn_implementation)
-        if self._hook is not None:
-            self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         attn.ACTIVE.pop(id(self.spec.config), None)
         self._pending.clear()
 
@@ -131,10 +140,12 @@ class PolyKVRuntime:
         use_cache = bound.arguments.get("use_cache")
         if use_cache is None:
             use_cache = getattr(self.spec.config, "use_cache", True)
+        self.uncached = False
         if isinstance(cache, PolyKVCache):
             self.last_cache = cache
             return None
         if cache is None and not use_cache:
+            self.uncached = True
             return None
         if cache is not None and not (isinstance(cache, DynamicCache) and cache.get_seq_length() == 0):
             raise ValueError(
@@ -145,11 +156,24 @@ class PolyKVRuntime:
         bound.arguments["cache"] = self.last_cache = self.new_cache()
         return bound.args, bound.kwargs
 
-    def _set_pending(self, layer: EvictingLayer) -> None:
+    def _forward_done(self, module, args, output) -> None:
+        self.uncached = False
+
+    def _set_pending(self, layer: RuntimeLayer) -> None:
         self._pending[layer.layer_idx] = layer
 
-    def take_pending(self, layer_idx: int) -> EvictingLayer | None:
-        return self._pending.pop(layer_idx, None)
+    def take_pending(self, layer_idx: int) -> RuntimeLayer | None:
+        """The cache layer whose ``update`` preceded this attention call of layer ``layer_idx``; None
+        only while a forward runs without a cache (plain attention). Anything else is an error: an
+        attention call that cannot find its cache layer must not run without eviction."""
+        layer = self._pending.pop(layer_idx, None)
+        if layer is None and not self.uncached:
+            raise RuntimeError(
+                f"polykv-search: layer {layer_idx}'s attention ran under an active strategy, but its cache "
+                "layer was not updated first (a cache the runtime did not build, or a forward that bypasses "
+                "it); refusing to run attention without eviction"
+            )
+        return layer
 
     def kernel(self, query, key, value, mask, scaling, *, is_causal=False):
         return attn.kernel(self.kernel_impl, query, key, value, mask, scaling, is_causal=is_causal)

@@ -10,11 +10,11 @@ run on the rows themselves.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import torch
 
+from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
 from polykv_search.runtime.threads import small_ops
 
@@ -39,7 +39,7 @@ class _RowDispatch:
                     pattern.post_kernel(row, st, query[i : i + 1])
 
 
-class StackedLayer(EvictingLayer):
+class StackedLayer(RuntimeLayer):
     """Several single-row cache layers (own plans, lengths, evictions) shown as one batch.
 
     The attention function sees right-padded ``keys``/``values``/``positions``/``valid`` (padding:
@@ -48,7 +48,7 @@ class StackedLayer(EvictingLayer):
     """
 
     def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
-        super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
+        super().__init__(layer_idx, **kwargs)
         if not rows:
             raise ValueError("StackedLayer needs at least one row")
         self.rows = list(rows)
@@ -68,8 +68,7 @@ class StackedLayer(EvictingLayer):
                 row.update(key_states[i : i + 1], value_states[i : i + 1])
             self.seen += key_states.shape[-2]
             self._restack()
-        if self._on_update is not None:
-            self._on_update(self)
+        self._notify_update()
         return self.keys, self.values
 
     def begin_call(self, q_len: int, padding_mask) -> None:
@@ -81,7 +80,7 @@ class StackedLayer(EvictingLayer):
         self.row_observers = [row.observers() for row in self.rows]
 
     def observers(self):
-        return [(self._dispatch, {})] if any(self.row_observers) else []
+        return [(self._dispatch, None)] if any(self.row_observers) else []
 
     def end_call(self) -> None:
         # the stacked tensors are rebuilt on the next ``update``, the only point that reads them next
@@ -128,12 +127,12 @@ class StackedLayer(EvictingLayer):
 
     def _allocate(self, capacity: int) -> None:
         first = self.rows[0]
-        r, h, d = len(self.rows), first.keys.shape[1], first.keys.shape[-1]
+        r, h, d, dv = len(self.rows), first.keys.shape[1], first.keys.shape[-1], first.values.shape[-1]
         dev = first.keys.device
         # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
         self._buffers = (
             torch.zeros(r, h, capacity, d, dtype=first.keys.dtype, device=dev),
-            torch.zeros(r, h, capacity, d, dtype=first.values.dtype, device=dev),
+            torch.zeros(r, h, capacity, dv, dtype=first.values.dtype, device=dev),
             torch.full((r, h, capacity), -1, dtype=torch.long, device=dev),
             torch.zeros(r, h, capacity, dtype=torch.bool, device=dev),
         )
@@ -159,8 +158,7 @@ class _SharedDispatch:
             row, st = members[0]
             pattern.post_kernel(row, st, query)
             for _, other in members[1:]:
-                other.clear()
-                other.update(copy.deepcopy(st))
+                other.replace_with(st)
 
 
 class FanoutLayer(EvictingLayer):
@@ -193,7 +191,7 @@ class FanoutLayer(EvictingLayer):
                 self.groups.setdefault(pattern, []).append((row, state))
 
     def observers(self):
-        return [(self._dispatch, {})] if self.groups else []
+        return [(self._dispatch, None)] if self.groups else []
 
     def end_call(self) -> None:
         with small_ops():

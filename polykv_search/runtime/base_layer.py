@@ -1,0 +1,164 @@
+"""`RuntimeLayer`: what every cache layer of the runtime shares, evicting or composite.
+
+The tensors the attention function reads (``keys``/``values`` ``[B, Hkv, n, D]``, ``positions`` and
+``valid`` ``[B, Hkv, n]``), the counters (tokens seen, calls, evictions), the transformers
+``CacheLayerMixin`` API, the read side patterns use (:class:`~polykv_search.runtime.view.ViewOps`, the
+:class:`~polykv_search.patterns.base.LayerView` protocol) and :meth:`RuntimeLayer.attention_call`,
+the one place that runs the hook points. Subclasses say what a call does: :meth:`update`,
+:meth:`begin_call`, :meth:`observers` and :meth:`end_call`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+from polykv_search.runtime.eviction import INTERVAL_MODES
+from polykv_search.runtime.storage import TokenStore
+from polykv_search.runtime.view import ViewOps
+
+
+class RuntimeLayer(CacheLayerMixin, ViewOps):
+    """Base of the runtime's cache layers (see the module docstring).
+
+    ``get_seq_length`` reports tokens *seen*, so ``generate()`` keeps absolute positions.
+    ``on_update(layer)`` is called after every ``update``: the runtime uses it to hand the layer to the
+    attention call that follows (None: a detached layer nobody attends through).
+    """
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(
+        self,
+        layer_idx: int,
+        *,
+        num_kv_heads: int,
+        groups: int,
+        scaling: float,
+        sliding_window: int | None = None,
+        decode_interval: int = 1,
+        interval_mode: str = "within",
+        on_update=None,
+    ):
+        super().__init__()
+        if interval_mode not in INTERVAL_MODES:
+            raise ValueError(f"interval_mode must be one of {INTERVAL_MODES}, got {interval_mode!r}")
+        self.layer_idx = layer_idx
+        self.num_kv_heads = num_kv_heads
+        self.groups = groups
+        self.scaling = scaling
+        self.sliding_window = sliding_window
+        self.decode_interval = decode_interval
+        self.interval_mode = interval_mode
+        self._on_update = on_update
+        self.reset()
+
+    # ------------------------------------------------- the cached tensors
+    # Views of the layer's own :class:`TokenStore`, or tensors assigned from outside (then the next
+    # append moves them into a store of the layer's own).
+    keys = property(lambda self: self._keys, lambda self, t: self._assign("_keys", t))
+    values = property(lambda self: self._values, lambda self, t: self._assign("_values", t))
+    positions = property(lambda self: self._positions, lambda self, t: self._assign("_positions", t))
+    valid = property(lambda self: self._valid, lambda self, t: self._assign("_valid", t))
+
+    def _assign(self, name: str, tensor: torch.Tensor | None) -> None:
+        setattr(self, name, tensor)
+        self._store = None
+        if name == "_valid":
+            self._all_valid = None
+
+    def _expose(self, store: TokenStore, n: int) -> None:
+        self._keys, self._values, self._positions, self._valid = store.views(n)
+        self._store = store
+
+    @property
+    def all_valid(self) -> bool:
+        """True when every cached token of every row and head is a real token (no padding)."""
+        if self._all_valid is None:
+            self._all_valid = self._valid is None or bool(self._valid.all())
+        return self._all_valid
+
+    def _slack(self) -> int:
+        """Free slots a store keeps past its tokens: a decoding interval's worth, plus some."""
+        return self.decode_interval + 16
+
+    def _notify_update(self) -> None:
+        if self._on_update is not None:
+            self._on_update(self)
+
+    # ------------------------------------------------------- CacheLayerMixin API
+    def reset(self) -> None:
+        self._keys = self._values = self._positions = self._valid = None
+        self._store: TokenStore | None = None
+        self._all_valid: bool | None = True
+        self.is_initialized = False
+        self.seen = 0
+        self.calls = 0
+        self.num_evictions = 0
+        self.steps_since_eviction = 0
+        self.peak_length = 0
+        self.query_range = range(0)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise NotImplementedError(f"{type(self).__name__} is built initialized")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        raise NotImplementedError
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError(
+            "an evicting cache cannot be cropped (assisted/speculative decoding is not supported)"
+        )
+
+    # ------------------------------------------------------------ runtime side
+    @property
+    def length(self) -> int:
+        """Tokens physically held per (batch row, KV head)."""
+        return 0 if self._keys is None else self._keys.shape[-2]
+
+    @property
+    def query_positions(self) -> torch.Tensor:
+        """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
+        return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
+
+    def observers(self) -> list:
+        """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this call."""
+        return []
+
+    def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
+        raise NotImplementedError
+
+    def end_call(self) -> None:
+        raise NotImplementedError
+
+    def attention_call(
+        self, query: torch.Tensor, padding_mask: torch.Tensor | None, kernel=None, *, finish: bool = True
+    ):
+        """Run one attention call of this layer: :meth:`begin_call`, the observers' ``pre_kernel``,
+        ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries), their ``post_kernel``,
+        then :meth:`end_call` (``finish=False`` stops before it). Returns the kernel's output."""
+        self.begin_call(query.shape[-2], padding_mask)
+        observers = self.observers()
+        for hooks, state in observers:
+            hooks.pre_kernel(self, state, query)
+        out = None if kernel is None else kernel()
+        for hooks, state in observers:
+            hooks.post_kernel(self, state, query)
+        if finish:
+            self.end_call()
+        return out
+
+    def kv_bytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()

@@ -1,0 +1,91 @@
+"""What a row group's pattern sees of a :class:`~polykv_search.runtime.row_batch.RowBatchLayer`.
+
+Rows are stored compactly: row ``r``'s ``counts[r]`` tokens sit in slots ``0..counts[r]-1`` on every
+head, the rest is padding (invalid, position -1). :class:`GroupView` shows one group's rows of that
+store to their pattern through the :class:`~polykv_search.patterns.base.LayerView` protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from polykv_search.runtime.view import ViewOps
+
+
+def newest_only(layer, query_positions) -> bool:
+    """True when the queries are exactly the newest token (no sliding window)."""
+    return (
+        isinstance(query_positions, range)
+        and len(query_positions) == 1
+        and query_positions.start == layer.seen - 1
+        and layer.sliding_window is None
+    )
+
+
+class RowsMask:
+    """``allowed`` for compactly stored rows: the newest query sees exactly the valid slots, one
+    ``[R, 1, 1, n]`` mask for all heads."""
+
+    def allowed(self, query_positions):
+        if not self.all_valid and newest_only(self, query_positions):
+            return self.valid[:, :1, None, :]
+        return super().allowed(query_positions)
+
+
+class GroupView(RowsMask, ViewOps):
+    """A group's rows of the batch store, as its pattern reads them (no padding queries; ``values`` are
+    sliced out only when a pattern reads them). :meth:`show` points it at the rows before each call."""
+
+    def __init__(self, layer_idx: int, *, num_kv_heads: int, groups: int, scaling: float, sliding_window, device):
+        self.layer_idx = layer_idx
+        self.num_kv_heads = num_kv_heads
+        self.groups = groups
+        self.scaling = scaling
+        self.sliding_window = sliding_window
+        self.device = device
+        self.keys = self.positions = self.valid = None
+        self._values = self._take_values = None
+        self.all_valid = True
+        self.seen = self.calls = self.num_evictions = 0
+        self.query_range = range(0)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        if self._values is None and self._take_values is not None:
+            self._values = self._take_values()
+        return self._values
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def show(
+        self,
+        keys: torch.Tensor,
+        values: Callable[[], torch.Tensor],
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        *,
+        all_valid: bool,
+        seen: int,
+        calls: int,
+        num_evictions: int,
+        query_range: range,
+    ) -> None:
+        """Show these rows (``[R_g, Hkv, n, ...]`` slices of the store; ``values()`` slices the values) and
+        counters."""
+        self._values, self._take_values = None, values
+        self.keys, self.positions, self.valid, self.all_valid = keys, positions, valid, all_valid
+        self.seen, self.calls, self.num_evictions, self.query_range = seen, calls, num_evictions, query_range
+
+    def query_valid(self, q_len: int) -> torch.Tensor | None:
+        return None
+
+    def attention_probs(self, query, query_positions, upto=None):
+        probs = super().attention_probs(query, query_positions, upto)
+        # A query that sees none of a row's keys (a SnapKV window query older than every kept token)
+        # has NaN probabilities; alone, the row's window mask zeroes all of them, but here they would
+        # also reach the padding slots (and SnapKV's pooling). Zero is what the row alone ends with.
+        return probs if self.all_valid else probs.nan_to_num_(0.0)

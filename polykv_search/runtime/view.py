@@ -1,0 +1,117 @@
+"""`ViewOps`: the read side of a layer's cache that patterns use (:class:`~polykv_search.patterns.base.LayerView`).
+
+A mixin over the attributes every runtime layer and row view has: ``keys``/``positions``/``valid``
+``[B, Hkv, n, ...]``, ``all_valid``, ``length``, ``seen`` (tokens seen), ``num_evictions``,
+``query_range``, ``sliding_window``, ``num_kv_heads``, ``groups``, ``scaling`` and ``device``. Masks are
+built from the absolute positions each slot holds, so they are exact whatever was evicted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ViewOps:
+    """Masks and exact attention statistics over the cached keys (see the module docstring)."""
+
+    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
+        """Bool mask broadcastable to ``[B, Hkv, q, n]``: which cached keys each query may attend to.
+
+        Before any eviction and without padding, every row and head holds positions ``0..n-1``, so the
+        mask is one ``[1, 1, q, n]`` causal (and sliding-window) pattern shared by all of them.
+        """
+        qpos = _as_tensor(query_positions, self.device)
+        if self.num_evictions == 0 and self.all_valid:
+            kpos = torch.arange(self.positions.shape[-1], device=self.device)[None, :]
+            allowed = kpos <= qpos[:, None]
+            if self.sliding_window is not None:
+                allowed &= (qpos[:, None] - kpos) < self.sliding_window
+            return allowed[None, None]
+        kpos = self.positions[:, :, None, :]
+        qpos = qpos[None, None, :, None]
+        allowed = kpos <= qpos
+        if self.sliding_window is not None:
+            allowed &= (qpos - kpos) < self.sliding_window
+        if self.all_valid:
+            return allowed
+        # A padding query sees only itself, so no row is empty and no NaN can leak into the cache.
+        return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
+
+    def visibility(self, query_positions: torch.Tensor | range) -> torch.Tensor | None:
+        """:meth:`allowed`, or None when every query sees every cached key: no padding, no sliding
+        window, and the queries (a ``range``) are the newest token, which comes after every kept one."""
+        if (
+            isinstance(query_positions, range)
+            and len(query_positions)
+            and query_positions.start >= self.seen - 1
+            and self.sliding_window is None
+            and self.all_valid
+        ):
+            return None
+        return self.allowed(query_positions)
+
+    def query_valid(self, q_len: int) -> torch.Tensor | None:
+        """Which of this call's ``q_len`` tokens are real ``[B, q]`` (the newest slots), or None when all are."""
+        if self.all_valid:
+            return None
+        valid = self.valid[:, 0, self.length - q_len :]
+        return None if bool(valid.all()) else valid
+
+    def repeat_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """Expand a KV-head tensor ``[B, Hkv, ...]`` to query heads ``[B, Hq, ...]``."""
+        return t if self.groups == 1 else t.repeat_interleave(self.groups, dim=1)
+
+    def group_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Reduce a query-head tensor ``[B, Hq, n]`` to KV heads by summing over each GQA group."""
+        b, hq = t.shape[:2]
+        return t.reshape(b, hq // self.groups, self.groups, *t.shape[2:]).sum(dim=2)
+
+    def group_mean(self, t: torch.Tensor) -> torch.Tensor:
+        return self.group_sum(t) / self.groups
+
+    def attention_probs(
+        self, query: torch.Tensor, query_positions: torch.Tensor | range, upto: int | None = None
+    ) -> torch.Tensor:
+        """Softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` (at ``query_positions``: a tensor or a
+        ``range``) over the cached keys.
+
+        ``upto``: only the first ``upto`` cached tokens (``[B, Hq, q, upto]``); exact when no query may
+        see a later one (see :meth:`visible_prefix`), since masked keys get probability 0 anyway.
+        """
+        b, hq, q, d = query.shape
+        h, g = self.num_kv_heads, self.groups
+        keys = self.keys if upto is None else self.keys[..., :upto, :]
+        n = keys.shape[-2]
+        # Group the query heads of each KV head instead of copying K per query head.
+        # the scale goes on the (small) queries, not on the [q, n] logits: one pass less over them
+        scaled = query.float().reshape(b, h, g * q, d) * self.scaling
+        logits = torch.matmul(scaled, keys.float().transpose(-1, -2)).view(b, h, g, q, n)
+        if isinstance(query_positions, range) and self.sliding_window is None and self.all_valid:
+            # Kept positions are distinct, ascending and < seen, so only the last ``seen - 1 - start``
+            # slots can hold a key after the first query: mask just those columns.
+            first = self.length - (self.seen - 1 - query_positions.start)
+            if q and first < n:
+                first = max(first, 0)
+                kpos = self.positions[:, :, None, first:n]
+                qpos = torch.arange(query_positions.start, query_positions.stop, device=self.device)
+                logits[..., first:].masked_fill_((kpos > qpos[:, None])[:, :, None], float("-inf"))
+        else:
+            mask = self.visibility(query_positions)
+            if mask is not None:
+                logits.masked_fill_(~mask[..., :n][:, :, None], float("-inf"))
+        return logits.softmax(dim=-1).view(b, hq, q, n)
+
+    def visible_prefix(self, max_query_position: int) -> int:
+        """How many leading cached tokens a query at ``max_query_position`` (or before) may see: the cache
+        keeps tokens in position order, so every visible one lies in this prefix."""
+        if self.num_evictions == 0:
+            return min(self.positions.shape[-1], max_query_position + 1)
+        if max_query_position >= self.seen - 1:  # every kept token is at or before the newest one
+            return self.length
+        return int((self.positions <= max_query_position).sum(-1).max())
+
+
+def _as_tensor(positions: torch.Tensor | range, device) -> torch.Tensor:
+    if isinstance(positions, range):
+        return torch.arange(positions.start, positions.stop, device=device)
+    return positions.to(device)
