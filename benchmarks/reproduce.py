@@ -51,10 +51,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reproduce_report import prediction_lines, signals_path, solver_report, write_reports  # noqa: E402,F401
 
 from polykv_search.cli import main as cli  # noqa: E402
-from polykv_search.compare import compare, load_results, notes, to_markdown  # noqa: E402
-from polykv_search.io import atomic_write_text  # noqa: E402
 from strategies import Strategy  # noqa: E402
 
 UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
@@ -157,16 +158,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def signals_path(args: argparse.Namespace, retrieval: bool = False) -> Path:
-    return args.out / ("signals-retrieval.json" if retrieval else "signals.json")
-
-
 def collect_steps(args: argparse.Namespace) -> list[Step]:
     """The prose-only collection and, with ``--retrieval-mix``, the retrieval-aware one: same model,
     grid, calibration corpus, split, seed and lengths, plus the mix."""
-    argv = ["collect", "--model", args.model, "--device", args.device, "--samples", str(args.calib_samples),
-            "--context-len", str(args.calib_context_len), "--continuation-len", str(args.calib_continuation_len),
-            "--patterns", args.patterns, "--budgets", args.grid]  # fmt: skip
+    argv = [
+        "collect",
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--samples",
+        str(args.calib_samples),
+        "--context-len",
+        str(args.calib_context_len),
+        "--continuation-len",
+        str(args.calib_continuation_len),
+        "--patterns",
+        args.patterns,
+        "--budgets",
+        args.grid,
+    ]
     steps = [Step("collect", [*argv, "--out", str(signals_path(args))])]
     if args.retrieval_mix:
         mixed = [*argv, "--retrieval-mix", args.retrieval_mix, "--out", str(signals_path(args, True))]
@@ -174,11 +185,29 @@ def collect_steps(args: argparse.Namespace) -> list[Step]:
     return steps
 
 
-def _solve(args: argparse.Namespace, B: str, name: str, solver_args: list[str], *, retrieval: bool = False,
-           extra: list[str] = ()) -> Step:  # fmt: skip
+def _solve(
+    args: argparse.Namespace,
+    B: str,
+    name: str,
+    solver_args: list[str],
+    *,
+    retrieval: bool = False,
+    extra: list[str] = (),
+) -> Step:
     target = args.out / "strategies" / f"{name}-B{B}.json"
-    argv = ["solve", *solver_args, "--signals", str(signals_path(args, retrieval)), "--budget", B,
-            "--b-min", str(args.b_min), *extra, "--out", str(target)]  # fmt: skip
+    argv = [
+        "solve",
+        *solver_args,
+        "--signals",
+        str(signals_path(args, retrieval)),
+        "--budget",
+        B,
+        "--b-min",
+        str(args.b_min),
+        *extra,
+        "--out",
+        str(target),
+    ]
     return Step(f"solve {name} B={B}", argv, target)
 
 
@@ -197,9 +226,22 @@ def strategy_steps(args: argparse.Namespace, B: str, default: str) -> dict[str, 
         runs[f"{prefix}budgets-only"] = ["--method", m, "--fixed-pattern", default]
         runs[f"{prefix}prefill-only"] = ["--method", m, "--phases", "prefill", "--default-pattern", default]
         runs[f"{prefix}decoding-only"] = ["--method", m, "--phases", "decoding", "--default-pattern", default]
-    optuna = ["--model", args.model, "--device", args.device, "--trials", str(args.optuna_trials),
-              "--storage", str(args.out / "optuna.journal"), "--study-name", f"repro-B{B}",
-              "--samples", "1", "--context-len", str(args.calib_context_len)]  # fmt: skip
+    optuna = [
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--trials",
+        str(args.optuna_trials),
+        "--storage",
+        str(args.out / "optuna.journal"),
+        "--study-name",
+        f"repro-B{B}",
+        "--samples",
+        "1",
+        "--context-len",
+        str(args.calib_context_len),
+    ]
     steps = {name: _solve(args, B, name, a, extra=optuna if name == "optuna" else []) for name, a in runs.items()}
     if args.retrieval_mix:
         for m in RETRIEVAL_METHODS:
@@ -217,10 +259,21 @@ def score_steps(args: argparse.Namespace, B: str, strategies: list[Path]) -> lis
     for i, suite in runs:
         out = results_path(args, B, suite if args.score_per_task else None)
         seed = str(args.seed + i)
-        evaluation = ["--model", args.model, "--device", args.device, "--suite", suite, "--samples",
-                      str(args.samples), "--context-len", str(args.context_len), "--seed", seed]  # fmt: skip
-        argv = ["score", *evaluation, "--budget", B, *baselines, "--strategy", *map(str, strategies),
-                "--out", str(out)]  # fmt: skip
+        evaluation = [
+            "--model",
+            args.model,
+            "--device",
+            args.device,
+            "--suite",
+            suite,
+            "--samples",
+            str(args.samples),
+            "--context-len",
+            str(args.context_len),
+            "--seed",
+            seed,
+        ]
+        argv = ["score", *evaluation, "--budget", B, *baselines, "--strategy", *map(str, strategies), "--out", str(out)]
         steps.append(Step(f"score B={B}" + (f" {suite}" if args.score_per_task else ""), argv, out))
     return steps
 
@@ -242,8 +295,17 @@ def all_results(args: argparse.Namespace) -> list[Path]:
 
 def compare_step(args: argparse.Namespace) -> Step:
     results = [str(r) for r in all_results(args)]
-    argv = ["compare", *results, "--across-budgets", "--plot", str(args.out / "sweep.png"),
-            "--json", str(args.out / "compare.json"), "--signals", str(signals_path(args))]  # fmt: skip
+    argv = [
+        "compare",
+        *results,
+        "--across-budgets",
+        "--plot",
+        str(args.out / "sweep.png"),
+        "--json",
+        str(args.out / "compare.json"),
+        "--signals",
+        str(signals_path(args)),
+    ]
     return Step("compare", argv)
 
 
@@ -294,46 +356,11 @@ def main(argv: list[str] | None = None) -> int:
                 run_step(step._replace(target=None), log)
             results.append(step.target)
     run_step(compare_step(args), log)
-    comparison = compare([load_results(r) for r in results], sources=[str(r) for r in results], across_budgets=True)
-    calibration = "strategies calibrated on prose" + (
-        f", the `*-retrieval` ones on a retrieval-aware table of the same calibration split "
-        f"(--retrieval-mix {args.retrieval_mix})"
-        if args.retrieval_mix
-        else ""
-    )
-    lines = [
-        f"{args.samples} samples per task, {args.context_len}-token contexts, seed {args.seed}; "
-        f"score ± half-width of the 95 % paired bootstrap interval; {calibration}.",
-        "",
-        to_markdown(comparison),
-        "",
-        *[f"- {n}" for n in notes(comparison)],
-        "",
-        *prediction_lines(comparison, args),
-    ]
-    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
-    atomic_write_text(out / "solvers.md", solver_report(out) + "\n")
-    atomic_write_text(out / "timings.json", json.dumps(log, indent=2) + "\n")
+    write_reports(args, results, log)
     print(
         f"\ndone: {out}/ (table.md, solvers.md, compare.json, sweep.png, results-*.json, strategies/); step times {log}"
     )
     return 0
-
-
-def prediction_lines(comparison, args: argparse.Namespace) -> list[str]:
-    """Predicted vs measured: Spearman's ρ of each calibration table's predicted KL with the measured
-    scores and KL, per budget (the check that the signals predict anything)."""
-    from polykv_search.compare.prediction import describe, prediction_agreement
-    from signals import SignalTable
-    from signals.predict import strategy_predictor
-
-    lines = []
-    for retrieval in (False, True) if args.retrieval_mix else (False,):
-        path = signals_path(args, retrieval)
-        predict = strategy_predictor(SignalTable.load(path), "kl")
-        lines.append(f"Predicted KL ({path.name}) vs measured, Spearman's ρ with a 95 % bootstrap over entries:")
-        lines += [f"- {describe(a)}" for a in prediction_agreement(comparison, predict, seed=args.seed)]
-    return lines
 
 
 #: score flags a finished results file must have been made with to be reused, by settings key
@@ -354,41 +381,6 @@ def _results_cover(path: Path, strategies: list[Path], argv: list[str] | None = 
         if flag in argv and str(settings.get(key)) != argv[argv.index(flag) + 1]:
             return False
     return {str(Path(p).resolve()) for p in strategies} <= sources
-
-
-def solver_report(out: Path) -> str:
-    """Markdown: per budget and scored strategy, the table's predicted degradation (from the
-    strategy's provenance) beside the measured suite scores (± 95 % half-width) and gap recovered
-    (with its interval) from compare.json."""
-    rows = json.loads((out / "compare.json").read_text())["rows"]
-    suites = sorted({s for r in rows for s in r["suites"]})
-    head = ["strategy", "B", "pred. ΔPPL", "pred. 1−cos", "pred. KL"] + suites + [f"gap {s}" for s in suites]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
-    for r in sorted((r for r in rows if r["kind"] == "strategy"), key=lambda r: (r["budget"], r["name"])):
-        path = out / "strategies" / f"{r['name']}.json"
-        predicted = json.loads(path.read_text())["provenance"].get("predicted", {}) if path.exists() else {}
-        name = " = ".join([r["name"], *r.get("aliases", [])])  # identical strategies are merged by compare
-        cells = [
-            name,
-            f"{r['budget']:g}",
-            fmt(predicted.get("dppl"), ".3g"),
-            fmt(predicted.get("1-cosine"), ".3g"),
-            fmt(predicted.get("kl"), ".3g"),
-        ]
-        intervals = (r.get("intervals") or {}).get("suites", {})
-        for suite in suites:
-            hw = (intervals.get(suite) or {}).get("half_width")
-            cells.append(fmt(r["suites"].get(suite), ".1f") + ("" if hw is None else f" ± {hw:.1f}"))
-        for suite in suites:
-            gap = (r.get("gap_recovered_interval") or {}).get(suite) or {}
-            ci = gap.get("interval")
-            if ci and ci.get("low") is not None and ci.get("high") is not None:
-                cells.append(f"{100 * ci['estimate']:.0f}% [{100 * ci['low']:.0f}, {100 * ci['high']:.0f}]")
-            else:
-                cells.append("n/a" + (f" ({gap['reason']})" if gap.get("reason") else ""))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def _same_strategy(a: Path, b: Path) -> bool:
