@@ -80,6 +80,7 @@ from typing import Any
 
 from solvers.base import Choice, Plan, Problem, Settings, Solver, SolverError, SolveResult, jsonable, predictions
 from solvers.optuna_evaluate import CalibrationEvaluator, Evaluator, calibration_evaluator, values_of
+from solvers.optuna_plan import StudySetup, study_plan
 from solvers.optuna_settings import FAMILIES_LAYERS, FAMILIES_RULE, MAX_TRIALS_FACTOR, OptunaSettings
 from solvers.optuna_space import (
     RuleSignals,
@@ -100,11 +101,9 @@ from solvers.optuna_study import (
     lowest_budget,
     make_sampler,
     make_storage,
-    pareto_front,
     point_strategy,
     progress,
     stored_values,
-    trial_row,
 )
 from strategies.strategy import PHASES, LayerChoice, Strategy
 
@@ -170,9 +169,28 @@ class OptunaSolver(Solver):
         study_name = s.study_name or "polykv-" + digest(config)[:12]
         storage, storage_desc = make_storage(optuna, s.storage, study_name)
         sampler, sampler_desc = make_sampler(optuna, s)
-        two = s.two_objectives
-        directions = ["maximize", "minimize"] if two else ["maximize"]
+        setup = StudySetup(
+            study_name,
+            storage,
+            storage_desc,
+            sampler,
+            sampler_desc,
+            config,
+            calib,
+            degradation,
+            uniform_best,
+            uniform_pred,
+        )
+        study, ran = self._run_study(optuna, problem, signals, evaluate, setup)
+        return study_plan(optuna, study, ran, problem, signals, setup, self.settings)
 
+    def _run_study(self, optuna, problem: Problem, signals: RuleSignals, evaluate, setup: StudySetup):
+        """Open (or resume) the study, add the anchor trials and optimize until ``trials`` strategies are
+        scored. Returns the study and the number of trials run now."""
+        s = self.settings
+        study_name, storage, storage_desc = setup.study_name, setup.storage, setup.storage_desc
+        sampler, config, uniform_best = setup.sampler, setup.config, setup.uniform_best
+        directions = ["maximize", "minimize"] if s.two_objectives else ["maximize"]
         previous = optuna.logging.get_verbosity()
         if not s.verbose:
             optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -205,69 +223,7 @@ class OptunaSolver(Solver):
         finally:
             optuna.logging.set_verbosity(previous)
 
-        complete = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
-        if not complete:
-            raise SolverError(f"optuna: study {study_name!r} has no finished trial")
-        anchor_rows = [
-            {
-                "anchor": t.user_attrs["anchor"],
-                "trial": t.number,
-                "values": list(t.values),
-                "family": t.params.get("family"),
-            }
-            for t in complete
-            if "anchor" in t.user_attrs
-        ]
-        front = []
-        if two:
-            front = pareto_front(complete)
-            best = max(front, key=lambda t: (t.values[0], -t.values[1], -t.number))
-        else:
-            best = max(complete, key=lambda t: (t.values[0], -t.number))  # ties -> earliest (anchors first)
-        choices = {phase: [tuple(c) for c in best.user_attrs["choices"][phase]] for phase in problem.phases}
-        best_row = trial_row(best)
-        front_rows = [trial_row(t, with_choices=True) for t in front]
-        provenance = {
-            "optuna": {
-                "study_name": study_name,
-                "storage": storage_desc,
-                "sampler": sampler_desc,
-                "objectives": {"quality": "maximize", **({"memory": "minimize"} if two else {})},
-                "quality": f"mean task score (0-100) of {s.tasks}"
-                if s.metric == "score"
-                else f"-mean log perplexity of {s.tasks}",
-                "memory_unit": best.user_attrs.get("memory_unit") if two else None,
-                "space": s.space,
-                "families": list(FAMILIES_RULE if s.space == "rule" else FAMILIES_LAYERS),
-                "strategies_scored": progress(study)[0],
-                "trials_complete": len(complete),
-                "trials_total": len(study.trials),
-                "trials_run_now": ran,
-                "best": best_row,
-                "anchors": anchor_rows,
-                "uniform_best": {"pattern": uniform_best, "degradation": degradation, "predicted": uniform_pred},
-                "calibration": calib,
-                "front": [{k: v for k, v in r.items() if k != "choices"} for r in front_rows] if two else None,
-            }
-        }
-        anchor_best = max((a["values"][0] for a in anchor_rows), default=None)
-        message = (
-            f"best calibration quality {best.values[0]:.4g} (trial {best.number}, {best.params.get('family')}; "
-            f"best anchor {'n/a' if anchor_best is None else f'{anchor_best:.4g}'}); "
-            f"{progress(study)[0]} strategies scored in {len(complete)} trials"
-        )
-        if two:
-            message += f"; Pareto front of {len(front)} points"
-        info = {
-            "study_name": study_name,
-            "storage": storage_desc,
-            "best": best_row,
-            "anchors": anchor_rows,
-            "front": front_rows,
-            "main_point": trial_row(best, with_choices=True) if two else None,
-            "signals_filled": dict(signals.filled),
-        }
-        return Plan(choices, objective=None, message=message, info=info, provenance=provenance)
+        return study, ran
 
     def _make_evaluator(self, problem: Problem) -> tuple[Callable[[Any], Any], dict[str, Any]]:
         if self.evaluator is not None:
