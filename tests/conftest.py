@@ -32,3 +32,9 @@ def reproduce():
 def diagnose():
     """``benchmarks/diagnose_additivity.py``."""
     return benchmark_script("diagnose_additivity")
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    """``benchmarks/gpu_check.py``."""
+    return benchmark_script("gpu_check")
