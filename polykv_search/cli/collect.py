@@ -197,10 +197,12 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(str(err)) from None
     try:
         mix = parse_retrieval_mix(args.retrieval_mix, records=args.evidence_records or DEFAULT_RECORDS)
-        if mix is not None:
-            mix.evidence_samples(args.samples)
+        if mix is not None:  # what the evidence vocabularies can supply, before anything is drawn
+            mix.evidence_samples(args.samples, args.context_len)
     except DataError as err:
-        raise CLIError(str(err).replace("retrieval mix", "--retrieval-mix", 1)) from None
+        message = str(err).replace("retrieval mix", "--retrieval-mix", 1)
+        message = message.replace("evidence records per sample:", "--evidence-records", 1)
+        raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
     if args.evidence_records is not None and mix is None:
         raise CLIError("--evidence-records applies to evidence samples; give --retrieval-mix too")
     if args.resume and not journal_path(out).exists():
