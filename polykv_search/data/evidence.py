@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 GENERATOR_VERSION = 1
 _TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Col|Capt|Rev)\.$")
 
+
 @dataclass(frozen=True)
 class EvidenceKind:
     """One evidence format: ``{prefix} {key} {relation} {value}.``; the query is
