@@ -83,7 +83,7 @@ CASES = [
     row(f"{OPTUNA} {READ_ONLY}", "cannot write in /proc", SIG, id="solve-optuna-storage-read-only", marks=ro),
     row(
         "solve --budget 64 --signals bad.json --out o.json",
-        "bad.json: cosine",
+        "nan); a missing value is null (in bad.json)",
         {"bad.json": "signals-nan-cell"},
         id="solve-nan-cell-names-the-file",
     ),
@@ -105,7 +105,10 @@ CASES = [
     row("export s.json --format kvpress --approximate --out p.py", "--format kvpress", S, id="export-kvpress-approx"),
     # ---- show: the file is named
     row(
-        "show bad.json", "bad.json: cosine[0][0][0][0]", {"bad.json": "signals-nan-cell"}, id="show-nan-cell-names-file"
+        "show bad.json",
+        "cosine[0][0][0][0]: not a finite number (nan); a missing value is null (in bad.json)",
+        {"bad.json": "signals-nan-cell"},
+        id="show-nan-cell-names-file",
     ),
 ]
 

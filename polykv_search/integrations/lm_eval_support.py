@@ -7,7 +7,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from polykv_search.models import resolve_model
+from polykv_search.runtime.layer import INTERVAL_MODES
 from polykv_search.scoring.entries import ScoreError
+from strategies import Strategy, StrategyError
 
 MODEL_NAME = "polykv"
 #: where lm-eval finds the model class (imported only when ``--model polykv`` is used)
@@ -50,10 +53,6 @@ def check_model_args(model_args: Mapping[str, Any]) -> None:
     accepts. Raises :class:`~strategies.StrategyError` (a ``ValueError``, as lm-eval's own models
     raise for a bad argument) or :class:`~polykv_search.models.ModelError`, one line each.
     """
-    from polykv_search.models import resolve_model
-    from polykv_search.runtime.layer import INTERVAL_MODES
-    from strategies import Strategy, StrategyError
-
     strategy, budget = model_args.get("strategy", "full"), model_args.get("budget")
     if isinstance(strategy, str) and strategy.startswith("uniform:"):
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget):
