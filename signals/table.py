@@ -350,7 +350,11 @@ class SignalTable:
             raise SignalTableError(f"signals: cannot read {path}: {err.strerror}") from None
         except UnicodeDecodeError:
             raise SignalTableError(f"signals: {path} is not a UTF-8 text file") from None
-        return cls.loads(text)
+        try:
+            return cls.loads(text)
+        except SignalTableError as err:  # the file is named in every message (after the field it names)
+            message = str(err)
+            raise SignalTableError(message if str(path) in message else f"{message} (in {path})") from None
 
     # --------------------------------------------------------------- equality
     def __eq__(self, other: object) -> bool:

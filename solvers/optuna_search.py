@@ -94,6 +94,7 @@ from solvers.optuna_space import (
 from solvers.optuna_study import (
     StopWhenScored,
     check_config,
+    check_storage,
     digest,
     first_line,
     front_strategies,
@@ -161,6 +162,7 @@ class OptunaSolver(Solver):
     def _solve(self, problem: Problem) -> Plan:
         optuna = import_optuna()
         s = self.settings
+        check_storage(s.storage)  # a storage that cannot work is refused before the scoring model loads
         degradation = resolve_degradation(s, problem)
         signals = RuleSignals(problem, degradation)
         uniform_best, uniform_pred = best_uniform_pattern(problem, degradation)

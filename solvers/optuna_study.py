@@ -189,6 +189,66 @@ def import_optuna():
     return optuna
 
 
+def check_storage(spec: str | None) -> None:
+    """Refuse a ``storage`` that cannot work, before the scoring model loads, creating nothing.
+
+    ``memory`` and the default pass. An RDB URL must parse and name an installed dialect and driver
+    (a sqlite file: in an existing folder, writable); a redis URL needs the redis package; a journal
+    file path must not be a folder and must be writable where it would be created. Whether a
+    database server answers is only known when the study opens it."""
+    if spec is None or spec.strip().lower() in ("memory", ":memory:"):
+        return
+    if "://" not in spec:
+        _check_storage_file(Path(spec).expanduser(), spec, make_folders=True)
+        return
+    desc = _hide_password(spec)
+    if spec.startswith("redis"):
+        try:
+            import redis  # noqa: F401
+        except ImportError as err:
+            raise SolverError(f"storage {desc}: a redis storage needs the redis package ({err})") from None
+        return
+    try:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(spec)
+        dialect = url.get_dialect()
+        dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else dialect.dbapi()
+    except Exception as err:  # noqa: BLE001 - sqlalchemy's URL, dialect and driver errors
+        raise SolverError(f"storage {desc}: {first_line(err)}") from None
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        _check_storage_file(Path(url.database), desc, make_folders=False)
+
+
+def _check_storage_file(path: Path, desc: str, *, make_folders: bool) -> None:
+    import os
+    import tempfile
+
+    if path.is_dir():
+        raise SolverError(f"storage {desc}: is a directory; give a file path")
+    folder = path.absolute().parent
+    if not make_folders and not folder.is_dir():
+        raise SolverError(f"storage {desc}: folder {folder} does not exist")
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SolverError(f"storage {desc}: {folder} is not a directory")
+    try:
+        if path.exists():
+            with path.open("r+b"):
+                pass
+        else:
+            fd, probe = tempfile.mkstemp(prefix=".polykv-probe.", suffix=".tmp", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as err:
+        raise SolverError(f"storage {desc}: cannot write in {folder} ({err.strerror or err})") from None
+
+
+def _hide_password(spec: str) -> str:
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", spec)
+
+
 def make_storage(optuna, spec: str | None, study_name: str) -> tuple[Any, str]:
     """(storage object or URL, description for provenance with any password hidden)."""
     from optuna.storages import JournalStorage
@@ -197,7 +257,7 @@ def make_storage(optuna, spec: str | None, study_name: str) -> tuple[Any, str]:
     if spec is not None and spec.strip().lower() in ("memory", ":memory:"):
         return optuna.storages.InMemoryStorage(), "memory"
     if spec is not None and "://" in spec:
-        desc = re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", spec)
+        desc = _hide_password(spec)
         if spec.startswith("redis"):
             try:
                 from optuna.storages.journal import JournalRedisBackend
@@ -240,6 +300,7 @@ def first_line(err: BaseException) -> str:
 __all__ = [
     "StopWhenScored",
     "check_config",
+    "check_storage",
     "front_strategies",
     "make_sampler",
     "make_storage",

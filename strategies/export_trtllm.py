@@ -53,7 +53,7 @@ class TRTLLMExporter:
     name: ClassVar[str] = "trtllm"
     description: ClassVar[str] = "TensorRT-LLM KvCacheConfig YAML: per-layer max_attention_window and sink_token_length"
     suffix: ClassVar[str | None] = None
-    uses: ClassVar[frozenset[str]] = frozenset({"max_seq_len"})
+    uses: ClassVar[frozenset[str]] = frozenset({"approximate", "max_seq_len"})
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
         layers, issues = window_plan(

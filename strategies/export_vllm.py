@@ -44,7 +44,7 @@ class VLLMExporter:
     name: ClassVar[str] = "vllm"
     description: ClassVar[str] = "vLLM hf_overrides JSON: layer_types (full/sliding) and one sliding_window"
     suffix: ClassVar[str | None] = ".json"
-    uses: ClassVar[frozenset[str]] = frozenset()
+    uses: ClassVar[frozenset[str]] = frozenset({"approximate"})
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
         layers, issues = window_plan(

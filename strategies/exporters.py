@@ -10,7 +10,8 @@ One exporter per file (``strategies/export_<name>.py``), registered here by name
 
 The protocol is small. An exporter has a ``name``, a one-line ``description``, the ``suffix`` it
 expects ``--out`` to have (``None``: any), the set ``uses`` of :class:`ExportOptions` fields it reads
-besides ``approximate``, and ``render(strategy, out, options) -> Export``. ``render`` never writes:
+(``approximate`` among them when it can approximate), and ``render(strategy, out, options) -> Export``.
+An option the format does not read is refused, never ignored. ``render`` never writes:
 it returns every file's text, so a refused export leaves nothing behind; :func:`write_export`
 writes the files atomically afterwards.
 
@@ -102,6 +103,11 @@ def render_export(strategy: Strategy, fmt: str, out: str | Path, options: Export
     exporter = get_exporter(fmt)
     if options.max_seq_len is not None and "max_seq_len" not in exporter.uses:
         raise ExportError(f"--max-seq-len does not apply to --format {fmt}")
+    if options.approximate and "approximate" not in exporter.uses:
+        raise ExportError(
+            f"--approximate does not apply to --format {fmt}: it expresses every strategy exactly "
+            "(--approximate is for trtllm and vllm)"
+        )
     if options.max_seq_len is not None and (isinstance(options.max_seq_len, bool) or options.max_seq_len < 1):
         raise ExportError(f"--max-seq-len must be a positive integer, got {options.max_seq_len!r}")
     out = Path(out)

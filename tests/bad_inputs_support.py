@@ -7,10 +7,14 @@ do not own are strict xfails naming the change (:func:`needs`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,45 @@ def no_model_no_network(monkeypatch):
     monkeypatch.setattr("polykv_search.models._gguf_checkpoint", loading)
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_network)
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
+
+
+#: seconds a bad-input test may run: a hang fails the test instead of the CI run (generous: 2 shared cores)
+TIME_LIMIT = 60
+
+
+class Hung(BaseException):
+    """Raised into a test that ran past :data:`TIME_LIMIT` (a BaseException: no ``except Exception`` eats it)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Raise :class:`Hung` into the block if it runs past ``seconds`` (SIGALRM; POSIX main thread only).
+
+    Nests: an outer deadline's timer is restored, less the time the block took."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hung(signum, frame):
+        raise Hung(f"still running after {seconds:g} s: a hang")
+
+    start = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, hung)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+
+
+@pytest.fixture(autouse=True)
+def time_limit():
+    """Fail a test that runs past :data:`TIME_LIMIT` seconds."""
+    with deadline(TIME_LIMIT):
+        yield
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,6 +142,52 @@ def _with(doc_fn, path: str, value) -> str:
     return json.dumps(doc)
 
 
+def signals_v1_doc() -> dict:
+    """A version-1 signal table: no KL signal, no standard errors."""
+    doc = signals_doc()
+    doc.pop("kl"), doc.pop("uncertainty")
+    return {**doc, "version": 1}
+
+
+def partial_row(task: str = "ruler/niah_single", index: int = 0, entries: int = 1) -> dict:
+    """One finished sample of a score checkpoint (``<out>.partial``), as the score engine writes it."""
+    record = {
+        "id": f"{task}:0:{index}",
+        "prediction": "1234",
+        "answers": ["1234"],
+        "score": 100.0,
+        "context_tokens": 10,
+        "question_tokens": 5,
+        "new_tokens": 3,
+        "context_s": 0.1,
+        "question_s": 0.0,
+        "decode_s": 0.1,
+        "kv_bytes": 100,
+        "full_kv_bytes": 400,
+    }
+    return {
+        "task": task,
+        "index": index,
+        "sample": record["id"],
+        "wall": 0.2,
+        "rows": [{"record": dict(record), "seconds": 0.0} for _ in range(entries)],
+    }
+
+
+def partial_text(*rows, head=None) -> str:
+    lines = [json.dumps({"key": "0123456789abcdef01234567"} if head is None else head)]
+    return "\n".join(lines + [r if isinstance(r, str) else json.dumps(r) for r in rows]) + "\n"
+
+
+def _row_without(*path: str) -> dict:
+    row = partial_row()
+    node = row
+    for key in path[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    del node[path[-1]]
+    return row
+
+
 LATIN1 = "Caf\xe9 au lait, na\xefve r\xe9sum\xe9 \xe0 la carte".encode("latin-1")
 
 FILES = {
@@ -118,6 +207,18 @@ FILES = {
     "results-nan-score": lambda: _with(results_doc, "entries.2.suites.ruler", math.nan),
     "prose": lambda: "It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 20,
     "empty": lambda: "",
+    "signals-v1": lambda: json.dumps(signals_v1_doc()),
+    # score checkpoints (``<out>.partial``) of a run with one entry
+    "partial": lambda: partial_text(partial_row()),
+    "partial-list-head": lambda: partial_text(partial_row(), head=[1, 2]),
+    "partial-no-index": lambda: partial_text(_row_without("index")),
+    "partial-empty-rows": lambda: partial_text({**partial_row(), "rows": []}),
+    "partial-no-prediction": lambda: partial_text(_row_without("rows", "0", "record", "prediction")),
+    "partial-nan-wall": lambda: partial_text(json.dumps(partial_row()).replace('"wall": 0.2', '"wall": NaN')),
+    "partial-garbage-line": lambda: partial_text("{not json", partial_row()),
+    "partial-unknown-task": lambda: partial_text(partial_row(task="ruler/nosuch")),
+    "partial-twice": lambda: partial_text(partial_row(), partial_row()),
+    "partial-latin1": lambda: LATIN1,
 }
 
 
@@ -150,3 +251,22 @@ S, SIG, RES = {"s.json": "strategy"}, {"sig.json": "signals"}, {"r.json": "resul
 LINUX = sys.platform.startswith("linux")
 READ_ONLY = "/proc/polykv-bad-input/out.json"  # /proc refuses new files, even to root
 ro = pytest.mark.skipif(not LINUX, reason="needs /proc")
+
+
+def run_case(argv: str, match: str, files: dict[str, str], tmp_path: Path, monkeypatch, capsys) -> None:
+    """Run one corpus row: exit code 2, one ``error:`` line holding ``match``, no traceback, nothing written."""
+    import shlex
+
+    from polykv_search.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name, kind in files.items():
+        make(kind, tmp_path / name)
+    before = snapshot(tmp_path)
+    rc = main(shlex.split(argv.format(tmp=tmp_path)))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert rc == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert match.lower() in err.lower(), err
+    assert snapshot(tmp_path) == before  # no output, no half-written file, no stray .tmp

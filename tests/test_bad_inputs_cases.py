@@ -17,6 +17,7 @@ from tests.bad_inputs_support import (
     ro,
     row,
     snapshot,
+    time_limit,  # noqa: F401  (autouse: a hang fails the test)
 )
 
 # One row per case. Each row names the command line (``{tmp}`` is the test's folder, also the working

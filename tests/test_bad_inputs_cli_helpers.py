@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bad_inputs_support import no_model_no_network  # noqa: F401  (autouse: no model, no network)
+from tests.bad_inputs_support import (
+    no_model_no_network,  # noqa: F401  (autouse: no model, no network)
+    time_limit,  # noqa: F401  (autouse: a hang fails the test)
+)
 
 # --------------------------------------------------------------------------------------------
 # The helpers command modules call

@@ -138,7 +138,7 @@ def test_every_exporter_has_a_reader_here():
 def test_every_exporter_writes_what_it_was_given(fmt, tmp_path):
     exporter = get_exporter(fmt)
     assert exporter.name == fmt and exporter.description and "\n" not in exporter.description
-    assert exporter.uses <= {f.name for f in fields(ExportOptions)} - {"approximate"}
+    assert exporter.uses <= {f.name for f in fields(ExportOptions)}
     # sliding windows without sinks: a strategy every target can express exactly
     strategy = Strategy.uniform(4, "streaming_llm", 32, params={"n_sink": 0})
     options = ExportOptions(max_seq_len=4096 if "max_seq_len" in exporter.uses else None)

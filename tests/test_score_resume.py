@@ -53,7 +53,10 @@ def test_a_stopped_run_resumes_and_writes_the_uninterrupted_results(checkpoint, 
     out = tmp_path / "new" / "resumed.json"  # in a folder that does not exist yet
     stop_after(checkpoint, out, counted, 4)
     assert not out.exists()  # nothing half-written
-    assert "4 finished samples kept in" in capsys.readouterr().err  # and how to resume
+    err = capsys.readouterr().err.splitlines()  # one line says where the finished samples are and how to resume
+    stopped = [line for line in err if "finished samples kept in" in line]
+    assert stopped == [f"interrupted: 4 finished samples kept in {out}.partial; the same command resumes from there"]
+    assert err[-1] == stopped[0]
     lines = (tmp_path / "new" / "resumed.json.partial").read_text().splitlines()
     assert len(lines) == 1 + 4  # the key, then one line per finished sample
     resumed = score(checkpoint, out)

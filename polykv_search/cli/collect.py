@@ -155,15 +155,13 @@ def _layers_spec(text: str) -> str:
     return text
 
 
-def run(args: argparse.Namespace) -> int:
-    from polykv_search.data import DEFAULT_CORPUS, DataError, describe_samples, load_corpus
-    from polykv_search.data.evidence import (
-        DEFAULT_RECORDS,
-        describe_evidence,
-        make_calibration_samples,
-        parse_retrieval_mix,
-    )
-    from signals.collect import CollectError, ModelLoader, collect_signals, make_settings
+def check(args: argparse.Namespace):
+    """Every check of ``args`` that needs no model and no corpus (quickstart runs it before its first step).
+
+    Returns ``(out path, retrieval mix or None)``; raises :class:`CLIError` (one line)."""
+    from polykv_search.data import DataError
+    from polykv_search.data.evidence import DEFAULT_RECORDS, parse_retrieval_mix
+    from signals.collect import CollectError, make_settings
     from signals.journal import journal_path
 
     out = check_output_path(args.out)
@@ -197,16 +195,29 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(str(err)) from None
     try:
         mix = parse_retrieval_mix(args.retrieval_mix, records=args.evidence_records or DEFAULT_RECORDS)
-        if mix is not None:
-            mix.evidence_samples(args.samples)
+        if mix is not None:  # what the evidence vocabularies can supply, before anything is drawn
+            mix.evidence_samples(args.samples, args.context_len)
     except DataError as err:
-        raise CLIError(str(err).replace("retrieval mix", "--retrieval-mix", 1)) from None
+        message = str(err).replace("retrieval mix", "--retrieval-mix", 1)
+        message = message.replace("evidence records per sample:", "--evidence-records", 1)
+        raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
     if args.evidence_records is not None and mix is None:
         raise CLIError("--evidence-records applies to evidence samples; give --retrieval-mix too")
     if args.resume and not journal_path(out).exists():
         raise CLIError(f"--resume: nothing to resume, {journal_path(out)} does not exist")
     check_output_path(journal_path(out), "--out")
     check_model_args(args)
+    return out, mix
+
+
+def run(args: argparse.Namespace) -> int:
+    from polykv_search.data import DEFAULT_CORPUS, describe_samples, load_corpus
+    from polykv_search.data.evidence import describe_evidence, make_calibration_samples
+    from signals.collect import CollectError, ModelLoader, collect_signals
+    from signals.journal import journal_path
+
+    out, mix = check(args)
+    patterns, budgets, phases = args.patterns, args.budgets, args.phases
     spec = args.calib or DEFAULT_CORPUS
     with console.status(f"reading the calibration corpus {spec} ..."):
         corpus = load_corpus(spec)  # a bad --calib is refused before the (slow) model load

@@ -149,11 +149,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _predictor(args):
-    """``strategy JSON -> predicted degradation`` from ``--signals``."""
-    from signals import SignalTable
-    from signals.predict import strategy_predictor
+    """``strategy JSON -> predicted degradation`` from ``--signals``; a table that lacks the
+    ``--objective``'s signal is refused here (as ``solve`` refuses it), not shown as an empty table."""
+    from signals import SignalTable, SignalTableError
+    from signals.predict import cell_costs, strategy_predictor
 
-    return strategy_predictor(SignalTable.load(args.signals), args.objective)
+    table = SignalTable.load(args.signals)
+    try:
+        cell_costs(table, args.objective)
+    except SignalTableError as err:
+        raise CLIError(
+            f"--signals {args.signals}: --objective {args.objective}: {str(err).removeprefix('objective: ')}"
+        ) from None
+    return strategy_predictor(table, args.objective)
 
 
 def _agreement(args, comparison, predict) -> list:

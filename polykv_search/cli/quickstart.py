@@ -83,11 +83,13 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polykv_search.cli import invoke, is_user_error
+    from polykv_search.cli import build_parser, invoke, is_user_error
+    from polykv_search.cli.collect import check as collect_check
     from polykv_search.models import DEFAULT_MODEL
     from polykv_search.scoring import resolve_tasks
     from solvers import list_methods
 
+    # every argument is checked before the output folder is made or any step runs
     out = check_output_dir(args.out)
     mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
     tag = "-retrieval" if mix else ""  # the retrieval-aware files sit beside the prose-only ones
@@ -96,7 +98,6 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.methods if m not in known]
     if unknown:
         raise CLIError(f"--methods: unknown method {unknown[0]!r}; known: {', '.join(sorted(known))}")
-    out.mkdir(parents=True, exist_ok=True)
     eval_len = args.eval_context_len or args.context_len
     model = args.model or DEFAULT_MODEL
     B = f"{args.budget:g}"
@@ -118,26 +119,26 @@ def run(args: argparse.Namespace) -> int:
     signals = out / f"signals{tag}.json"
     if mix:
         check_table_mix(signals, mix)
-    step(
-        "1/4 collect",
-        [
-            "collect",
-            *common,
-            "--samples",
-            str(args.calib_samples),
-            "--context-len",
-            str(args.context_len),
-            "--continuation-len",
-            str(args.continuation_len),
-            "--patterns",
-            patterns,
-            "--budgets",
-            budgets,
-            *(["--retrieval-mix", mix] if mix else []),
-            "--out",
-            str(signals),
-        ],
-    )
+    collect_argv = [
+        "collect",
+        *common,
+        "--samples",
+        str(args.calib_samples),
+        "--context-len",
+        str(args.context_len),
+        "--continuation-len",
+        str(args.continuation_len),
+        "--patterns",
+        patterns,
+        "--budgets",
+        budgets,
+        *(["--retrieval-mix", mix] if mix else []),
+        "--out",
+        str(signals),
+    ]
+    collect_check(build_parser().parse_args(collect_argv))  # --model, --device, --patterns, --budgets, lengths
+    out.mkdir(parents=True, exist_ok=True)
+    step("1/4 collect", collect_argv)
 
     strategies_dir = out / "strategies"
     paths = []

@@ -9,8 +9,10 @@ from rich.table import Table
 
 from polykv_search.cli.common import (
     CLIError,
+    Interrupted,
     add_decode_interval_args,
     add_model_args,
+    check_model_args,
     check_output_path,
     console,
     load_model_from_args,
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.cli.baselines import baseline, check_baseline
     from polykv_search.io import write_json
     from polykv_search.models import model_fingerprint
+    from polykv_search.scoring.checkpoint_schema import read_partial
     from strategies import Strategy
 
     if args.list_tasks:
@@ -111,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
+    shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
+    read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
+    check_model_args(args)
     model, tok = load_model_from_args(args)
     L = model.config.get_text_config(decoder=True).num_hidden_layers
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
@@ -143,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         "batch_entries": args.batch_entries,
     }
     fingerprint = model_fingerprint(model)
-    checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples)
+    checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape)
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
     timing: dict[str, float] = {}
     try:
@@ -166,10 +172,10 @@ def run(args: argparse.Namespace) -> int:
                 timing=timing,
                 checkpoint=checkpoint,
             )
-    except KeyboardInterrupt:
-        console.print(f"stopped: {len(checkpoint.done)} finished samples kept in {checkpoint.path}; "
-                      "the same command resumes from there", soft_wrap=True)  # fmt: skip
-        raise
+    except KeyboardInterrupt:  # one line: where the finished samples are
+        raise Interrupted(
+            f"{len(checkpoint.done)} finished samples kept in {checkpoint.path}; the same command resumes from there"
+        ) from None
     if lm_request is not None:
         lm_runs = lm_eval_score.run_entries(
             model, tok, entries, lm_request, decode_interval=args.decode_interval, console=console
@@ -193,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples):
+def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples, shape: dict):
     """The run's checkpoint ``<out>.partial`` (:mod:`~polykv_search.scoring.checkpoint`): a stopped
     run of the same command resumes from it; one of another run is a one-line error."""
     from polykv_search.evaluation.samples import samples_fingerprint
@@ -208,10 +214,11 @@ def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_s
         entries=[[e.name, e.kind, e.strategy.to_json()] for e in entries],
         samples={name: samples_fingerprint(samples) for name, (_, samples) in task_samples.items()},
     )
-    try:
-        checkpoint = Checkpoint.open(f"{out}.partial", key)
-    except ScoreError as err:
-        raise CLIError(str(err)) from None
+    checkpoint = Checkpoint.open(f"{out}.partial", key, **shape)
+    for (task, index), row in checkpoint.done.items():  # every finished sample is one of this run's
+        samples = task_samples[task][1] if task in task_samples else []
+        if index >= len(samples) or row["sample"] != samples[index].id:
+            raise ScoreError(f"{checkpoint.path}: sample {index} of {task} is not one of this run's; delete it")
     if checkpoint.done:
         console.print(f"resuming: {len(checkpoint.done)} finished samples from {checkpoint.path}", soft_wrap=True)
     return checkpoint

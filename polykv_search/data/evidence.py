@@ -49,6 +49,20 @@ from typing import TYPE_CHECKING, Any
 from .corpus import Corpus
 from .errors import DataError
 from .evidence_mix import DEFAULT_RECORDS, RetrievalMix, parse_retrieval_mix
+from .evidence_vocab import (  # noqa: F401  (the vocabularies, re-exported)
+    BUILDINGS,
+    CAPACITY,
+    CODE_LETTERS,
+    COMMODITIES,
+    FIRST_NAMES,
+    KEY_LETTERS,
+    KINDS,
+    QUALIFIERS,
+    SURNAMES,
+    TOWNS,
+    distinct_pairs,
+    draw_pair,
+)
 from .samples import Sample, encode_document, make_samples
 
 if TYPE_CHECKING:
@@ -56,35 +70,7 @@ if TYPE_CHECKING:
 
 #: Bumped whenever a seed's samples change; recorded in the provenance.
 GENERATOR_VERSION = 1
-KINDS: tuple[str, ...] = ("record", "code", "fact")
 _TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Col|Capt|Rev)\.$")
-
-# ------------------------------------------------------------------------------ vocabularies
-COMMODITIES = (
-    "saffron indigo pewter cinnamon tallow nutmeg barley hemp cobalt cloves juniper molasses alum "
-    "borax camphor sulphur quinine mica flax lanolin paraffin turpentine resin vermilion ochre umber "
-    "gypsum potash sorghum millet jute sisal kelp caraway anise fennel tamarind vetch spelt"
-).split()
-KEY_LETTERS = "BCDFGHJKLMNPQRSTVWXZ"
-CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
-QUALIFIERS = "north south east west upper lower inner outer".split()
-BUILDINGS = (
-    "granary boathouse tannery smithy dovecote brewhouse icehouse saddlery "
-    "foundry armoury malthouse ropewalk kiln sawmill cooperage apiary forge"
-).split()
-FIRST_NAMES = (
-    "Odalys Perrin Tamsin Ulric Wendeline Corvin Isolde Briony Caspian Elowen Galen Ivo Linnea "
-    "Mireille Oriel Quentin Sabine Verity"
-).split()
-SURNAMES = (
-    "Ashgrove Pennicott Marchbank Thistlewood Brackenridge Hollinsworth Oakhurst "
-    "Ravensworth Fellgate Grimsditch Nettlefold Pemberthy Rookwood"
-).split()
-TOWNS = (
-    "Marlowick Dunsmere Felthorpe Ashcombe Brindlewick Caddington Elmsford Gorsebury Hollowmere "
-    "Kettleby Lindenford Morrowdale Nethercombe Oxlade Pellingham Rushwick Thornley Upwick "
-    "Wyvernhall"
-).split()
 
 
 @dataclass(frozen=True)
@@ -105,19 +91,6 @@ FORMATS: dict[str, EvidenceKind] = {
 }
 
 
-def draw_pair(kind: str, rng: random.Random) -> tuple[str, str]:
-    """One ``(key, value)`` of ``kind`` from ``rng``."""
-    if kind == "record":
-        key = "".join(rng.choice(KEY_LETTERS) for _ in range(2)) + f"-{rng.randint(100, 999)}"
-        return key, rng.choice(COMMODITIES)
-    if kind == "code":
-        code = f"{rng.choice(CODE_LETTERS)}{rng.randint(1, 9)}{rng.choice(CODE_LETTERS)}{rng.randint(10, 99)}"
-        return f"{rng.choice(QUALIFIERS)} {rng.choice(BUILDINGS)}", code
-    if kind == "fact":
-        return f"{rng.choice(FIRST_NAMES)} {rng.choice(SURNAMES)}", rng.choice(TOWNS)
-    raise DataError(f"evidence kind {kind!r} is not one of {', '.join(KINDS)}")
-
-
 def statement_text(kind: str, key: str, value: str) -> str:
     """The evidence statement as text (what :class:`EvidenceSample` inserts, up to tokenization)."""
     f = FORMATS[kind]
@@ -128,9 +101,6 @@ def query_text(kind: str, key: str) -> str:
     """The query that opens the continuation (the answer follows it)."""
     f = FORMATS[kind]
     return f"{f.query_prefix} {key}{f.relation}"
-
-
-_TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Col|Capt|Rev)\.$")
 
 
 # ---------------------------------------------------------------------------------- samples
@@ -238,11 +208,7 @@ def evidence_sample(
     prose = list(window.context_ids) + list(window.continuation_ids)
     f = FORMATS[kind]
     for _ in range(attempts):
-        pairs: list[tuple[str, str]] = []
-        while len(pairs) < records:
-            key, value = draw_pair(kind, rng)
-            if all(key != k and value != v for k, v in pairs):
-                pairs.append((key, value))
+        pairs = distinct_pairs(kind, records, rng)  # bounded; a kind's vocabulary limits ``records``
         queried = rng.randrange(records)
         stmts = [
             pieces(f.prefix) + pieces(f" {k}") + pieces(f.relation) + pieces(f" {v}") + pieces(".") for k, v in pairs
@@ -329,6 +295,7 @@ def make_calibration_samples(
     DataError
         A mix that asks for more samples than ``n_samples``, or lengths too short for the evidence.
     """
+    k = mix.evidence_samples(n_samples, context_len) if mix is not None else 0  # checked before any draw
     samples = make_samples(
         tokenizer,
         corpus,
@@ -338,7 +305,6 @@ def make_calibration_samples(
         seed=seed,
         role="calib",
     )
-    k = mix.evidence_samples(n_samples) if mix is not None else 0
     if not k:
         return samples
     pieces = _Pieces(tokenizer)
@@ -384,6 +350,7 @@ __all__ = [
     "DEFAULT_RECORDS",
     "FORMATS",
     "GENERATOR_VERSION",
+    "CAPACITY",
     "KINDS",
     "EvidenceSample",
     "RetrievalMix",

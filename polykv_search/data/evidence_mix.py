@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import DataError
+from .evidence_vocab import check_records
 
 DEFAULT_RECORDS = 4
 
@@ -37,21 +38,24 @@ class RetrievalMix:
     fraction: float | None = None
     records: int = DEFAULT_RECORDS
 
-    def evidence_samples(self, n_samples: int) -> int:
+    def evidence_samples(self, n_samples: int, context_len: int | None = None) -> int:
         """The number of evidence samples among ``n_samples``; a one-line :class:`DataError` when
-        the mix asks for more than there are, or a positive fraction rounds to none."""
+        the mix asks for more than there are, a positive fraction rounds to none, or ``records`` is
+        more than the vocabularies of the kinds used can supply (or fit under half of ``context_len``)."""
         if self.count is not None:
             if self.count > n_samples:
                 raise DataError(
                     f"retrieval mix {self.spec!r}: {self.count} evidence samples, but only {n_samples} samples"
                 )
-            return self.count
-        k = math.floor(self.fraction * n_samples + 0.5)
-        if self.fraction > 0 and k == 0:
-            raise DataError(
-                f"retrieval mix {self.spec!r} of {n_samples} samples rounds to 0 evidence samples; "
-                "give a count (e.g. 1) or more samples"
-            )
+            k = self.count
+        else:
+            k = math.floor(self.fraction * n_samples + 0.5)
+            if self.fraction > 0 and k == 0:
+                raise DataError(
+                    f"retrieval mix {self.spec!r} of {n_samples} samples rounds to 0 evidence samples; "
+                    "give a count (e.g. 1) or more samples"
+                )
+        check_records(self.records, k, context_len)
         return k
 
 

@@ -171,6 +171,8 @@ class ManyShotClassification(Task):
 
     def generate(self, tokenizer, haystack_texts, n_samples, context_len, seed) -> list[Sample]:
         check_request(n_samples, context_len)
+        if len(set(self.labels)) < 2 or self.pool_size < 1 or not set(ADJECTIVES + NOUNS) - set(self.labels):
+            raise ValueError(f"{self.name}: needs 2 or more distinct labels, a pool of 1 or more words, and words")
         mapping = self.mapping(seed)
         words = sorted(mapping)
         header = MANYSHOT_HEADER.format(labels=", ".join(self.labels))

@@ -48,10 +48,9 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from polykv_search.evaluation.runner import _Caller, teacher_forced_logits
-from polykv_search.integrations.lm_eval_support import MODEL_NAME
+from polykv_search.integrations.lm_eval_support import MODEL_NAME, check_model_args
 from polykv_search.models import DEFAULT_MODEL, model_path, resolve_model
 from polykv_search.runtime import apply_strategy, model_spec
-from polykv_search.runtime.layer import INTERVAL_MODES
 from strategies import Strategy, StrategyError
 
 PROTOCOL = (
@@ -149,12 +148,8 @@ class PolyKVLM(HFLM):
         device: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(decode_interval, bool) or not isinstance(decode_interval, int) or decode_interval < 1:
-            raise StrategyError(f"polykv: decode_interval must be a positive integer, got {decode_interval!r}")
-        if interval_mode not in INTERVAL_MODES:
-            raise StrategyError(
-                f"polykv: interval_mode must be one of {', '.join(INTERVAL_MODES)}, got {interval_mode!r}"
-            )
+        given = {"pretrained": pretrained, "strategy": strategy, "budget": budget}
+        check_model_args({**given, "decode_interval": decode_interval, "interval_mode": interval_mode})
         if isinstance(pretrained, str) and (
             device is None or (str(device).startswith("cuda") and not torch.cuda.is_available())
         ):
@@ -166,7 +161,7 @@ class PolyKVLM(HFLM):
         kwargs["batch_size"] = 1
         name = None
         if isinstance(strategy, str) and strategy != "full" and not strategy.startswith("uniform:"):
-            strategy, name = Strategy.load(strategy), strategy  # a bad file fails before the model loads
+            strategy, name = Strategy.load(strategy), strategy  # checked above: before the model loads
         super().__init__(pretrained=resolve_pretrained(pretrained), device=device, **kwargs)
         if self.backend != "causal":
             raise StrategyError("polykv: only decoder-only (causal) models can run a KV-cache strategy")

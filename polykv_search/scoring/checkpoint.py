@@ -13,11 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from polykv_search.io import atomic_write_text
+from polykv_search.scoring.checkpoint_schema import read_partial
 from polykv_search.scoring.entries import ScoreError
 
 
@@ -35,37 +37,28 @@ class Checkpoint:
     done: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: str | Path, key: str) -> Checkpoint:
-        """Resume from ``path`` if it holds this run (same ``key``), else start it; another run's file
-        is a :class:`ScoreError`. A last line cut off by a kill is dropped (that sample runs again)."""
+    def open(
+        cls, path: str | Path, key: str, *, entries: int | None = None, kinds: Mapping[str, str] | None = None
+    ) -> Checkpoint:
+        """Resume from ``path`` if it holds this run (same ``key``), else start it. The file is read
+        through one validating reader (:func:`~polykv_search.scoring.checkpoint_schema.read_partial`,
+        with the run's ``entries`` count and task ``kinds``); a file it cannot use, or another run's,
+        is a one-line :class:`ScoreError`. A last line cut off by a kill is dropped (that sample runs again)."""
         path = Path(path)
         cp = cls(path, key)
-        if not path.exists():
-            return cp
-        lines = path.read_text(encoding="utf-8").split("\n")
-        written = sum(1 for line in lines if line)
-        try:
-            head = json.loads(lines[0])
-        except json.JSONDecodeError:
-            if written <= 1:  # killed while writing its first line: nothing kept
+        found = read_partial(path, entries=entries, kinds=kinds)
+        if found.key is None:
+            if found.dropped:  # killed while writing its first line: nothing kept
                 path.unlink()
-                return cp
-            head = {}
-        if head.get("key") != key:
+            return cp
+        if found.key != key:
             raise ScoreError(
                 f"{path} holds a stopped score run of other settings, entries, samples or code versions; "
                 "delete it to start over"
             )
-        good = lines[:1]
-        for line in lines[1:]:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break  # the unfinished last line of a killed run
-            cp.done[(row["task"], row["index"])] = row
-            good.append(line)
-        if len(good) < written:
-            atomic_write_text(path, "\n".join(good) + "\n")  # later lines must not follow a cut one
+        cp.done = dict(found.rows)
+        if found.dropped:
+            atomic_write_text(path, "\n".join(found.lines) + "\n")  # later lines must not follow a cut one
         return cp
 
     def get(self, task: str, index: int, sample_id: str) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ class RulerTask(Task):
 
     def generate(self, tokenizer, haystack_texts, n_samples, context_len, seed) -> list[Sample]:
         check_request(n_samples, context_len)
+        self._check_feasible()  # what the task's vocabularies can supply, before anything is drawn
         shared = self._prepare(as_texts(haystack_texts), context_len)
         samples = []
         for index in range(n_samples):
@@ -43,6 +44,9 @@ class RulerTask(Task):
         return samples
 
     _min_size: ClassVar[int] = 1
+
+    def _check_feasible(self) -> None:
+        """``ValueError`` when the task's settings ask for more than its vocabularies can supply."""
 
     def _prepare(self, texts: list[str], context_len: int) -> Any:
         """State shared by all samples of one generation (default: the haystack)."""

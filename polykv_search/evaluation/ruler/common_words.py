@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from polykv_search.evaluation.base import SampleCheckError
 from polykv_search.evaluation.ruler.base import RulerTask, use_fewshot
-from polykv_search.evaluation.ruler.haystack import ADJECTIVES, NOUNS
+from polykv_search.evaluation.ruler.haystack import ADJECTIVES, NOUNS, draw_distinct
 from polykv_search.evaluation.samples import Sample
 
 CWE_CONTEXT = (
@@ -32,13 +32,10 @@ def pseudo_words(count: int) -> list[str]:
     consonants, vowels = "bdfgklmnprstvz", "aeiou"
     if len(_PSEUDO) < count:
         rng = random.Random(20240406)
-        seen: set[str] = set()
-        _PSEUDO.clear()
-        while len(_PSEUDO) < count:
-            w = "".join(rng.choice(consonants) + rng.choice(vowels) for _ in range(rng.randint(2, 4)))
-            if w not in seen:
-                seen.add(w)
-                _PSEUDO.append(w)
+        draw = lambda: "".join(rng.choice(consonants) + rng.choice(vowels) for _ in range(rng.randint(2, 4)))  # noqa: E731
+        syllables = len(consonants) * len(vowels)
+        words = draw_distinct(draw, count, set(), "made-up words", sum(syllables**n for n in (2, 3, 4)))
+        _PSEUDO[:] = words
     return _PSEUDO[:count]
 
 
@@ -68,6 +65,11 @@ class CommonWordsExtraction(RulerTask):
     @property
     def _min_size(self) -> int:  # type: ignore[override]
         return self.num_cw + 1
+
+    def _check_feasible(self) -> None:
+        reps = (self.freq_cw, self.freq_ucw), tuple(self.short_freq)
+        if self.num_cw < 1 or any(not common > uncommon >= 1 for common, uncommon in reps):
+            raise ValueError(f"{self.name}: needs >= 1 common words repeated more often than the others >= 1 times")
 
     @staticmethod
     def vocabulary(texts: Sequence[str]) -> list[str]:

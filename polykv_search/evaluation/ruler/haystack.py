@@ -104,3 +104,28 @@ def random_number(rng, digits: int = 7) -> str:
 
 def random_key(rng) -> str:
     return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+
+
+def draw_distinct(draw, count: int, taken: set, what: str, population: int) -> list:
+    """``count`` values of ``draw()`` not in ``taken`` (added to it), in a bounded loop.
+
+    ``population`` is how many distinct values ``draw`` can give: a request beyond it (or a run of
+    bad luck far beyond any reasonable one) is a ``ValueError`` naming ``what``, never an endless loop."""
+    if count > population - len(taken):
+        raise ValueError(f"cannot draw {count} distinct {what}: only {population} exist ({len(taken)} taken)")
+    out: list = []
+    for _ in range(100 * count + 1000):
+        if len(out) == count:
+            return out
+        value = draw()
+        if value not in taken:
+            taken.add(value)
+            out.append(value)
+    if len(out) == count:
+        return out
+    raise ValueError(f"could not draw {count} distinct {what} (drew {len(out)})")
+
+
+#: distinct values of :func:`random_key` and of 7-digit :func:`random_number`
+KEY_POPULATION = len(ADJECTIVES) * len(NOUNS)
+NUMBER_POPULATION = 9 * 10**6

@@ -9,6 +9,9 @@ from polykv_search.evaluation.base import SampleCheckError
 from polykv_search.evaluation.ruler.base import RulerTask
 from polykv_search.evaluation.ruler.haystack import (
     DEPTHS,
+    KEY_POPULATION,
+    NUMBER_POPULATION,
+    draw_distinct,
     insert_at_depths,
     random_key,
     random_number,
@@ -35,23 +38,25 @@ class NiahTask(RulerTask):
     num_queries: ClassVar[int] = 1
     _min_size = 1
 
+    def _check_feasible(self) -> None:
+        keys, values, queries = self.num_keys, self.num_values, self.num_queries
+        if min(keys, values, queries) < 1 or queries > keys:
+            raise ValueError(
+                f"{self.name}: needs 1 <= queries <= keys and values >= 1, got {keys}, {values}, {queries}"
+            )
+        if keys > KEY_POPULATION:
+            raise ValueError(f"{self.name}: {keys} keys, but only {KEY_POPULATION} distinct keys exist")
+        if keys * values > len(DEPTHS):
+            raise ValueError(f"{self.name}: {keys * values} needles, but only {len(DEPTHS)} insertion depths")
+
     def _builder(self, rng, hay, index, seed, context_len):
-        keys: list[str] = []
-        while len(keys) < self.num_keys:
-            k = random_key(rng)
-            if k not in keys:
-                keys.append(k)
+        keys = draw_distinct(lambda: random_key(rng), self.num_keys, set(), "keys", KEY_POPULATION)
         values: list[list[str]] = []
         seen: set[str] = set()
         needles = []
         for key in keys:
-            vals = []
-            while len(vals) < self.num_values:
-                v = random_number(rng, 7)
-                if v not in seen:
-                    seen.add(v)
-                    vals.append(v)
-                    needles.append(f"One of the special magic numbers for {key} is: {v}.")
+            vals = draw_distinct(lambda: random_number(rng, 7), self.num_values, seen, "values", NUMBER_POPULATION)
+            needles += [f"One of the special magic numbers for {key} is: {v}." for v in vals]
             values.append(vals)
         rng.shuffle(needles)
         depths = rng.sample(DEPTHS, len(needles))

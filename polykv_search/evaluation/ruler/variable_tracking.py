@@ -8,9 +8,17 @@ from typing import ClassVar
 
 from polykv_search.evaluation.base import SampleCheckError
 from polykv_search.evaluation.ruler.base import RulerTask, use_fewshot
-from polykv_search.evaluation.ruler.haystack import DEPTHS, NOISE, haystack_of, insert_at_depths, split_sentences
+from polykv_search.evaluation.ruler.haystack import (
+    DEPTHS,
+    NOISE,
+    draw_distinct,
+    haystack_of,
+    insert_at_depths,
+    split_sentences,
+)
 from polykv_search.evaluation.samples import Sample
 
+_VALUES = 90000  # distinct five-digit values
 _VT_STMT = re.compile(r"VAR ([A-Z]+) = (?:VAR ([A-Z]+)|(\d+))")
 
 VT_CONTEXT = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
@@ -37,23 +45,24 @@ class VariableTracking(RulerTask):
 
     @staticmethod
     def _names(rng, count: int, taken: set[str], k: int = 5) -> list[str]:
-        names: list[str] = []
-        while len(names) < count:
-            v = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(k))
-            if v not in taken:
-                taken.add(v)
-                names.append(v)
-        return names
+        letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        draw = lambda: "".join(rng.choice(letters) for _ in range(k))  # noqa: E731
+        return draw_distinct(draw, count, taken, "variable names", len(letters) ** k)
+
+    def _check_feasible(self) -> None:
+        chains, names = self.num_chains, self.num_chains * (self.num_hops + 1)
+        if chains < 1 or self.num_hops < 0:
+            raise ValueError(f"{self.name}: needs chains >= 1 and hops >= 0, got {chains}, {self.num_hops}")
+        if 2 * chains > _VALUES or 2 * names > 26**5:  # twice: the solved example draws its own
+            raise ValueError(f"{self.name}: {chains} chains of {self.num_hops} hops need more distinct values or names")
+        if self.haystack == "text" and names > len(DEPTHS):
+            raise ValueError(f"{self.name}: {names} statements, but only {len(DEPTHS)} insertion depths")
 
     def _chains(self, rng, taken: set[str], value_taken: set[str]):
         chains, variables = [], []
         for _ in range(self.num_chains):
             names = self._names(rng, self.num_hops + 1, taken)
-            while True:
-                value = str(rng.randint(10000, 99999))
-                if value not in value_taken:
-                    value_taken.add(value)
-                    break
+            (value,) = draw_distinct(lambda: str(rng.randint(10000, 99999)), 1, value_taken, "values", _VALUES)
             chain = [f"VAR {names[0]} = {value}"] + [
                 f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(self.num_hops)
             ]
