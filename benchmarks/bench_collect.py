@@ -88,9 +88,11 @@ def main(argv=None) -> int:
         layers = [int(x) for x in args.compare_layers.split(",")]
         kw = dict(patterns=PATTERNS, budgets=BUDGETS, layers=layers, journal=False, progress=True)
         cells = len(layers) * 2 * len(PATTERNS) * len(BUDGETS)
-        print(f"[compare] {cells} cells (layers {layers}, 2 phases, {len(PATTERNS)} patterns x {len(BUDGETS)} "
-              f"budgets), 1 sample of {args.context_len}+{args.continuation_len}; load {load()}",
-              flush=True)  # fmt: skip
+        print(
+            f"[compare] {cells} cells (layers {layers}, 2 phases, {len(PATTERNS)} patterns x {len(BUDGETS)} "
+            f"budgets), 1 sample of {args.context_len}+{args.continuation_len}; load {load()}",
+            flush=True,
+        )
         t0, c0 = time.perf_counter(), time.process_time()
         fast = collect_signals(model, samples[:1], **kw)
         t_fast, c_fast = time.perf_counter() - t0, time.process_time() - c0
@@ -118,13 +120,19 @@ def main(argv=None) -> int:
             "max_abs_difference": diff,
             "full_ppl": slow.full_ppl,
         }
-        print(f"[compare] speed-up {t_slow / t_fast:.1f}x wall, {c_slow / c_fast:.1f}x CPU (target >= 10x); "
-              "max |difference|: " + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()), flush=True)  # fmt: skip
+        print(
+            f"[compare] speed-up {t_slow / t_fast:.1f}x wall, {c_slow / c_fast:.1f}x CPU (target >= 10x); "
+            "max |difference|: " + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()),
+            flush=True,
+        )
 
     if args.part in ("grid", "both"):
         k = max(1, min(8, args.grid_samples))
-        print(f"[grid] full default grid (30 layers x 2 phases x 6 patterns x 4 budgets) on {k} of 8 samples, "
-              f"jobs={args.jobs}; load {load()}", flush=True)  # fmt: skip
+        print(
+            f"[grid] full default grid (30 layers x 2 phases x 6 patterns x 4 budgets) on {k} of 8 samples, "
+            f"jobs={args.jobs}; load {load()}",
+            flush=True,
+        )
         loader = None
         if args.jobs > 1:
             from signals.collect import ModelLoader
@@ -132,9 +140,15 @@ def main(argv=None) -> int:
             loader = ModelLoader("smollm2-135m")
         t0, c0 = time.perf_counter(), time.process_time()
         table = collect_signals(
-            model, samples[:k], patterns=PATTERNS, budgets=BUDGETS, progress=True, jobs=args.jobs, model_loader=loader,
+            model,
+            samples[:k],
+            patterns=PATTERNS,
+            budgets=BUDGETS,
+            progress=True,
+            jobs=args.jobs,
+            model_loader=loader,
             journal=args.grid_journal or False,
-        )  # fmt: skip
+        )
         t, c = time.perf_counter() - t0, time.process_time() - c0
         extrapolated = t * 8 / k
         results["grid"] = {
@@ -147,8 +161,11 @@ def main(argv=None) -> int:
             "full_pass_seconds": table.provenance["timings"]["full_pass_seconds"],
             "complete": bool(table.is_complete()),
         }
-        print(f"[grid] measured {t:.0f}s for {k} sample(s); EXTRAPOLATED to 8 samples: {extrapolated / 60:.1f} min "
-              f"(target <= 15 min); load {load()}", flush=True)  # fmt: skip
+        print(
+            f"[grid] measured {t:.0f}s for {k} sample(s); EXTRAPOLATED to 8 samples: {extrapolated / 60:.1f} min "
+            f"(target <= 15 min); load {load()}",
+            flush=True,
+        )
 
     results["load_after"] = load()
     if args.out:

@@ -45,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from signal_quality_report import cell_mask, lift, load_average, plot, se_summary  # noqa: E402
+
 DEFAULT_PATTERNS = ("snapkv", "tova", "h2o", "streaming_llm", "knorm", "random")
-SIGNALS = ("kl", "dppl", "cosine")
-FULL_VALUE = {"kl": 0.0, "dppl": 0.0, "cosine": 1.0}
 
 
 @dataclass(frozen=True)
@@ -140,58 +141,6 @@ def parse_grid(text: str) -> Grid:
     return Grid(name, **kw)
 
 
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def se_summary(table, common: np.ndarray | None = None) -> dict:
-    """Per signal: SE quantiles over the collected cells (or the ``common`` mask), indistinguishable share."""
-    out = {}
-    for name in SIGNALS:
-        value, se = table.signal_array(name), table.se_array(name)
-        mask = np.isfinite(value) & np.isfinite(se)
-        if common is not None:
-            mask &= common
-        if not mask.any():
-            out[name] = None
-            continue
-        lo, hi = table.interval(name)
-        full = FULL_VALUE[name]
-        with np.errstate(invalid="ignore"):
-            tie = ((lo <= full) & (hi >= full))[mask]
-        s = se[mask]
-        out[name] = {
-            "cells": int(mask.sum()),
-            "median_se": float(np.median(s)),
-            "mean_se": float(np.mean(s)),
-            "p90_se": float(np.quantile(s, 0.9)),
-            "median_relative_se": float(np.median(s / np.maximum(np.abs(value[mask]), 1e-12))),
-            "share_indistinguishable_from_full": float(tie.mean()),
-        }
-    return out
-
-
-def cell_mask(table, reference) -> np.ndarray:
-    """``reference``-shaped mask of the cells ``table`` has (by layer, phase, pattern and budget)."""
-    mask = np.zeros(reference.cell_shape, dtype=bool)
-    have = np.isfinite(table.signal_array("kl"))
-    for f, phase in enumerate(reference.phases):
-        for p, pattern in enumerate(reference.patterns):
-            for b, budget in enumerate(reference.budgets):
-                if phase in table.phases and pattern in table.patterns and budget in table.budgets:
-                    idx = (
-                        slice(None),
-                        table.phase_index(phase),
-                        table.pattern_index(pattern),
-                        table.budget_index(budget),
-                    )
-                    mask[:, f, p, b] = have[idx]
-    return mask
-
-
 def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fresh: bool) -> tuple[dict, object]:
     from polykv_search.data import describe_samples
     from polykv_search.data.evidence import describe_evidence, make_calibration_samples, parse_retrieval_mix
@@ -223,12 +172,28 @@ def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fre
     )
     t0, c0 = time.perf_counter(), time.process_time()
     table = collect_signals(
-        model, samples, patterns=grid.patterns, budgets=grid.budgets, phases=grid.phases, layers=grid.layers,
-        out=path, fresh=fresh, progress=sys.stderr.isatty(),
-        provenance={"calibration": describe_samples(samples, corpus, role="calib", seed=seed, spec="austen",
-                                                    context_len=grid.context, continuation_len=grid.continuation),
-                    "retrieval": describe_evidence(samples, mix)},
-    )  # fmt: skip
+        model,
+        samples,
+        patterns=grid.patterns,
+        budgets=grid.budgets,
+        phases=grid.phases,
+        layers=grid.layers,
+        out=path,
+        fresh=fresh,
+        progress=sys.stderr.isatty(),
+        provenance={
+            "calibration": describe_samples(
+                samples,
+                corpus,
+                role="calib",
+                seed=seed,
+                spec="austen",
+                context_len=grid.context,
+                continuation_len=grid.continuation,
+            ),
+            "retrieval": describe_evidence(samples, mix),
+        },
+    )
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     timings = table.provenance["timings"]
     result = {
@@ -246,8 +211,11 @@ def run_grid(grid: Grid, model, tokenizer, corpus, out_dir: Path, seed: int, fre
     }
     done.write_text(json.dumps(result, indent=2) + "\n")
     kl = result["all_cells"]["kl"]
-    print(f"[{grid.name}] {wall:.1f}s wall, {cpu / 60:.2f} CPU-min; median SE: KL {kl['median_se']:.3g}, "
-          f"dPPL {result['all_cells']['dppl']['median_se']:.3g}", flush=True)  # fmt: skip
+    print(
+        f"[{grid.name}] {wall:.1f}s wall, {cpu / 60:.2f} CPU-min; median SE: KL {kl['median_se']:.3g}, "
+        f"dPPL {result['all_cells']['dppl']['median_se']:.3g}",
+        flush=True,
+    )
     return result, table
 
 
@@ -261,46 +229,6 @@ def warm_up(model, tokenizer, corpus, patterns) -> float:
     samples = make_samples(tokenizer, corpus, n_samples=1, context_len=64, continuation_len=4, seed=0)
     collect_signals(model, samples, patterns=patterns, budgets=[8], layers=[0], journal=False)
     return round(time.perf_counter() - t0, 2)
-
-
-def plot(results: list[dict], path: Path, minutes_key: str, minutes_label: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FuncFormatter, LogLocator
-    except ImportError:
-        print("matplotlib is not importable: no plot", flush=True)
-        return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, name, label in ((axes[0], "kl", "KL(FullKV ‖ cell)"), (axes[1], "dppl", "ΔPPL")):
-        for r in results:
-            s = (r.get("common_cells") or r["all_cells"]).get(name)
-            if not s:
-                continue
-            x, y = max(r[minutes_key], 1e-3), s["median_se"]
-            marker = "s" if r["evidence_samples"] else "o"
-            ax.scatter([x], [y], marker=marker)
-            ax.annotate(
-                f"{r['grid']['name']} ({x:.3g}, {y:.2g})", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8
-            )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
-            axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.tick_params(axis="x", which="both", labelrotation=30)
-        ax.margins(0.2)
-        ax.set_xlabel(minutes_label)
-        ax.set_ylabel(f"median per-cell SE of {label}")
-        ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle("Signal quality per compute (cells common to every grid; squares: retrieval mix)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
 
 
 def main(argv=None) -> int:
@@ -343,7 +271,7 @@ def main(argv=None) -> int:
     for t in tables:
         common &= cell_mask(t, tables[0])
     for r, t in zip(results, tables):
-        r["common_cells"] = se_summary(t, _lift(common, tables[0], t)) if common.any() else None
+        r["common_cells"] = se_summary(t, lift(common, tables[0], t)) if common.any() else None
         kl = (r["common_cells"] or r["all_cells"])["kl"]
         r["se2_cpu_minutes"] = {"kl": kl["median_se"] ** 2 * r["cpu_minutes"]} if kl else None
     on_cpu = args.device == "cpu"
@@ -369,26 +297,11 @@ def main(argv=None) -> int:
     print(f"{'grid':28} {'CPU-min':>8} {'wall s':>8} {'SE KL':>10} {'SE dPPL':>10} {'SE2*min':>10}")
     for r in results:
         c = r["common_cells"] or r["all_cells"]
-        print(f"{r['grid']['name']:28} {r['cpu_minutes']:8.2f} {r['wall_seconds']:8.1f} {c['kl']['median_se']:10.3g} "
-              f"{c['dppl']['median_se']:10.3g} {r['se2_cpu_minutes']['kl']:10.3g}")  # fmt: skip
+        print(
+            f"{r['grid']['name']:28} {r['cpu_minutes']:8.2f} {r['wall_seconds']:8.1f} {c['kl']['median_se']:10.3g} "
+            f"{c['dppl']['median_se']:10.3g} {r['se2_cpu_minutes']['kl']:10.3g}"
+        )
     return 0
-
-
-def _lift(common: np.ndarray, reference, table) -> np.ndarray:
-    """``common`` (on ``reference``'s axes) on ``table``'s axes."""
-    out = np.zeros(table.cell_shape, dtype=bool)
-    for f, phase in enumerate(table.phases):
-        for p, pattern in enumerate(table.patterns):
-            for b, budget in enumerate(table.budgets):
-                if phase in reference.phases and pattern in reference.patterns and budget in reference.budgets:
-                    idx = (
-                        slice(None),
-                        reference.phase_index(phase),
-                        reference.pattern_index(pattern),
-                        reference.budget_index(budget),
-                    )
-                    out[:, f, p, b] = common[idx]
-    return out
 
 
 if __name__ == "__main__":

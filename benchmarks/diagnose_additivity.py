@@ -42,9 +42,14 @@ def calibration_samples(table: dict, tokenizer) -> list:
     retrieval = table["provenance"].get("retrieval") or {}
     mix = parse_retrieval_mix(retrieval.get("mix"), records=retrieval.get("records_per_sample") or 4)
     samples = make_calibration_samples(
-        tokenizer, load_corpus(cal["spec"]), n_samples=cal["n_samples"], context_len=cal["context_len"],
-        continuation_len=cal["continuation_len"], seed=cal["seed"], mix=mix,
-    )  # fmt: skip
+        tokenizer,
+        load_corpus(cal["spec"]),
+        n_samples=cal["n_samples"],
+        context_len=cal["context_len"],
+        continuation_len=cal["continuation_len"],
+        seed=cal["seed"],
+        mix=mix,
+    )
     if samples_fingerprint(samples) != cal["fingerprint"]:
         raise SystemExit("error: the rebuilt calibration samples differ from the table's (fingerprint)")
     return samples
@@ -88,9 +93,14 @@ def answerable_check(
     cal = table["provenance"]["calibration"]
     records = records or (table["provenance"].get("retrieval") or {}).get("records_per_sample") or 4
     fresh = make_calibration_samples(
-        tok, load_corpus(cal["spec"]), n_samples=n, context_len=context_len,
-        continuation_len=cal["continuation_len"], seed=cal["seed"], mix=parse_retrieval_mix(str(n), records=records),
-    )  # fmt: skip
+        tok,
+        load_corpus(cal["spec"]),
+        n_samples=n,
+        context_len=context_len,
+        continuation_len=cal["continuation_len"],
+        seed=cal["seed"],
+        mix=parse_retrieval_mix(str(n), records=records),
+    )
     patterns = table["patterns"]
     kl, right = measured(model, fresh, [Strategy.uniform(table["num_layers"], q, budget) for q in patterns])
     ok = right[0]
@@ -152,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     print("{:>4} {:<14} {:>10} {:>9} {:>6} {:>10} {:>9}".format(*head))
     for r in rows:
         e, pr = r.get("evidence", {}), r.get("prose", {})
-        cols = [f"{e['predicted_kl']:10.3f} {e['measured_kl']:9.3f} {e['answers_right']:>3}/{evidence.sum()}" if e
-                else " " * 27, f"{pr['predicted_kl']:10.3f} {pr['measured_kl']:9.3f}" if pr else ""]  # fmt: skip
+        cols = [
+            f"{e['predicted_kl']:10.3f} {e['measured_kl']:9.3f} {e['answers_right']:>3}/{evidence.sum()}"
+            if e
+            else " " * 27,
+            f"{pr['predicted_kl']:10.3f} {pr['measured_kl']:9.3f}" if pr else "",
+        ]
         print(f"{r['budget']:>4} {r['pattern']:<14} {' '.join(cols)}")
     ranks = {}
     for name in ("evidence", "prose"):
@@ -161,8 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         if len(pts) > 2:
             ranks[name] = float(stats.spearmanr(*zip(*pts)).statistic)
             print(f"Spearman(predicted, measured) over the {len(pts)} cells, {name}: {ranks[name]:+.2f}")
-    doc = {"signals": args.signals, "evidence_samples": int(evidence.sum()), "rows": rows, "spearman": ranks,
-           "full_answers_right": int(right[0, evidence].sum())}  # fmt: skip
+    doc = {
+        "signals": args.signals,
+        "evidence_samples": int(evidence.sum()),
+        "rows": rows,
+        "spearman": ranks,
+        "full_answers_right": int(right[0, evidence].sum()),
+    }
     if args.answerable:
         doc["answerable"] = answerable_check(model, tok, table, *args.answerable, records=args.records)
     if args.json:

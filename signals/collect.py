@@ -223,9 +223,15 @@ def collect_signals(
                 for s in sorted(per_sample):
                     sample = samples[s]
                     for rec in sample_records(
-                        model, sample.context_ids, sample.continuation_ids, s, per_sample[s], settings,
-                        need_full=s in need_full, scored=spans[s],
-                    ):  # fmt: skip
+                        model,
+                        sample.context_ids,
+                        sample.continuation_ids,
+                        s,
+                        per_sample[s],
+                        settings,
+                        need_full=s in need_full,
+                        scored=spans[s],
+                    ):
                         bar.advance(persist(rec))
             elif per_sample:
                 loader = model_loader or _GivenModel(model)

@@ -24,9 +24,16 @@ from strategies import Strategy
 
 
 def sample_records(
-    model, context_ids, continuation_ids, index: int, units: Sequence[Unit], settings: CollectSettings, *,
-    need_full: bool, scored: tuple[int, int] | None = None,
-) -> Iterator[dict]:  # fmt: skip
+    model,
+    context_ids,
+    continuation_ids,
+    index: int,
+    units: Sequence[Unit],
+    settings: CollectSettings,
+    *,
+    need_full: bool,
+    scored: tuple[int, int] | None = None,
+) -> Iterator[dict]:
     """Records of one sample: its FullKV record (if ``need_full``), then one per unit, as each finishes.
 
     ``scored``: the ``[start, end)`` continuation positions the signals average over (default all; an

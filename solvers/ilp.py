@@ -288,9 +288,17 @@ class ILPSolver(Solver):
         for phase in problem.phases:
             cost, names, grid = phase_costs(problem, phase, s)
             sol = solve_phase_ilp(
-                cost, names, grid, problem.total, s.max_distinct_budgets, s.time_limit, s.reduce, problem.seed,
-                s.tie_break, s.tie_tolerance,
-            )  # fmt: skip
+                cost,
+                names,
+                grid,
+                problem.total,
+                s.max_distinct_budgets,
+                s.time_limit,
+                s.reduce,
+                problem.seed,
+                s.tie_break,
+                s.tie_tolerance,
+            )
             choices[phase] = list(zip(sol.patterns, sol.budgets))
             unused[phase] = problem.total - sum(sol.budgets)
             info[phase] = {

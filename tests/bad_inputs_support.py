@@ -106,12 +106,22 @@ def results_doc() -> dict:
     def entry(name: str, strategy: Strategy, kind: str, suites: dict[str, float]) -> dict:
         ratio = 1.0 if strategy.is_full else 0.125
         return {
-            "name": name, "kind": kind, "source": name, "strategy_digest": strategy.digest(),
-            "global_budget": strategy.global_budget, "solver": strategy.provenance.get("solver"),
-            "strategy": strategy.to_json(), "scores": {t: suites[t.split("/")[0]] for t in tasks},
-            "suites": suites, "extra": {}, "kv_bytes": 1e6 * ratio, "full_kv_bytes": 1e6, "kv_ratio": ratio,
-            "seconds": 1.0, "tasks": {},
-        }  # fmt: skip
+            "name": name,
+            "kind": kind,
+            "source": name,
+            "strategy_digest": strategy.digest(),
+            "global_budget": strategy.global_budget,
+            "solver": strategy.provenance.get("solver"),
+            "strategy": strategy.to_json(),
+            "scores": {t: suites[t.split("/")[0]] for t in tasks},
+            "suites": suites,
+            "extra": {},
+            "kv_bytes": 1e6 * ratio,
+            "full_kv_bytes": 1e6,
+            "kv_ratio": ratio,
+            "seconds": 1.0,
+            "tasks": {},
+        }
 
     entries = [
         entry("full", Strategy.full(L), "baseline", {"ruler": 80.0, "broad": 90.0}),

@@ -20,8 +20,12 @@ def test_comma_lists_refuse_empty_and_repeated_items():
 
     budgets = comma_list(positive_int, "budget")
     assert budgets(" 32, 64 ,128") == [32, 64, 128]
-    for text, message in [("32,,64", "empty budget"), ("", "comma-separated list"), ("32,32", "repeated budget"),
-                          ("32,-1", "'-1' in '32,-1': expected a positive integer")]:  # fmt: skip
+    for text, message in [
+        ("32,,64", "empty budget"),
+        ("", "comma-separated list"),
+        ("32,32", "repeated budget"),
+        ("32,-1", "'-1' in '32,-1': expected a positive integer"),
+    ]:
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             budgets(text)
 
@@ -37,9 +41,15 @@ def test_number_types_refuse_nan_infinities_and_out_of_range_values():
         1.0,
         0,
     )
-    for parse, text in [(finite_float, "nan"), (finite_float, "-inf"), (non_negative_float, "-0.1"),
-                        (positive_float, "0.5"), (positive_float, "inf"), (non_negative_int, "-1"),
-                        (non_negative_int, "1.5")]:  # fmt: skip
+    for parse, text in [
+        (finite_float, "nan"),
+        (finite_float, "-inf"),
+        (non_negative_float, "-0.1"),
+        (positive_float, "0.5"),
+        (positive_float, "inf"),
+        (non_negative_int, "-1"),
+        (non_negative_int, "1.5"),
+    ]:
         with pytest.raises(argparse.ArgumentTypeError):
             parse(text)
 

@@ -96,8 +96,12 @@ def test_ctrl_c_in_a_real_process_during_imports_or_work(delay, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(
         [sys.executable, "-c", READY_THEN_CLI, "generate", "--prompt-file", "/dev/stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, env=env,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=env,
+    )
     assert proc.stderr.readline() == b"ready\n"
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
@@ -124,8 +128,13 @@ def test_a_reader_that_leaves_early_is_not_an_error_report(tmp_path):
     (rich's console exits 1 on a broken pipe, plain ``sys.stdout`` writes exit 141 as a shell would)."""
     make("strategy", tmp_path / "s.json")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "polykv_search", "show", "s.json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=tmp_path, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polykv_search", "show", "s.json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=env,
+    )
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (1, 141) and err == ""

@@ -33,8 +33,13 @@ def tiny_checkpoint(tmp_path_factory):
     tiny_model("llama", layers=2).save_pretrained(path)
     tok.save_pretrained(path)
     corpus = path / "corpus.txt"
-    corpus.write_text(("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
-                       "must be in want of a wife.\n") * 40)  # fmt: skip
+    corpus.write_text(
+        (
+            "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+            "must be in want of a wife.\n"
+        )
+        * 40
+    )
     return path, corpus
 
 
@@ -47,9 +52,26 @@ def run_cli(argv):
 def test_cli_collect_then_show(tiny_checkpoint, tmp_path, capsys):
     ckpt, corpus = tiny_checkpoint
     out = tmp_path / "signals.json"
-    argv = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--context-len", "40",
-            "--continuation-len", "4", "--patterns", "snapkv,streaming_llm", "--budgets", "8,16",
-            "--out", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "collect",
+        "--model",
+        str(ckpt),
+        "--calib",
+        str(corpus),
+        "--samples",
+        "2",
+        "--context-len",
+        "40",
+        "--continuation-len",
+        "4",
+        "--patterns",
+        "snapkv,streaming_llm",
+        "--budgets",
+        "8,16",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert run_cli(argv) == 0
     table = SignalTable.load(out)
     assert table.is_complete() and table.num_layers == 2
@@ -80,8 +102,24 @@ def test_cli_collect_then_show(tiny_checkpoint, tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_jobs_load_the_model_by_name_in_each_worker(tiny_checkpoint, tmp_path):
     ckpt, corpus = tiny_checkpoint
-    common = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--context-len", "40",
-              "--continuation-len", "4", "--patterns", "snapkv,h2o", "--budgets", "8,16", "--no-progress"]  # fmt: skip
+    common = [
+        "collect",
+        "--model",
+        str(ckpt),
+        "--calib",
+        str(corpus),
+        "--samples",
+        "2",
+        "--context-len",
+        "40",
+        "--continuation-len",
+        "4",
+        "--patterns",
+        "snapkv,h2o",
+        "--budgets",
+        "8,16",
+        "--no-progress",
+    ]
     assert run_cli(common + ["--out", str(tmp_path / "a.json")]) == 0
     assert run_cli(common + ["--out", str(tmp_path / "b.json"), "--jobs", "2"]) == 0
     a, b = SignalTable.load(tmp_path / "a.json"), SignalTable.load(tmp_path / "b.json")
@@ -103,9 +141,26 @@ def test_cli_jobs_load_the_model_by_name_in_each_worker(tiny_checkpoint, tmp_pat
 def test_cli_bad_input_exits_2_without_output(tiny_checkpoint, tmp_path, capsys, extra, message):
     ckpt, corpus = tiny_checkpoint
     out = tmp_path / "signals.json"
-    argv = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "1", "--context-len", "40",
-            "--continuation-len", "4", "--patterns", "snapkv", "--budgets", "8", "--out", str(out),
-            "--no-progress"]  # fmt: skip
+    argv = [
+        "collect",
+        "--model",
+        str(ckpt),
+        "--calib",
+        str(corpus),
+        "--samples",
+        "1",
+        "--context-len",
+        "40",
+        "--continuation-len",
+        "4",
+        "--patterns",
+        "snapkv",
+        "--budgets",
+        "8",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert run_cli(argv + extra) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

@@ -149,18 +149,21 @@ def test_a_malformed_field_is_refused_in_one_line_naming_its_path(version, path,
     assert text.startswith(f"{file}: ") and message in text, text
 
 
-@pytest.mark.parametrize("path,value", [
-    (["provenance", "settings", "budget"], None),
-    (["provenance", "tasks", TASK, "suite"], None),  # the suite is then the task's prefix
-    ([*E2, "extra"], None),
-    ([*E2, "tasks"], None),
-    ([*E2, "tasks", TASK, "per_sample"], None),
-    ([*E2, "strategy"], None),
-    ([*E2, "strategy", "provenance"], None),
-    ([*E2, "kv_bytes"], None),
-    ([*E2, "seconds"], "not read by compare"),
-    ([*E2, "strategy", "layers", 0, "prefill", "params"], None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (["provenance", "settings", "budget"], None),
+        (["provenance", "tasks", TASK, "suite"], None),  # the suite is then the task's prefix
+        ([*E2, "extra"], None),
+        ([*E2, "tasks"], None),
+        ([*E2, "tasks", TASK, "per_sample"], None),
+        ([*E2, "strategy"], None),
+        ([*E2, "strategy", "provenance"], None),
+        ([*E2, "kv_bytes"], None),
+        ([*E2, "seconds"], "not read by compare"),
+        ([*E2, "strategy", "layers", 0, "prefill", "params"], None),
+    ],
+)
 def test_null_optional_fields_and_unread_fields_are_accepted(path, value):
     doc = mutated("v1", path, value)
     cmp.check_results(doc, "r.json")

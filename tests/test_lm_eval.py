@@ -79,8 +79,10 @@ def work(tmp_path_factory):
     tiny_model("llama", layers=2).save_pretrained(ckpt)
     char_tokenizer().save_pretrained(ckpt)
     words = "the quick brown fox jumps over the lazy dog while seven pale owls watch the river "
-    docs = [{"context": f"{words * 2}item {i}:", "choices": ["alpha", "beta", "gamma"], "label": i % 3, "answer": " a"}
-            for i in range(N_DOCS)]  # fmt: skip
+    docs = [
+        {"context": f"{words * 2}item {i}:", "choices": ["alpha", "beta", "gamma"], "label": i % 3, "answer": " a"}
+        for i in range(N_DOCS)
+    ]
     data = root / "docs.jsonl"
     data.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
     tasks = root / "tasks"
@@ -91,8 +93,9 @@ def work(tmp_path_factory):
 
 
 def evaluate(work, lm, tasks=("tiny_mc", "tiny_gen")) -> dict:
-    return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=work["manager"], limit=N_DOCS,
-                                   log_samples=True, bootstrap_iters=0)  # fmt: skip
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=list(tasks), task_manager=work["manager"], limit=N_DOCS, log_samples=True, bootstrap_iters=0
+    )
 
 
 def responses(results: dict, task: str) -> list:
@@ -108,10 +111,14 @@ def test_fullkv_equals_hf_and_near_total_eviction_changes_loglikelihoods(work):
     full = evaluate(work, PolyKVLM(pretrained=model, tokenizer=tok))
     # the model type by name, from a path (lm-eval's own loader), with a strategy keeping 2 tokens of ~180
     evicted = lm_eval.simple_evaluate(
-        model="polykv", model_args={"pretrained": str(work["ckpt"]), "strategy": "uniform:streaming_llm", "budget": 2,
-                                    "device": "cpu"},
-        tasks=["tiny_mc", "tiny_gen"], task_manager=work["manager"], limit=N_DOCS, log_samples=True, bootstrap_iters=0,
-    )  # fmt: skip
+        model="polykv",
+        model_args={"pretrained": str(work["ckpt"]), "strategy": "uniform:streaming_llm", "budget": 2, "device": "cpu"},
+        tasks=["tiny_mc", "tiny_gen"],
+        task_manager=work["manager"],
+        limit=N_DOCS,
+        log_samples=True,
+        bootstrap_iters=0,
+    )
 
     ll = lambda r: [x for doc in responses(r, "tiny_mc") for [(x, _)] in doc]  # noqa: E731
     greedy = lambda r: [g for doc in responses(r, "tiny_mc") for [(_, g)] in doc]  # noqa: E731
@@ -162,9 +169,27 @@ def test_a_loglikelihood_request_is_a_context_call_then_a_continuation_call(work
 
 def test_score_folds_lm_eval_tasks_into_results_that_compare_reads(work, tmp_path, capsys):
     out = tmp_path / "results.json"
-    argv = ["score", "--model", str(work["ckpt"]), "--baseline", "full", "--baseline", "uniform:streaming_llm",
-            "--budget", "2", "--suite", "none", "--lm-eval-tasks", "tiny_mc,tiny_gen:exact_match",
-            "--lm-eval-include-path", str(work["tasks"]), "--samples", str(N_DOCS), "--out", str(out)]  # fmt: skip
+    argv = [
+        "score",
+        "--model",
+        str(work["ckpt"]),
+        "--baseline",
+        "full",
+        "--baseline",
+        "uniform:streaming_llm",
+        "--budget",
+        "2",
+        "--suite",
+        "none",
+        "--lm-eval-tasks",
+        "tiny_mc,tiny_gen:exact_match",
+        "--lm-eval-include-path",
+        str(work["tasks"]),
+        "--samples",
+        str(N_DOCS),
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     doc = cmp.load_results(out)
     full, evicted = doc["entries"]
@@ -197,8 +222,18 @@ def test_score_folds_lm_eval_tasks_into_results_that_compare_reads(work, tmp_pat
     ],
 )
 def test_bad_lm_eval_options_are_one_line_before_the_model_loads(work, tmp_path, capsys, extra, message):
-    argv = ["score", "--model", str(tmp_path / "no-such-model"), "--baseline", "full", "--suite", "none",
-            "--out", str(tmp_path / "r.json"), *extra]  # fmt: skip
+    argv = [
+        "score",
+        "--model",
+        str(tmp_path / "no-such-model"),
+        "--baseline",
+        "full",
+        "--suite",
+        "none",
+        "--out",
+        str(tmp_path / "r.json"),
+        *extra,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -209,9 +244,19 @@ def test_bad_lm_eval_options_are_one_line_before_the_model_loads(work, tmp_path,
 def test_smollm2_default_model_fullkv_equals_hf_and_snapkv_holds_less(tmp_path):
     data = tmp_path / "docs.jsonl"
     text = "Elizabeth walked to Netherfield through the muddy fields, and arrived with her petticoat six inches deep. "
-    data.write_text("\n".join(json.dumps({"context": f"{text * 4}Question {i}: the colour of the mud was",
-                                          "choices": [" brown", " blue", " green"], "label": 0, "answer": " brown"})
-                              for i in range(2)))  # fmt: skip
+    data.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "context": f"{text * 4}Question {i}: the colour of the mud was",
+                    "choices": [" brown", " blue", " green"],
+                    "label": 0,
+                    "answer": " brown",
+                }
+            )
+            for i in range(2)
+        )
+    )
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "mc.yaml").write_text(MC_TASK.format(data=data))

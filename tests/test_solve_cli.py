@@ -106,8 +106,21 @@ def test_list_methods_names_every_solver(capsys):
 
 
 def test_solve_reports_the_unused_budget_and_takes_the_new_settings(tmp_path, signals, capsys):
-    rc, out = solve(tmp_path, "--method", "dp", "--signals", signals, "--budget", 64, "--objective", "kl",
-                    "--noise", "clip", "--tie-break", "save")  # fmt: skip
+    rc, out = solve(
+        tmp_path,
+        "--method",
+        "dp",
+        "--signals",
+        signals,
+        "--budget",
+        64,
+        "--objective",
+        "kl",
+        "--noise",
+        "clip",
+        "--tie-break",
+        "save",
+    )
     assert rc == 0
     s = Strategy.load(out)
     unused = s.provenance["unused_budget"]

@@ -32,8 +32,16 @@ def noisy_table() -> SignalTable:
                 dppl, err = value + shift, se
                 if pattern == "tova" and b == 16 and layer < 2:
                     dppl, err = -2.5, 2.0
-                t.set_cell(layer, "prefill", pattern, b, cosine=1 - dppl / 100, dppl=dppl, kl=max(dppl, 0) / 10,
-                           se={"dppl": err, "cosine": err / 100, "kl": err / 10})  # fmt: skip
+                t.set_cell(
+                    layer,
+                    "prefill",
+                    pattern,
+                    b,
+                    cosine=1 - dppl / 100,
+                    dppl=dppl,
+                    kl=max(dppl, 0) / 10,
+                    se={"dppl": err, "cosine": err / 100, "kl": err / 10},
+                )
     return t
 
 
@@ -134,8 +142,15 @@ def test_ilp_and_dp_agree_on_cost_and_spend_under_every_rule_and_tie_break():
     for seed in range(40):
         L = int(rng.integers(1, 7))
         grid = sorted(rng.choice(np.arange(4, 90), size=int(rng.integers(1, 5)), replace=False).tolist())
-        t = random_signal_table(L, phases=["prefill"], patterns=("snapkv", "tova", "h2o")[: int(rng.integers(1, 4))],
-                                budgets=grid, seed=seed, samples=3, noise=0.8)  # fmt: skip
+        t = random_signal_table(
+            L,
+            phases=["prefill"],
+            patterns=("snapkv", "tova", "h2o")[: int(rng.integers(1, 4))],
+            budgets=grid,
+            seed=seed,
+            samples=3,
+            noise=0.8,
+        )
         B = float(rng.uniform(grid[0], grid[-1] + 10))
         settings = dict(
             noise=str(rng.choice(["clip", "interval", "upper"])),

