@@ -16,15 +16,12 @@ other versions are refused with one line naming the version.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from polykv_search.io import atomic_write_text
+from signals.head_signals import HeadSignals
 from signals.table_codec import (
     SignalTableError,
     as_array,
@@ -39,7 +36,8 @@ from signals.table_codec import (
     is_int,
     retrieval_record,
 )
-from signals.table_json import READABLE_VERSIONS, SCHEMA_NAME, SCHEMA_VERSION, table_from_json, table_to_json
+from signals.table_io import TableFileMixin
+from signals.table_json import READABLE_VERSIONS, SCHEMA_NAME, SCHEMA_VERSION
 from signals.uncertainty import t_quantile
 from strategies import PHASES
 
@@ -49,7 +47,7 @@ LAYER_SIGNALS: tuple[str, ...] = ("entropy", "variance")
 _FULL_VALUE = {"cosine": 1.0, "dppl": 0.0, "kl": 0.0}
 
 
-class SignalTable:
+class SignalTable(TableFileMixin):
     """Per-cell cosine, ΔPPL and KL (with standard errors and per-sample values), per-(layer,
     phase) entropy and variance, FullKV PPL, provenance.
 
@@ -78,6 +76,7 @@ class SignalTable:
         se: Mapping[str, Any] | None = None,
         per_sample: Mapping[str, Any] | None = None,
         se_dof: int | None = None,
+        heads: HeadSignals | None = None,
     ) -> None:
         self.num_layers = check_num_layers(num_layers)
         self.phases = check_phases(phases)
@@ -107,6 +106,9 @@ class SignalTable:
         if provenance is not None and not isinstance(provenance, Mapping):
             raise SignalTableError("provenance: must be an object")
         self.provenance: dict[str, Any] = dict(provenance or {})
+        self.heads: HeadSignals | None = None
+        if heads is not None:
+            self.set_heads(heads)
 
     # ------------------------------------------------------------ construction
     @classmethod
@@ -209,6 +211,14 @@ class SignalTable:
     def set_full_ppl(self, ppl: float) -> None:
         self.full_ppl = check_full_ppl(ppl)
 
+    def set_heads(self, heads: HeadSignals | None) -> None:
+        """Attach per-(layer, KV head) signals (None removes them)."""
+        if heads is not None and heads.retrieval.mean.shape[0] != self.num_layers:
+            raise SignalTableError(
+                f"heads: {heads.retrieval.mean.shape[0]} layers of head signals for a {self.num_layers}-layer table"
+            )
+        self.heads = heads
+
     def set_se_dof(self, dof: int | None) -> None:
         """Degrees of freedom of the standard errors (units − 1), or None."""
         self.se_dof = check_dof(dof)
@@ -307,55 +317,6 @@ class SignalTable:
             or self.full_ppl is None
         )
 
-    # ------------------------------------------------------------------- JSON
-    def to_json(self) -> dict[str, Any]:
-        return table_to_json(self)
-
-    def dumps(self) -> str:
-        return json.dumps(self.to_json(), allow_nan=False) + "\n"
-
-    def save(self, path: str | Path) -> Path:
-        """Write atomically (readers see the old file or the new one, never half)."""
-        try:
-            text = self.dumps()
-        except (TypeError, ValueError) as err:
-            raise SignalTableError(f"provenance: not JSON-serializable ({err})") from None
-        return atomic_write_text(path, text)
-
-    def digest(self) -> str:
-        """A short content hash of the grid and every value (provenance excluded)."""
-        body = self.to_json()
-        body.pop("provenance")
-        return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()[:16]
-
-    @classmethod
-    def from_json(cls, data: Any) -> SignalTable:
-        return table_from_json(cls, data)
-
-    @classmethod
-    def loads(cls, text: str) -> SignalTable:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise SignalTableError(f"signals: not valid JSON ({err})") from None
-        return cls.from_json(data)
-
-    @classmethod
-    def load(cls, path: str | Path) -> SignalTable:
-        """Read and validate a signal table file; every problem is a one-line :class:`SignalTableError`."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise SignalTableError(f"signals: cannot read {path}: {err.strerror}") from None
-        except UnicodeDecodeError:
-            raise SignalTableError(f"signals: {path} is not a UTF-8 text file") from None
-        try:
-            return cls.loads(text)
-        except SignalTableError as err:  # the file is named in every message (after the field it names)
-            message = str(err)
-            raise SignalTableError(message if str(path) in message else f"{message} (in {path})") from None
-
     # --------------------------------------------------------------- equality
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SignalTable):
@@ -371,6 +332,7 @@ class SignalTable:
             and self.se_dof == other.se_dof
             and self.full_ppl == other.full_ppl
             and self.provenance == other.provenance
+            and self.heads == other.heads
         )
 
     __hash__ = None  # type: ignore[assignment]

@@ -110,9 +110,10 @@ def encode(arr: np.ndarray) -> Any:
     return np.where(np.isnan(arr), None, arr).tolist()
 
 
-def decode(name: str, data: Any, shape: tuple[int, ...]) -> np.ndarray:
+def decode(name: str, data: Any, shape: tuple[int, ...], dims: tuple[str, ...] = DIM_NAMES) -> np.ndarray:
     """Nested lists of numbers or null → array; a non-finite number (``NaN``/``Infinity`` literals,
-    the strings ``"inf"``/``"-inf"`` of version-1 files) is refused with its index path."""
+    the strings ``"inf"``/``"-inf"`` of version-1 files) is refused with its index path. ``dims`` names
+    the axes in messages."""
     out = np.empty(shape, dtype=np.float64)
 
     def walk(node: Any, depth: int, where: str, index: tuple[int, ...]) -> None:
@@ -130,10 +131,10 @@ def decode(name: str, data: Any, shape: tuple[int, ...]) -> np.ndarray:
             return
         if not isinstance(node, list):
             raise SignalTableError(
-                f"{where}: expected a list of {shape[depth]} {DIM_NAMES[depth]}, got {type(node).__name__}"
+                f"{where}: expected a list of {shape[depth]} {dims[depth]}, got {type(node).__name__}"
             )
         if len(node) != shape[depth]:
-            raise SignalTableError(f"{where}: expected {shape[depth]} {DIM_NAMES[depth]}, got {len(node)}")
+            raise SignalTableError(f"{where}: expected {shape[depth]} {dims[depth]}, got {len(node)}")
         for i, child in enumerate(node):
             walk(child, depth + 1, f"{where}[{i}]", index + (i,))
 

@@ -1,4 +1,4 @@
-"""The signal table's JSON document: writing (version 2) and reading (versions 1 and 2).
+"""The signal table's JSON document: writing (version 2, or 3 with per-head signals) and reading (versions 1-3).
 
 One versioned, self-describing JSON file (``schema: polykv-signals``, ``version: 2``)::
 
@@ -24,8 +24,10 @@ One versioned, self-describing JSON file (``schema: polykv-signals``, ``version:
     }                                               # fingerprint, lengths, code version, timings
 
 Every value is a finite number or ``null`` (missing; ``NaN`` in memory). Non-finite numbers are
-refused with the cell named. Version-1 files (no ``kl``, no ``uncertainty``) load; any other version
-is refused with a one-line message naming it.
+refused with the cell named. Version 3 is version 2 plus a ``heads`` block (per layer and KV head signals,
+:mod:`signals.head_signals`); a table without head signals is still written as version 2, so older
+readers keep reading it. Version-1 files (no ``kl``, no ``uncertainty``) load; any other version is
+refused with a one-line message naming it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from signals.head_signals import heads_from_json
 from signals.table_codec import (
     SignalTableError,
     check_budgets,
@@ -48,11 +51,17 @@ from strategies import PHASES
 
 SCHEMA_NAME = "polykv-signals"
 SCHEMA_VERSION = 2
+#: The version of a table that carries per-head signals.
+HEADS_VERSION = 3
 #: Versions :func:`table_from_json` (and so :meth:`SignalTable.from_json`) reads.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2)
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 _COMMON = ("num_layers", "phases", "patterns", "budgets", "cosine", "dppl", "entropy", "variance")
-_OPTIONAL = {1: ("full_ppl", "provenance"), 2: ("full_ppl", "provenance", "kl", "uncertainty")}
+_OPTIONAL = {
+    1: ("full_ppl", "provenance"),
+    2: ("full_ppl", "provenance", "kl", "uncertainty"),
+    3: ("full_ppl", "provenance", "kl", "uncertainty", "heads"),
+}
 
 
 def table_from_json(cls, data: Any):
@@ -92,6 +101,7 @@ def table_from_json(cls, data: Any):
         full_ppl=data.get("full_ppl"),
         provenance=data.get("provenance", {}),
         signals=signals,
+        heads=heads_from_json(data.get("heads"), num_layers),
         **arrays,
         **extra,
     )
@@ -127,7 +137,7 @@ def _uncertainty(block: Any, signals: list[str], cell: tuple[int, ...]) -> dict[
 
 
 def table_to_json(table) -> dict[str, Any]:
-    """The version-2 document of ``table`` (see :mod:`signals.table`)."""
+    """The document of ``table`` (see :mod:`signals.table`): version 2, or 3 when it carries head signals."""
     t = table
     uncertainty = None
     if t.se_dof is not None or t._per_sample is not None or any(np.isfinite(a).any() for a in t._se.values()):
@@ -139,7 +149,7 @@ def table_to_json(table) -> dict[str, Any]:
         }
     return {
         "schema": SCHEMA_NAME,
-        "version": SCHEMA_VERSION,
+        "version": SCHEMA_VERSION if t.heads is None else HEADS_VERSION,
         "num_layers": t.num_layers,
         "phases": list(t.phases),
         "patterns": list(t.patterns),
@@ -152,4 +162,5 @@ def table_to_json(table) -> dict[str, Any]:
         "full_ppl": t.full_ppl,
         "uncertainty": uncertainty,
         "provenance": t.provenance,
+        **({} if t.heads is None else {"heads": t.heads.to_json()}),
     }

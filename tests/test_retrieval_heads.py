@@ -65,3 +65,73 @@ def test_the_script_refuses_bad_input_in_one_line(capsys):
     assert script.main(["--samples", "4", "--records", "1000"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and err.startswith("error: ")
+
+
+# ------------------------------------------------------------------------- in the signal table
+def _table_with_heads(scores):
+    from signals import SignalTable
+    from signals.head_signals import HeadSignals
+
+    table = SignalTable.empty(2, ["prefill"], ["snapkv"], [8], {"model": "tiny"})
+    table.set_heads(HeadSignals(scores, {"samples": scores.n_samples, "records": 1}))
+    return table
+
+
+def test_the_table_round_trips_head_signals_as_version_3_and_stays_version_2_without(evidence):
+    from signals import SignalTable
+
+    scores = retrieval_scores(tiny_model("llama", layers=2), evidence)
+    table = _table_with_heads(scores)
+    doc = table.to_json()
+    assert doc["version"] == 3 and doc["heads"]["num_kv_heads"] == 2
+    back = SignalTable.loads(table.dumps())
+    assert back == table and back.heads.retrieval.per_sample.shape == (3, 2, 2)
+    table.set_heads(None)
+    assert table.to_json()["version"] == 2 and "heads" not in table.to_json()
+    assert SignalTable.loads(table.dumps()).heads is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["heads"]["retrieval"]["mean"][0].__setitem__(0, 1.5), "share in \\[0, 1\\]"),
+        (lambda d: d["heads"]["retrieval"]["mean"].pop(), "expected 2 layers"),
+        (lambda d: d["heads"].__setitem__("num_kv_heads", 0), "positive integer"),
+        (lambda d: d.__setitem__("version", 2), "unknown keys \\['heads'\\]"),
+    ],
+)
+def test_bad_head_blocks_are_refused_naming_the_field(evidence, edit, message):
+    from signals import SignalTable, SignalTableError
+
+    doc = _table_with_heads(retrieval_scores(tiny_model("llama", layers=2), evidence[:2])).to_json()
+    edit(doc)
+    with pytest.raises(SignalTableError, match=message):
+        SignalTable.from_json(doc)
+
+
+def test_collect_measures_retrieval_heads_and_show_draws_them(tmp_path, capsys):
+    from test_collect_cli import run_cli
+
+    from signals import SignalTable
+
+    ckpt = tmp_path / "tiny"
+    tiny_model("llama", layers=2).save_pretrained(ckpt)
+    char_tokenizer().save_pretrained(ckpt)
+    corpus = tmp_path / "corpus.txt"
+    lines = [f"The {m} path went on for mile {i}. Nobody said much." for m in "abcdef" for i in range(40)]
+    corpus.write_text("\n".join(lines))
+    out = tmp_path / "signals.json"
+    argv = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--context-len", "300"]
+    argv += ["--continuation-len", "48", "--patterns", "snapkv", "--budgets", "64", "--phases", "prefill"]
+    argv += ["--layers", "0", "--retrieval-heads", "3", "--out", str(out), "--no-progress"]
+    assert run_cli(argv) == 0
+    heads = SignalTable.load(out).heads
+    assert heads.retrieval.n_samples == 3 and heads.provenance["records"] == 1 and heads.num_kv_heads == 2
+    capsys.readouterr()
+    png = tmp_path / "s.png"
+    assert run_cli(["show", str(out), "--plot", str(png)]) == 0
+    assert "retrieval heads: strongest (mean ± SE): L" in capsys.readouterr().out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    bad = argv[:-5] + ["--retrieval-heads", "1", "--out", str(tmp_path / "x.json"), "--no-progress"]
+    assert run_cli(bad) == 2 and not (tmp_path / "x.json").exists()
+    assert "at least 2 samples" in capsys.readouterr().err

@@ -87,7 +87,16 @@ def add_parser(sub) -> None:
         "percentage (25%%) of --samples; their signals are computed on the answer tokens only (default 0: prose only)",
     )  # fmt: skip
     g.add_argument("--evidence-records", type=positive_int, default=None, metavar="N",
-                   help="evidence statements per evidence sample, one of them queried (default 4)")  # fmt: skip
+                   help="evidence statements per evidence sample, one of them queried (default 4; "
+                   "1 for --retrieval-heads)")  # fmt: skip
+    g.add_argument(
+        "--retrieval-heads",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="also measure each KV head's retrieval score (Wu et al.) on N >= 2 calibration-split evidence samples "
+        "(one statement each, its answer teacher-forced) and store it in the table (default 0: not measured)",
+    )
     g = p.add_argument_group("grid")
     g.add_argument(
         "--patterns",
@@ -201,8 +210,19 @@ def check(args: argparse.Namespace):
         message = str(err).replace("retrieval mix", "--retrieval-mix", 1)
         message = message.replace("evidence records per sample:", "--evidence-records", 1)
         raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
-    if args.evidence_records is not None and mix is None:
-        raise CLIError("--evidence-records applies to evidence samples; give --retrieval-mix too")
+    heads = getattr(args, "retrieval_heads", 0)
+    if args.evidence_records is not None and mix is None and not heads:
+        raise CLIError("--evidence-records applies to evidence samples; give --retrieval-mix or --retrieval-heads too")
+    if heads:
+        if heads < 2:
+            raise CLIError(f"--retrieval-heads {heads}: give at least 2 samples (a standard error needs two)")
+        try:
+            parse_retrieval_mix(str(heads), records=args.evidence_records or 1).evidence_samples(
+                heads, args.context_len
+            )
+        except DataError as err:
+            message = str(err).replace("evidence records per sample:", "--evidence-records", 1)
+            raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
     if args.resume and not journal_path(out).exists():
         raise CLIError(f"--resume: nothing to resume, {journal_path(out)} does not exist")
     check_output_path(journal_path(out), "--out")
@@ -269,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
         raise Interrupted(
             f"finished cells are kept in {journal_path(out)}; rerun the same command to continue"
         ) from None
+    if args.retrieval_heads:
+        measure_heads(args, table, model, tokenizer, corpus, out)
     cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())
     t = table.provenance["timings"]
     evidence = table.provenance["retrieval"]["evidence_samples"]
@@ -280,3 +302,42 @@ def run(args: argparse.Namespace) -> int:
         highlight=False,
     )
     return 0
+
+
+def measure_heads(args: argparse.Namespace, table, model, tokenizer, corpus, out) -> None:
+    """Retrieval scores per KV head on ``--retrieval-heads`` evidence samples, stored in the table at ``out``."""
+    from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix
+    from polykv_search.progress import ProgressBar
+    from signals.head_signals import DEFINITION, HeadSignals
+    from signals.retrieval_heads import retrieval_scores
+
+    n, records = args.retrieval_heads, args.evidence_records or 1
+    provenance = {
+        "samples": n,
+        "records": records,
+        "context_len": args.context_len,
+        "continuation_len": args.continuation_len,
+        "seed": args.seed,
+        "split": "calib",
+        "definition": DEFINITION,
+    }
+    if table.heads is not None and table.heads.provenance == provenance:
+        return  # measured already, with these settings
+    samples = make_calibration_samples(
+        tokenizer,
+        corpus,
+        n_samples=n,
+        context_len=args.context_len,
+        continuation_len=args.continuation_len,
+        seed=args.seed,
+        mix=parse_retrieval_mix(str(n), records=records),
+    )
+    bar_console = None if args.no_progress else console
+    with ProgressBar(bar_console, "retrieval heads", n, unit="samples") as bar:
+        scores = retrieval_scores(model, samples, on_sample=bar.advance)
+    table.set_heads(HeadSignals(scores, provenance))
+    table.save(out)
+    (layer, head, score), *_ = scores.top(1)
+    console.print(
+        f"retrieval heads: {n} evidence samples; strongest KV head L{layer} kv{head} ({score:.2f})", highlight=False
+    )

@@ -202,10 +202,27 @@ def show_signals(path: str, plot: str | None = None) -> int:
                 + ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])),
                 highlight=False,
             )
+    for line in describe_heads(table.heads):
+        out.print(line, highlight=False, markup=False)
     if plot:
         write_plot(table, plot)
         out.print(f"wrote {plot}", highlight=False)
     return 0
+
+
+def describe_heads(heads, top: int = TOP_SENSITIVE) -> list[str]:
+    """What the table's per-head signals say: the strongest retrieval heads with their standard errors."""
+    if heads is None:
+        return ["retrieval heads: not measured (collect --retrieval-heads N)"]
+    r, prov = heads.retrieval, heads.provenance
+    lines = [
+        f"retrieval heads: {r.n_samples} evidence samples of {prov.get('context_len', '?')}+"
+        f"{prov.get('continuation_len', '?')} tokens ({prov.get('records', '?')} statement(s) each), "
+        f"{r.mean.shape[0]} layers x {heads.num_kv_heads} KV heads; mean score {float(r.mean.mean()):.3f}"
+    ]
+    best = ", ".join(f"L{l} kv{h} {s:.2f}±{r.se[l, h]:.2f}" for l, h, s in r.top(top))
+    lines.append(f"retrieval heads: strongest (mean ± SE): {best}")
+    return lines
 
 
 def write_plot(table, path: str) -> None:
@@ -222,7 +239,10 @@ def write_plot(table, path: str) -> None:
     cos, dppl, ent = table.cosine_array(), table.dppl_array(), table.entropy_array()
     same = table.indistinguishable("dppl", LEVEL) if table.has_uncertainty else None
     height = max(4.0, 0.22 * L + 1.5)
-    fig, axes = plt.subplots(1, 2 * F + 1, figsize=(3.2 * F + 0.12 * P * G * F + 4.0, height), squeeze=False)
+    heads = table.heads
+    ncols = 2 * F + 1 + (heads is not None)
+    width = 3.2 * F + 0.12 * P * G * F + 4.0 + (2.5 if heads is not None else 0.0)
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
     axes = axes[0]
     finite = dppl[np.isfinite(dppl)]
     lim = float(np.percentile(np.abs(finite), 95)) if finite.size else 1.0
@@ -258,7 +278,7 @@ def write_plot(table, path: str) -> None:
             ax.axvline(p * G - 0.5, color="white", linewidth=1)
         ax.set_yticks(range(0, L, max(1, L // 15)))
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax = axes[-1]
+    ax = axes[2 * F]
     layers = np.arange(L)
     for f, phase in enumerate(table.phases):
         ax.plot(ent[:, f], layers, marker="o", markersize=3, label=phase)
@@ -267,6 +287,15 @@ def write_plot(table, path: str) -> None:
     ax.set_xlabel("entropy")
     ax.set_ylabel("layer")
     ax.legend(fontsize=7)
+    if heads is not None:
+        ax = axes[2 * F + 1]
+        im = ax.imshow(heads.retrieval.mean, aspect="auto", cmap="magma", vmin=0, interpolation="nearest")
+        ax.set_title(f"retrieval score per KV head\n({heads.retrieval.n_samples} samples)", fontsize=9)
+        ax.set_xlabel("KV head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(heads.num_kv_heads))
+        ax.set_yticks(range(0, L, max(1, L // 15)))
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle(f"signals: {table.provenance.get('model', '?')}", fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
