@@ -31,9 +31,23 @@ from polykv_search.evaluation.samples import Sample, has_chat_template
 
 GENERATE_LEN = 512
 NAMES = (
-    "Mary", "John", "Alice", "Henry", "Clara", "Thomas", "Emma", "George", "Lucy", "Edward", "Anne",
-    "William", "Harriet", "Robert", "Jane", "Charles",
-)  # fmt: skip
+    "Mary",
+    "John",
+    "Alice",
+    "Henry",
+    "Clara",
+    "Thomas",
+    "Emma",
+    "George",
+    "Lucy",
+    "Edward",
+    "Anne",
+    "William",
+    "Harriet",
+    "Robert",
+    "Jane",
+    "Charles",
+)
 _MARK = "\x00TRAJECTORY\x00"
 
 
@@ -180,9 +194,11 @@ def _prompt_ids(tokenizer, head: str, passage: str, chat: bool) -> list[int]:
     if not chat:
         return list(tokenizer(head + passage, add_special_tokens=True, verbose=False)["input_ids"])
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": head + passage}], tokenize=False, add_generation_prompt=True,
+        [{"role": "user", "content": head + passage}],
+        tokenize=False,
+        add_generation_prompt=True,
         enable_thinking=False,
-    )  # fmt: skip
+    )
     return list(tokenizer(rendered, add_special_tokens=False, verbose=False)["input_ids"])
 
 
@@ -191,10 +207,15 @@ def _question_text(tokenizer, user: str, question: str, prefix: str, chat: bool)
     ``Question:``/``Answer:`` pair; the answer prefix ends it."""
     if chat:
         rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": user}, {"role": "assistant", "content": _MARK},
-             {"role": "user", "content": question}],
-            tokenize=False, add_generation_prompt=True, enable_thinking=False,
-        )  # fmt: skip
+            [
+                {"role": "user", "content": user},
+                {"role": "assistant", "content": _MARK},
+                {"role": "user", "content": question},
+            ],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=False,
+        )
         at = rendered.find(_MARK)
         if at >= 0:
             return rendered[at + len(_MARK) :] + prefix

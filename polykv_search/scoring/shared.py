@@ -186,11 +186,17 @@ class SharedScorer:
         evicting = [i for i, is_full in enumerate(self.full_rows) if not is_full]
         rows = [self._row(self.plans[i]) for i in evicting]
         outcomes: list = [
-            SampleOutcome(TrajectoryMeter.exact(trajectory), trajectory.timing, full.kv_bytes, full.full_kv_bytes,
-                          list(trajectory.answer_ids))
-            if is_full else None
+            SampleOutcome(
+                TrajectoryMeter.exact(trajectory),
+                trajectory.timing,
+                full.kv_bytes,
+                full.full_kv_bytes,
+                list(trajectory.answer_ids),
+            )
+            if is_full
+            else None
             for is_full in self.full_rows
-        ]  # fmt: skip
+        ]
         if not rows:
             return outcomes
         dev = self.caller.device
