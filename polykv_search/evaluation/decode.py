@@ -81,7 +81,7 @@ class DecodeTask(Task):
         return extra
 
 
-class Trajectory(DecodeTask):
+class TrajectoryFidelity(DecodeTask):
     name = "decode/trajectory"
     description = "teacher-forced along FullKV's own N-token greedy generation: KL, top-1 agreement, ΔNLL per bucket"
     metric = "top-1 agreement % with FullKV (KL per position bucket beside it)"
@@ -237,4 +237,4 @@ def _prose_window(tokenizer, docs: list[str], need: int, rng) -> tuple[list[int]
     return stream[offset : offset + need], {"document": "all documents", "token_offset": offset}
 
 
-DECODE_TASKS: tuple[type[Task], ...] = (Trajectory, Recall)
+DECODE_TASKS: tuple[type[Task], ...] = (TrajectoryFidelity, Recall)

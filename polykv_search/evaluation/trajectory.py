@@ -28,8 +28,10 @@ from polykv_search.evaluation.fidelity import log_probs, token_kl
 BUCKET = 128
 
 
-def buckets(n: int, width: int = BUCKET) -> list[tuple[str, int, int]]:
-    """``(name, start, stop)`` of the position buckets of an N-token trajectory: ``0-128``, ``128-256``, ..."""
+def buckets(n: int, width: int | None = None) -> list[tuple[str, int, int]]:
+    """``(name, start, stop)`` of the position buckets of an N-token trajectory: ``0-128``, ``128-256``, ...
+    (``width`` default: :data:`BUCKET`)."""
+    width = BUCKET if width is None else width
     return [(f"{lo}-{min(lo + width, n)}", lo, min(lo + width, n)) for lo in range(0, n, width)]
 
 
