@@ -199,3 +199,45 @@ def test_per_entry_run_sample_without_fidelity_flag_still_runs_trajectories():
     model, tok = tiny_model("llama"), char_tokenizer()
     out = per_entry.run_sample(model, entries()[:2], trajectory_job(tok, n=10), fidelity=False)
     assert out[0].pred["kl"] == 0.0 and out[1].pred["total"] == 10
+
+
+def test_score_and_compare_cli_on_the_decode_suite(tmp_path, capsys):
+    ckpt = tmp_path / "tiny"
+    tiny_model("llama", layers=2).save_pretrained(ckpt)
+    char_tokenizer().save_pretrained(ckpt)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(haystack_texts()[:40])))
+    out = tmp_path / "decode.json"
+    argv = [
+        "score",
+        "--model",
+        str(ckpt),
+        "--corpus",
+        str(corpus),
+        "--baseline",
+        "full",
+        "--baseline",
+        "uniform:h2o",
+        "--budget",
+        "16",
+        "--suite",
+        "decode",
+        "--samples",
+        "2",
+        "--context-len",
+        "260",
+        "--generate-len",
+        "12",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["settings"]["generate_len"] == 12
+    record = doc["entries"][1]["tasks"]["decode/trajectory"]["per_sample"][0]
+    assert record["prediction"]["total"] == 12 and set(record["kl_buckets"]) == {"0-12"}
+    capsys.readouterr()
+    assert main(["compare", str(out), "--details", "--plot", str(tmp_path / "drift.png")]) == 0
+    shown = capsys.readouterr().out
+    assert "KL decode" in shown and "0-12" in shown
+    assert (tmp_path / "drift.png").read_bytes()[:4] == b"\x89PNG"
