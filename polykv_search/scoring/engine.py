@@ -55,7 +55,8 @@ def score_entries(
     batch_entries
         Shared engine: entries decoded in one batch at most.
     fidelity
-        Also measure KL(FullKV ‖ entry) and ΔNLL on teacher-forced tasks.
+        Also measure KL(FullKV ‖ entry) and ΔNLL on teacher-forced tasks (trajectory tasks, the decode
+        suite, always measure them: they are what those tasks score).
     progress
         Called with the number of (entry, sample) units just run (not for samples replayed from
         ``checkpoint``).
