@@ -132,7 +132,7 @@ def test_registry_lists_every_task_with_its_suite():
     rows = list_tasks()
     names = [r["name"] for r in rows]
     assert {"ruler/niah_single", "ruler/cwe", "broad/continuation", "longbench/hotpotqa"} <= set(names)
-    assert all(r["suite"] in ("broad", "ruler", "longbench") and r["description"] for r in rows)
+    assert all(r["suite"] in ("broad", "ruler", "longbench", "decode") and r["description"] for r in rows)
     assert [t.name for t in tasks_for("broad,vt")] == ["broad/continuation", "broad/manyshot", "ruler/vt"]
     assert len(tasks_for("longbench", longbench={"source": "x"})) == 10
     with pytest.raises(ValueError, match="unknown task"):

@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--suite",
         default="broad,ruler",
-        help="suites and/or task names, comma separated (default broad,ruler); none: lm-eval tasks only",
+        help="suites and/or task names, comma separated (default broad,ruler; also decode, longbench); "
+        "none: lm-eval tasks only",
     )
     p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
     p.add_argument("--context-len", type=positive_int, default=1024, help="prompt length in tokens (default 1024)")
@@ -55,6 +56,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
     p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
+    p.add_argument(
+        "--generate-len",
+        type=positive_int,
+        metavar="N",
+        help="decode suite: tokens FullKV generates and every entry is teacher-forced along (default 512)",
+    )
     add_decode_interval_args(p, default=1, help="decoding evicts every k steps instead of every step (default 1)")
     p.add_argument(
         "--batch-entries",
@@ -110,7 +117,11 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.lm_eval_include_path:
         raise CLIError("--lm-eval-include-path needs --lm-eval-tasks")
-    tasks = [] if lm_request and args.suite == "none" else scoring.resolve_tasks(args.suite, args.longbench_source)
+    tasks = (
+        []
+        if lm_request and args.suite == "none"
+        else scoring.resolve_tasks(args.suite, args.longbench_source, args.generate_len)
+    )
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
@@ -143,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         "decode_interval": args.decode_interval,
         "interval_mode": args.interval_mode,
         "max_new_tokens": args.max_new_tokens,
+        "generate_len": args.generate_len,
         "device": args.device,
         "dtype": args.dtype,
         "attn": args.attn,

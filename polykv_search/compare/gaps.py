@@ -116,12 +116,21 @@ def _row_intervals(row: Row, suites: list[str], suite_of: dict[str, str], option
         tasks = [t for t in row.scores if suite_of.get(t) == suite]
         if tasks and all(t in row.samples for t in tasks):
             row.suite_iv[suite] = stats.stratified_mean_interval([row.samples[t].score for t in tasks], **options)
+        _bucket_intervals(row, suite, [t for t in tasks if t in row.samples], options)
         for measure, target in (("kl", row.kl), ("dnll", row.dnll)):
             with_measure = [t for t in tasks if t in row.samples and row.samples[t].values(measure) is not None]
             if with_measure:
                 target[suite] = stats.stratified_mean_interval(
                     [row.samples[t].values(measure) for t in with_measure], **options
                 )
+
+
+def _bucket_intervals(row: Row, suite: str, tasks: list[str], options: dict[str, Any]) -> None:
+    """Per position bucket, the KL interval over the suite's tasks that have that bucket (stratified)."""
+    names = ordered(b for t in tasks for b in (row.samples[t].kl_buckets or {}))
+    for name in names:
+        strata = [row.samples[t].kl_buckets[name] for t in tasks if name in (row.samples[t].kl_buckets or {})]
+        row.kl_buckets.setdefault(suite, {})[name] = stats.stratified_mean_interval(strata, **options)
 
 
 def _suite_tasks(rows: Sequence[Row], suite: str, suite_of: dict[str, str]) -> list[str]:

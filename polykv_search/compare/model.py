@@ -51,6 +51,8 @@ class Row:
     kl: dict[str, Interval] = field(default_factory=dict)
     dnll: dict[str, Interval] = field(default_factory=dict)
     kl_gap: dict[str, Gap] = field(default_factory=dict)
+    #: suite -> position bucket -> interval of the KL over that bucket's positions (trajectory tasks)
+    kl_buckets: dict[str, dict[str, Interval]] = field(default_factory=dict)
 
     @property
     def is_full(self) -> bool:
@@ -96,6 +98,7 @@ class Row:
                 "kl": ivs(self.kl),
                 "dnll": ivs(self.dnll),
                 "kl_gap_recovered": {s: g.to_json() for s, g in self.kl_gap.items()},
+                "kl_buckets": {s: ivs(b) for s, b in self.kl_buckets.items()},
             },
             "sources": list(self.sources),
         }
@@ -162,6 +165,16 @@ class Comparison:
     def fidelity_suites(self) -> list[str]:
         """Suites for which some row has a KL (teacher-forced tasks of version-2 results)."""
         return [s for s in self.suites if any(s in r.kl for r in self.rows)]
+
+    @property
+    def bucket_suites(self) -> dict[str, list[str]]:
+        """Suites whose rows have a KL per position bucket (the decode suite), with the buckets in order."""
+        out: dict[str, list[str]] = {}
+        for s in self.suites:
+            names = ordered(b for r in self.rows for b in r.kl_buckets.get(s, {}))
+            if names:
+                out[s] = names
+        return out
 
     def reference(self, run: int, budget: float | None, suite: str) -> Reference | None:
         for ref in self.references:

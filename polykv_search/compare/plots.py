@@ -1,4 +1,5 @@
-"""PNG plots of a comparison: per-layer budgets and patterns, score vs budget, suite scores.
+"""PNG plots of a comparison: per-layer budgets and patterns, score vs budget, suite scores, and the
+decode suite's drift (KL per generated-position bucket).
 
 Scores are drawn with error bars: the bootstrap interval of each suite score (asymmetric, from
 its low and high bounds) where the results carry per-sample scores.
@@ -34,6 +35,9 @@ def plot(c: Comparison, path: str | Path, *, dpi: int = 110) -> Path:
     sweep = c.multi_budget
     parts = ["layers"] if layered else []
     parts.append("sweep" if sweep else "bars")  # scores with their intervals, always
+    drift = c.bucket_suites
+    if drift:  # the decode suite: KL per position bucket, where each plan starts to drift
+        parts.append("drift")
 
     # panel grid for (a): rows = families, columns = budgets (one row when one budget)
     if layered:
@@ -49,8 +53,9 @@ def plot(c: Comparison, path: str | Path, *, dpi: int = 110) -> Path:
             grid = {(i // a_cols, i % a_cols): r for i, r in enumerate(layered)}
         n_layers = max(len(layers_of(r.strategy)) for r in layered)
         panel_w = max(4.5, min(9.0, 0.22 * n_layers + 1.5))
-    heights = {"layers": 3.2 * a_rows if layered else 0, "sweep": 3.6, "bars": 3.8}
-    width = max(9.0, panel_w * a_cols if layered else 0, 4.5 * max(1, len(c.suites)))
+    drift_panels = [(s, b) for s in drift for b in ordered(r.budget for r in c.rows if r.budget is not None)]
+    heights = {"layers": 3.2 * a_rows if layered else 0, "sweep": 3.6, "bars": 3.8, "drift": 3.6}
+    width = max(9.0, panel_w * a_cols if layered else 0, 4.5 * max(1, len(c.suites)), 4.5 * len(drift_panels))
     fig = plt.figure(figsize=(width, sum(heights[p] for p in parts) + 0.6 * len(parts)), layout="constrained")
     subfigs = fig.subfigures(len(parts), 1, height_ratios=[heights[p] for p in parts])
     subfigs = list(subfigs) if len(parts) > 1 else [subfigs]  # each part titles its own subfigure
@@ -60,6 +65,8 @@ def plot(c: Comparison, path: str | Path, *, dpi: int = 110) -> Path:
             _plot_layers(sub, c, grid, a_rows, a_cols, Patch, by_budget)
         elif part == "sweep":
             _plot_sweep(sub, c)
+        elif part == "drift":
+            _plot_drift(sub, c, drift_panels)
         else:
             _plot_bars(sub, c, "(b) " if layered else "")
     buf = io.BytesIO()
@@ -217,6 +224,51 @@ def _plot_bars(sub, c: Comparison, prefix: str = "") -> None:
         f" with {100 * c.statistics.get('level', 0.95):.0f}% bootstrap intervals" if c.has_intervals else ""
     )
     sub.suptitle(prefix + title, fontsize=10, x=0.01, ha="left")
+
+
+def _plot_drift(sub, c: Comparison, panels: list[tuple[str, float]]) -> None:
+    """KL(FullKV ‖ entry) per position bucket with its interval: one panel per (suite, budget), one line
+    per entry (FullKV is 0 everywhere and left out); log scale when every value is positive."""
+    axes = sub.subplots(1, max(1, len(panels)), squeeze=False)[0]
+    markers = "osD^v<>Ph*X"
+    for ax, (suite, budget) in zip(axes, panels):
+        names = c.bucket_suites[suite]
+        rows = [r for r in c.rows if r.budget == budget and not r.is_full and r.kl_buckets.get(suite)]
+        positive = True
+        for k, r in enumerate(rows):
+            ivs = [r.kl_buckets[suite].get(b) for b in names]
+            xs = [i for i, iv in enumerate(ivs) if iv is not None]
+            ys = [ivs[i].estimate for i in xs]
+            positive = positive and all(y > 0 for y in ys)
+            err = [
+                (max(0.0, ivs[i].estimate - ivs[i].low), max(0.0, ivs[i].high - ivs[i].estimate))
+                if ivs[i].bounded
+                else (0.0, 0.0)
+                for i in xs
+            ]
+            dodge = 0.04 * (k - (len(rows) - 1) / 2)
+            ax.errorbar(
+                [x + dodge for x in xs],
+                ys,
+                yerr=[[e[0] for e in err], [e[1] for e in err]],
+                marker=markers[k % len(markers)],
+                linestyle="-" if not r.is_uniform else "--",
+                label=r.name,
+                linewidth=1.2,
+                markersize=4,
+                capsize=2,
+                elinewidth=0.8,
+            )
+        if rows and positive:
+            ax.set_yscale("log")
+        ax.set_xticks(range(len(names)), names, fontsize=7)
+        ax.set_xlabel("generated-token position bucket", fontsize=8)
+        ax.set_ylabel("KL(FullKV ‖ entry), nats/token", fontsize=8)
+        ax.set_title(f"{suite}, B={fmt_budget(budget)}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, frameon=False)
+    sub.suptitle("drift: KL per position bucket (intervals over samples)", fontsize=10, x=0.01, ha="left")
 
 
 def _pale(color: Any, amount: float = 0.6) -> tuple[float, float, float]:

@@ -42,6 +42,9 @@ class TaskSamples:
     score: tuple[float, ...]
     kl: tuple[float, ...] | None = None
     dnll: tuple[float, ...] | None = None
+    #: per position bucket (``0-128``, ...), the per-sample mean KL over that bucket's positions, on
+    #: trajectory tasks (the decode suite); None elsewhere or when the samples' buckets differ
+    kl_buckets: dict[str, tuple[float, ...]] | None = None
 
     def values(self, measure: str) -> tuple[float, ...] | None:
         return getattr(self, measure)
@@ -119,7 +122,7 @@ def entry_samples(e: dict[str, Any], where: str = "entry") -> dict[str, TaskSamp
             continue  # no records (a task without samples): its scores have no interval
         if not isinstance(records, list):
             raise CompareError(f"{where}: tasks[{_safe(task)}].per_sample must be a list")
-        ids, scores, kl, dnll = [], [], [], []
+        ids, scores, kl, dnll, buckets = [], [], [], [], []
         for j, rec in enumerate(records):
             if not isinstance(rec, dict) or "id" not in rec or _number(rec.get("score")) is None:
                 raise CompareError(f"{where}: tasks[{_safe(task)}].per_sample[{j}] needs an id and a finite score")
@@ -127,12 +130,27 @@ def entry_samples(e: dict[str, Any], where: str = "entry") -> dict[str, TaskSamp
             scores.append(_number(rec["score"]))
             kl.append(_number(rec.get("kl")))
             dnll.append(_number(rec.get("dnll")))
+            buckets.append(rec.get("kl_buckets"))
         if len(set(ids)) != len(ids):
             raise CompareError(f"{where}: tasks[{_safe(task)}].per_sample has repeated sample ids")
         # one canonical order (by id): the same samples give the same resamples whatever a file's order
         order = sorted(range(len(ids)), key=ids.__getitem__)
-        out[task] = TaskSamples(tuple(ids[i] for i in order), *(_in_order(v, order) for v in (scores, kl, dnll)))
+        out[task] = TaskSamples(
+            tuple(ids[i] for i in order), *(_in_order(v, order) for v in (scores, kl, dnll)), _buckets(buckets, order)
+        )
     return out
+
+
+def _buckets(records: list[Any], order: list[int]) -> dict[str, tuple[float, ...]] | None:
+    """Per bucket, the samples' KL in ``order``; None unless every sample has the same finite buckets."""
+    if not records or not isinstance(records[0], dict) or not records[0]:
+        return None
+    names = list(records[0])
+    if any(not isinstance(r, dict) or list(r) != names for r in records):
+        return None
+    columns = {name: [_number(r[name]) for r in records] for name in names}
+    out = {name: _in_order(values, order) for name, values in columns.items()}
+    return None if any(v is None for v in out.values()) else out  # type: ignore[return-value]
 
 
 def _in_order(values: list[float | None], order: list[int]) -> tuple[float, ...] | None:
@@ -248,6 +266,9 @@ class _Checker:
                     self.fail(_at(rec_path, "id"), "a string or integer", sample_id)
                 for key in ("kl", "dnll"):
                     self.number(rec.get(key), _at(rec_path, key))
+                buckets = self.obj(rec.get("kl_buckets"), _at(rec_path, "kl_buckets"))
+                for name, v in buckets.items():
+                    self.number(v, _at(_at(rec_path, "kl_buckets"), name))
 
     def strategy(self, s: dict[str, Any], path: str) -> None:
         layers_path = _at(path, "layers")

@@ -59,7 +59,14 @@ def columns(c: Comparison, tasks: bool = False, details: bool = True, budget: bo
     if details:
         for s in c.fidelity_suites:
             cols += [Column(f"kl:{s}", f"KL {s}", "low"), Column(f"klgap:{s}", f"KL gap {s}", "high")]
+        for s, names in c.bucket_suites.items():  # where decoding drifts: KL per position bucket
+            cols += [Column(f"klb:{s}@{b}", f"KL {s} {b}", "low") for b in names]
     return cols
+
+
+def _bucket(row: Row, arg: str) -> Interval | None:
+    suite, _, bucket = arg.rpartition("@")
+    return row.kl_buckets.get(suite, {}).get(bucket)
 
 
 # ===================================================================================== cells
@@ -81,6 +88,9 @@ def value(c: Comparison, row: Row, col: Column) -> Any:
     if kind == "klgap":
         g = row.kl_gap.get(arg)
         return None if g is None or g.interval is None else g.interval.estimate
+    if kind == "klb":
+        iv = _bucket(row, arg)
+        return None if iv is None else iv.estimate
     if kind == "run":
         return c.runs[row.run]["label"]
     if kind == "budget":
@@ -110,8 +120,8 @@ def text(c: Comparison, row: Row, col: Column, details: bool = True) -> str:
             ref = c.reference(row.run, row.budget, arg)
             return "ref" if ref is not None and ref.best_uniform == row.name else "-"
         return _pm(row.diff[arg], "+.1f", ".1f") + mark(row, arg)
-    if kind == "kl":
-        iv = row.kl.get(arg)
+    if kind in ("kl", "klb"):
+        iv = row.kl.get(arg) if kind == "kl" else _bucket(row, arg)
         return "-" if iv is None else _pm(iv, ".3f", ".3f")
     if v is None or not finite(v):
         return "-"
@@ -191,7 +201,7 @@ def best_cells(c: Comparison, cols: Sequence[Column]) -> set[tuple[int, str]]:
 def _rounded(col: Column, v: Any) -> float | None:
     if not finite(v):
         return None
-    digits = {"kv_mib": 2, "kv_ratio": 3, "gap": 2, "klgap": 2, "kl": 3}.get(col.kind, 1)
+    digits = {"kv_mib": 2, "kv_ratio": 3, "gap": 2, "klgap": 2, "kl": 3, "klb": 3}.get(col.kind, 1)
     return round(float(v), digits)
 
 
@@ -249,6 +259,8 @@ def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, detail
         header = col.header.split("/")[-1] if col.kind == "task" else col.header
         if col.kind in RICH_HEADERS:
             header = RICH_HEADERS[col.kind].format(col.arg)
+        elif col.kind == "klb":  # KL / suite / position bucket, stacked
+            header = "KL {}\n{}".format(*col.arg.rsplit("@", 1))
         if col.kind == "name":  # may fold onto two lines in a narrow terminal, never vanish
             longest = max([len(r.name) for r in c.rows] + [len(header)])
             table.add_column(header, justify="left", overflow="fold", min_width=min(longest, NAME_MIN_WIDTH))

@@ -1,4 +1,4 @@
-"""The task suite: RULER-style retrieval, broad context understanding, LongBench.
+"""The task suite: RULER-style retrieval, broad context understanding, LongBench, decode (long generation).
 
 Build a task from the registry, generate samples with a tokenizer and haystack text, run them with
 plain HF calls (optionally inside the eviction runtime) and score them 0-100::

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from polykv_search.evaluation.samples import Sample
 
-SUITES = ("broad", "ruler", "longbench")
+SUITES = ("broad", "ruler", "longbench", "decode")
 
 
 class SampleCheckError(AssertionError):
@@ -20,8 +20,9 @@ class Task:
     """A named evaluation task: generates samples, scores predictions on them (0-100).
 
     Subclasses set the class attributes and implement :meth:`generate` and :meth:`score`.
-    ``kind`` is ``"generate"`` (greedy decoding, predictions are strings) or ``"teacher_forced"``
-    (the continuation is scored token by token, predictions are dicts; see ``broad``).
+    ``kind`` is ``"generate"`` (greedy decoding, predictions are strings), ``"teacher_forced"``
+    (the continuation is scored token by token, predictions are dicts; see ``broad``) or
+    ``"trajectory"`` (FullKV generates, entries are teacher-forced along it step by step; see ``decode``).
     """
 
     name: ClassVar[str] = ""

@@ -10,6 +10,8 @@ For every sample, with a fresh cache and inside ``runner()`` when one is given:
 
 Teacher-forced tasks replace 2-3 with one call that feeds the continuation (all but its last
 token) on the compressed cache; the first continuation token is predicted by the context call.
+Trajectory tasks (the decode suite) first let FullKV generate, then feed its tokens one per call
+(:mod:`~polykv_search.evaluation.trajectory`).
 
 Batch size is 1, so no call needs padding; only the first call passes an attention mask.
 """
@@ -28,6 +30,7 @@ import torch
 from polykv_search.evaluation.base import Task
 from polykv_search.evaluation.fidelity import continuation_outcome
 from polykv_search.evaluation.samples import Sample, encode_prompt, samples_fingerprint
+from polykv_search.evaluation.trajectory import forced_run, full_trajectory
 
 
 @dataclass
@@ -207,8 +210,18 @@ def run_task(
     try:
         for i, sample in enumerate(samples):
             context_ids, question_ids = encode_prompt(tokenizer, sample, chat)
+            trajectory = None
+            if task.kind == "trajectory":  # FullKV's own generation first, outside the runner
+                limit = generation_limit(task, sample, max_new_tokens) if question_ids else 0
+                banned = frozenset(eos)
+                n = int(sample.meta["generate_len"])
+                trajectory = full_trajectory(caller, context_ids, n, banned, question_ids, limit)
             with runner() if runner is not None else nullcontext() as entered:
-                if task.kind == "teacher_forced":
+                if trajectory is not None:
+                    out, ids, timing = forced_run(caller, trajectory, context_ids, banned, question_ids, limit)
+                    pred = {**out, "answer": tokenizer.decode(ids, skip_special_tokens=True)} if limit > 0 else out
+                    n_new = len(ids)
+                elif task.kind == "teacher_forced":
                     pred, timing = teacher_forced(model, context_ids, continuation_ids(sample), caller)
                     n_new = 0
                 else:
@@ -239,6 +252,11 @@ def generation_limit(task: Task, sample: Sample, max_new_tokens: int | None) -> 
     return task.max_new_tokens if limit is None else limit
 
 
+#: fidelity fields of a prediction dict lifted to the top of its per-sample record (``*_buckets``: the
+#: trajectory's per-position-bucket means, see :mod:`~polykv_search.evaluation.trajectory`)
+FIDELITY_KEYS = ("kl", "dnll", "agree", "kl_buckets", "agree_buckets", "dnll_buckets")
+
+
 def sample_record(
     task: Task, sample: Sample, pred: Any, context_ids, question_ids, n_new: int, timing: dict
 ) -> dict[str, Any]:
@@ -254,7 +272,7 @@ def sample_record(
         **timing,
     }
     if isinstance(pred, dict):
-        record.update({k: pred[k] for k in ("kl", "dnll") if k in pred})
+        record.update({k: pred[k] for k in FIDELITY_KEYS if k in pred})
     return record
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from polykv_search.evaluation.base import SUITES, Task
 from polykv_search.evaluation.broad import BROAD_TASKS
+from polykv_search.evaluation.decode import DECODE_TASKS
 from polykv_search.evaluation.longbench import DATASETS as LONGBENCH_DATASETS
 from polykv_search.evaluation.longbench import LongBenchTask
 from polykv_search.evaluation.ruler import RULER_TASKS
@@ -49,7 +50,7 @@ def register(name: str, suite: str, factory: Callable[..., Task], *, default: bo
         SUITE_TASKS[suite] = SUITE_TASKS.get(suite, ()) + (name,)
 
 
-for _cls in RULER_TASKS + BROAD_TASKS:
+for _cls in RULER_TASKS + BROAD_TASKS + DECODE_TASKS:
     register(_cls.name, _cls.suite, _cls)
 for _d in LONGBENCH_DATASETS:
     register(f"longbench/{_d}", "longbench", partial(LongBenchTask, _d), default=_d in DEFAULT_LONGBENCH)
@@ -75,7 +76,7 @@ def get_task(name: str, **options: Any) -> Task:
     """Build task ``name``; options go to its constructor.
 
     Options: ``source=`` and ``cache_dir=`` for ``longbench/*``; ``continuation_len=`` for
-    ``broad/continuation``.
+    ``broad/continuation``; ``generate_len=`` for ``decode/*``.
     """
     suite, factory = _REGISTRY[resolve_name(name)]
     try:

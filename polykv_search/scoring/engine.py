@@ -55,7 +55,8 @@ def score_entries(
     batch_entries
         Shared engine: entries decoded in one batch at most.
     fidelity
-        Also measure KL(FullKV ‖ entry) and ΔNLL on teacher-forced tasks.
+        Also measure KL(FullKV ‖ entry) and ΔNLL on teacher-forced tasks (trajectory tasks, the decode
+        suite, always measure them: they are what those tasks score).
     progress
         Called with the number of (entry, sample) units just run (not for samples replayed from
         ``checkpoint``).
@@ -140,7 +141,14 @@ def sample_rows(tokenizer, task, sample, job: SampleJob, outcomes, *, shared: bo
     seconds (0 under the shared engine, where entries run together)."""
     rows = []
     for out in outcomes:
-        pred = out.pred if job.teacher_forced else tokenizer.decode(out.new_ids, skip_special_tokens=True)
+        if job.trajectory:  # with a question, the answer beside the trajectory's fidelity
+            pred = dict(out.pred)
+            if job.limit > 0:
+                pred["answer"] = tokenizer.decode(out.new_ids, skip_special_tokens=True)
+        elif job.teacher_forced:
+            pred = out.pred
+        else:
+            pred = tokenizer.decode(out.new_ids, skip_special_tokens=True)
         record = sample_record(task, sample, pred, job.context_ids, job.question_ids, len(out.new_ids), out.timing)
         record["kv_bytes"], record["full_kv_bytes"] = out.kv_bytes, out.full_kv_bytes
         rows.append({"record": record, "seconds": 0.0 if shared else sum(out.timing.values())})
@@ -149,6 +157,15 @@ def sample_rows(tokenizer, task, sample, job: SampleJob, outcomes, *, shared: bo
 
 def sample_job(tokenizer, task, sample, eos: frozenset[int], max_new_tokens: int | None) -> SampleJob:
     context_ids, question_ids = encode_prompt(tokenizer, sample)
+    if task.kind == "trajectory":
+        return SampleJob(
+            kind="trajectory",
+            context_ids=context_ids,
+            question_ids=question_ids,
+            limit=generation_limit(task, sample, max_new_tokens) if question_ids else 0,
+            eos=eos,
+            generate_len=int(sample.meta["generate_len"]),
+        )
     forced = task.kind == "teacher_forced"
     return SampleJob(
         kind=task.kind,

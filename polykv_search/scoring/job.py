@@ -10,16 +10,23 @@ from typing import Any
 class SampleJob:
     """The token ids of one sample and how to run them (``kind`` as in :class:`~polykv_search.evaluation.Task`)."""
 
-    kind: str  # "teacher_forced" or "generate"
+    kind: str  # "teacher_forced", "generate" or "trajectory"
     context_ids: list[int]
     question_ids: list[int]
     target_ids: list[int] | None = None
     limit: int = 0  # new tokens at most (generate)
     eos: frozenset[int] = frozenset()
+    #: trajectory: FullKV greedy-generates this many tokens (EOS banned); every entry is teacher-forced
+    #: along them step by step, then answers ``question_ids`` with up to ``limit`` tokens when ``limit > 0``
+    generate_len: int = 0
 
     @property
     def teacher_forced(self) -> bool:
         return self.kind == "teacher_forced"
+
+    @property
+    def trajectory(self) -> bool:
+        return self.kind == "trajectory"
 
 
 @dataclass

@@ -20,6 +20,7 @@ import torch
 
 from polykv_search.evaluation.fidelity import continuation_outcome, log_probs
 from polykv_search.evaluation.runner import _Caller, _sync
+from polykv_search.evaluation.trajectory import TrajectoryMeter, force, full_trajectory
 from polykv_search.runtime import (
     FULL_PLAN,
     EvictingLayer,
@@ -109,6 +110,8 @@ class SharedScorer:
     @torch.inference_mode()
     def run(self, job: SampleJob, *, fidelity: bool = True) -> list[SampleOutcome]:
         """Every entry's outcome on ``job`` (same order as ``plans``)."""
+        if job.trajectory:
+            return self._run_trajectory(job)
         plans = list(self.plans)
         ref = next((i for i, full in enumerate(self.full_rows) if full), None)
         if job.teacher_forced and fidelity and ref is None:  # a hidden FullKV row for the reference
@@ -173,16 +176,70 @@ class SharedScorer:
         _sync(self.caller.device)
         return logits, {"question_s": 0.0, "decode_s": time.perf_counter() - t0}
 
+    def _run_trajectory(self, job: SampleJob) -> list[SampleOutcome]:
+        """FullKV generates the trajectory once (every FullKV entry's outcome); the other entries share one
+        context call, then are teacher-forced along it one token per call, batched (and answer a question)."""
+        trajectory = full_trajectory(
+            self.caller, job.context_ids, job.generate_len, job.eos, job.question_ids, job.limit
+        )
+        full = cache_report(trajectory.cache.layers)
+        evicting = [i for i, is_full in enumerate(self.full_rows) if not is_full]
+        rows = [self._row(self.plans[i]) for i in evicting]
+        outcomes: list = [
+            SampleOutcome(
+                TrajectoryMeter.exact(trajectory),
+                trajectory.timing,
+                full.kv_bytes,
+                full.full_kv_bytes,
+                list(trajectory.answer_ids),
+            )
+            if is_full
+            else None
+            for is_full in self.full_rows
+        ]
+        if not rows:
+            return outcomes
+        dev = self.caller.device
+        t0 = time.perf_counter()
+        first = self._context_call(job.context_ids, rows)
+        _sync(dev)
+        context_s = time.perf_counter() - t0
+        groups = plan_groups([[layer.length for layer in row] for row in rows], self.batch_entries, self.fixed_cost)
+        for group in groups:
+            t1 = time.perf_counter()
+            members = [rows[i] for i in group]
+            meter = TrajectoryMeter(trajectory, len(group), job.eos)
+            cache = self._stacked(members)
+            step = lambda ids, cache=cache: self._call([ids] * len(members), cache)[:, -1]  # noqa: E731
+            last = force(step, first.expand(len(group), -1), meter, feed_last=job.limit > 0)
+            if job.limit > 0:
+                new, timing = self._decode(job, members, cache, last)
+            else:
+                self._write_back(cache)
+                new, timing = [[] for _ in group], {"question_s": 0.0}
+            _sync(dev)
+            timing = {"context_s": context_s, "question_s": timing["question_s"], "decode_s": time.perf_counter() - t1}
+            for j, i in enumerate(group):
+                report = cache_report(rows[i])
+                outcomes[evicting[i]] = SampleOutcome(
+                    meter.outcome(j), timing, report.kv_bytes, report.full_kv_bytes, list(new[j])
+                )
+        return outcomes
+
     def _generate(self, job: SampleJob, rows, first: torch.Tensor):
         """Question call, then greedy decoding of every row; a row stops at EOS or at ``job.limit``."""
         t0 = time.perf_counter()
+        new, timing = self._decode(job, rows, self._stacked(rows), first.expand(len(rows), -1))
+        return new, {"question_s": timing["question_s"], "decode_s": time.perf_counter() - t0 - timing["question_s"]}
+
+    def _decode(self, job: SampleJob, rows, cache, logits: torch.Tensor):
+        """Question call (when there is one; else ``logits`` ``[rows, V]`` predict the first token), then
+        greedy decoding of every row on its stacked ``cache``; a row stops at EOS or at ``job.limit``."""
+        t0 = time.perf_counter()
         active = list(range(len(rows)))
         new: list[list[int]] = [[] for _ in rows]
-        cache = self._stacked(rows)
         if job.question_ids:
             logits = self._call([list(job.question_ids)] * len(rows), cache)[:, -1]
-        else:
-            logits = first.expand(len(rows), -1)
         _sync(self.caller.device)
         t1 = time.perf_counter()
         for step in range(job.limit):

@@ -34,9 +34,12 @@ def make_task_samples(
     return out
 
 
-def resolve_tasks(spec: str, longbench_source: str | None = None) -> list[Any]:
-    """Task objects from ``broad,ruler`` or explicit task names (``ruler/vt``)."""
-    options = {"longbench": {"source": longbench_source}} if longbench_source else {}
+def resolve_tasks(spec: str, longbench_source: str | None = None, generate_len: int | None = None) -> list[Any]:
+    """Task objects from ``broad,ruler`` or explicit task names (``ruler/vt``); ``generate_len``: the
+    decode suite's FullKV trajectory length (default the tasks' own, 512)."""
+    options: dict[str, dict[str, Any]] = {"longbench": {"source": longbench_source}} if longbench_source else {}
+    if generate_len is not None:
+        options["decode"] = {"generate_len": generate_len}
     try:
         return tasks_for(spec, **options)
     except (KeyError, ValueError, TypeError) as err:
