@@ -2,38 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from joblib import Parallel, delayed, parallel_config
+from joblib import Parallel, delayed
 from rich.console import Console
 
-from polykv_search.models import load_model
+from polykv_search.parallel import BACKENDS, ModelLoader, joblib_backend, worker_threads  # noqa: F401
 from polykv_search.progress import ProgressBar
 from signals.collect_sample import sample_records
 from signals.collect_settings import CollectError, Unit
 from strategies import PHASES
-
-#: joblib backends for ``jobs > 1`` ("sequential": the task path in-process, for tests).
-BACKENDS = ("loky", "dask", "ray", "sequential")
-
-
-@dataclass(frozen=True)
-class ModelLoader:
-    """A picklable recipe that loads the model in a worker process (``load_model`` arguments)."""
-
-    name: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    attn_implementation: str = "sdpa"
-
-    def __call__(self):
-        return load_model(
-            self.name, device=self.device, dtype=self.dtype, attn_implementation=self.attn_implementation
-        )[0]
 
 
 @dataclass(frozen=True)
@@ -68,46 +48,8 @@ def _run_task(
     )
 
 
-@contextlib.contextmanager
 def _backend(backend: str | None, address: str | None, jobs: int = 1):
-    # dask and ray are optional, heavy cluster backends: imported only when chosen
-    if backend in (None, "loky", "sequential"):
-        with parallel_config(backend=backend or "loky"):
-            yield
-        return
-    if backend == "dask":
-        try:
-            from dask.distributed import Client
-        except ImportError:
-            raise CollectError("--backend dask needs dask.distributed (pip install 'dask[distributed]')") from None
-        # no address: a local cluster of ``jobs`` single-threaded worker processes
-        client = (
-            Client(address)
-            if address
-            else Client(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
-        )
-        with client:
-            with parallel_config(backend="dask"):
-                yield
-        return
-    if backend == "ray":
-        try:
-            import ray
-            from ray.util.joblib import register_ray
-        except ImportError:
-            raise CollectError("--backend ray needs ray (pip install 'ray[default]')") from None
-        started = not ray.is_initialized()
-        if started:
-            ray.init(address=address, num_cpus=None if address else jobs, ignore_reinit_error=True)
-        register_ray()
-        try:
-            with parallel_config(backend="ray"):
-                yield
-        finally:
-            if started:
-                ray.shutdown()
-        return
-    raise CollectError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    return joblib_backend(backend, address, jobs, error=CollectError)
 
 
 def _split(units: list[Unit], parts: int, num_layers: int) -> list[list[Unit]]:
@@ -137,7 +79,7 @@ def run_parallel(
 ) -> None:
     """Run every pending unit through joblib; ``spans[s]``: sample s's scored continuation positions."""
     local = backend in (None, "loky", "sequential")
-    threads = max(1, (os.cpu_count() or 1) // jobs) if backend in (None, "loky") else None
+    threads = worker_threads(backend, jobs)
     tasks = []
     for s in sorted(per_sample):
         groups = _split(per_sample[s], jobs, num_layers) or [[]]

@@ -71,6 +71,19 @@ def add_parser(sub) -> None:
         help="entries decoded together in one batch at most (memory cap; default 16)",
     )
     p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="worker processes, each a full engine scoring its share of the samples (default 1: this process)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["loky", "dask", "ray"],
+        default=None,
+        help="joblib backend for --jobs (default loky: local processes; dask/ray: a cluster, local without --address)",
+    )
+    p.add_argument("--address", default=None, help="dask scheduler / ray cluster address (default: start a local one)")
+    p.add_argument(
         "--no-shared-prefill",
         action="store_true",
         help="run every entry on every sample alone (the per-entry reference path; same results, slower)",
@@ -105,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)
+    _check_fan_out(args)
     lm_request = None
     if args.lm_eval_tasks:
         from polykv_search.integrations import lm_eval_support
@@ -183,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=bar.advance,
                 timing=timing,
                 checkpoint=checkpoint,
+                fan_out=_fan_out(args),
             )
     except KeyboardInterrupt:  # one line: where the finished samples are
         raise Interrupted(
@@ -209,6 +224,25 @@ def run(args: argparse.Namespace) -> int:
     print_results(doc)
     console.print(f"wrote {args.out}")
     return 0
+
+
+def _check_fan_out(args: argparse.Namespace) -> None:
+    if args.address and not args.backend:
+        raise CLIError("--address applies to --backend dask or ray; give --backend")
+    if args.address and args.backend == "loky":
+        raise CLIError("--address does not apply to --backend loky (local processes)")
+    if args.backend == "loky" and args.jobs == 1:
+        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
+
+
+def _fan_out(args: argparse.Namespace):
+    """The samples' fan-out for ``--jobs``/``--backend`` (None: this process alone)."""
+    if args.jobs == 1 and not args.backend:
+        return None
+    from polykv_search.parallel import ModelLoader
+    from polykv_search.scoring.parallel import FanOut
+
+    return FanOut(ModelLoader(args.model, args.device, args.dtype, args.attn), args.jobs, args.backend, args.address)
 
 
 def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples, shape: dict):

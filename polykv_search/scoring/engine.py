@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 from polykv_search.evaluation.runner import (
@@ -43,6 +44,7 @@ def score_entries(
     progress: Callable[[int], None] | None = None,
     timing: dict[str, float] | None = None,
     checkpoint: Checkpoint | None = None,
+    fan_out: Callable | None = None,
 ) -> list[dict[str, Any]]:
     """Run every task's samples for every entry; returns the entries' records for the results file.
 
@@ -64,6 +66,10 @@ def score_entries(
         If given, filled with the run's wall seconds (``total_s``) and per-phase sums.
     checkpoint
         Finished samples found there are replayed, not run; each sample run is added to it.
+    fan_out
+        Runs the samples still to run elsewhere (``score --jobs``: :class:`~polykv_search.scoring.parallel.FanOut`),
+        called with ``(entries, settings, pending, record)``; ``record(task, index, sample, row)`` takes each
+        finished sample in any order. None: one :class:`SampleRunner` in this process.
     """
     if engine not in ENGINES:
         raise ScoreError(f"unknown scoring engine {engine!r}; expected one of {', '.join(ENGINES)}")
@@ -72,68 +78,118 @@ def score_entries(
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     for entry in entries:
         entry.strategy.check_model(num_layers)
-    eos = frozenset(eos_token_ids(model, tokenizer))
-    caller = _Caller(model)
+    settings = RunnerSettings(engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity)
+    start = time.perf_counter()
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    pending = []
+    for task, samples in task_samples.values():
+        for index, sample in enumerate(samples):
+            row = checkpoint.get(task.name, index, sample.id) if checkpoint is not None else None
+            if row is None:
+                pending.append((task, index, sample))
+            else:
+                rows[(task.name, index)] = row
+
+    def record(task, index: int, sample, row: dict[str, Any]) -> None:
+        rows[(task.name, index)] = row
+        if checkpoint is not None:
+            checkpoint.add(task.name, index, sample.id, row["rows"], row["wall"])
+        if progress is not None:
+            progress(len(entries))
+
+    if pending and fan_out is not None:
+        fan_out(entries, settings, pending, record)
+    elif pending:
+        with SampleRunner(model, tokenizer, entries, settings) as runner:
+            for task, index, sample in pending:
+                t0 = time.perf_counter()
+                record(task, index, sample, {"rows": runner.run(task, sample), "wall": time.perf_counter() - t0})
     results: list[list] = [[] for _ in entries]
     kv: list[list[float]] = [[] for _ in entries]
     full_kv: list[list[float]] = [[] for _ in entries]
     seconds = [0.0] * len(entries)
-    start = time.perf_counter()
-
-    def run_one(task, sample, scorer) -> list[dict[str, Any]]:
-        job = sample_job(tokenizer, task, sample, eos, max_new_tokens)
-        if scorer is not None:
-            return sample_rows(tokenizer, task, sample, job, scorer.run(job, fidelity=fidelity), shared=True)
-        outcomes = per_entry.run_sample(
-            model, entries, job, decode_interval=decode_interval, interval_mode=interval_mode, fidelity=fidelity,
-            caller=caller,
-        )  # fmt: skip
-        return sample_rows(tokenizer, task, sample, job, outcomes, shared=False)
-
-    was_training = model.training
-    model.eval()
-    # the shared engine runs under one applied FullKV runtime (for its attention function and layer
-    # settings); the per-entry path applies each entry's strategy itself
-    shared = (
-        apply_strategy(model, Strategy.full(num_layers), decode_interval=decode_interval, interval_mode=interval_mode)
-        if engine == "shared"
-        else nullcontext()
-    )
-    try:
-        with shared as runtime:
-            scorer = None
-            if engine == "shared":
-                plans = [strategy_plans(e.strategy) for e in entries]
-                scorer = SharedScorer(model, runtime, plans, batch_entries=batch_entries)
-            for task, samples in task_samples.values():
-                accs = [TaskAccumulator(task) for _ in entries]
-                wall = 0.0
-                for index, sample in enumerate(samples):
-                    row = checkpoint.get(task.name, index, sample.id) if checkpoint is not None else None
-                    if row is None:
-                        t0 = time.perf_counter()
-                        rows = run_one(task, sample, scorer)
-                        row = {"rows": rows, "wall": time.perf_counter() - t0}
-                        if checkpoint is not None:
-                            checkpoint.add(task.name, index, sample.id, row["rows"], row["wall"])
-                        if progress is not None:
-                            progress(len(entries))
-                    wall += row["wall"]
-                    for i, r in enumerate(row["rows"]):
-                        accs[i].add(r["record"]["prediction"], r["record"])
-                        kv[i].append(r["record"]["kv_bytes"])
-                        full_kv[i].append(r["record"]["full_kv_bytes"])
-                        seconds[i] += r["seconds"]
-                for i, acc in enumerate(accs):
-                    results[i].append(acc.result(samples, wall))
-    finally:
-        model.train(was_training)
+    for task, samples in task_samples.values():
+        accs = [TaskAccumulator(task) for _ in entries]
+        wall = 0.0
+        for index in range(len(samples)):
+            row = rows[(task.name, index)]
+            wall += row["wall"]
+            for i, r in enumerate(row["rows"]):
+                accs[i].add(r["record"]["prediction"], r["record"])
+                kv[i].append(r["record"]["kv_bytes"])
+                full_kv[i].append(r["record"]["full_kv_bytes"])
+                seconds[i] += r["seconds"]
+        for i, acc in enumerate(accs):
+            results[i].append(acc.result(samples, wall))
     if timing is not None:
         timing["total_s"] = time.perf_counter() - start
     return [
         entry_record(e, results[i], kv[i], full_kv[i], seconds[i] if engine == "per-entry" else None)
         for i, e in enumerate(entries)
     ]
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How a :class:`SampleRunner` runs samples (the ``score_entries`` arguments that shape a sample's rows)."""
+
+    engine: str = "shared"
+    batch_entries: int = 16
+    decode_interval: int = 1
+    interval_mode: str = "within"
+    max_new_tokens: int | None = None
+    fidelity: bool = True
+
+
+class SampleRunner:
+    """Runs one sample at a time for every entry on one model (``with`` it: the shared engine applies its
+    FullKV runtime for the block). The same code in this process and in a ``score --jobs`` worker."""
+
+    def __init__(self, model, tokenizer, entries: Sequence[Entry], settings: RunnerSettings):
+        self.model, self.tokenizer, self.entries, self.settings = model, tokenizer, list(entries), settings
+        self.eos = frozenset(eos_token_ids(model, tokenizer))
+        self.caller = _Caller(model)
+        self.scorer = None
+        self._context = nullcontext()
+
+    def __enter__(self) -> SampleRunner:
+        s = self.settings
+        self._was_training = self.model.training
+        self.model.eval()
+        if s.engine == "shared":
+            # one applied FullKV runtime for the engine's attention function and layer settings; the
+            # per-entry path applies each entry's strategy itself
+            L = self.model.config.get_text_config(decoder=True).num_hidden_layers
+            self._context = apply_strategy(
+                self.model, Strategy.full(L), decode_interval=s.decode_interval, interval_mode=s.interval_mode
+            )
+            runtime = self._context.__enter__()
+            plans = [strategy_plans(e.strategy) for e in self.entries]
+            self.scorer = SharedScorer(self.model, runtime, plans, batch_entries=s.batch_entries)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._context.__exit__(*exc)
+        finally:
+            self.model.train(self._was_training)
+
+    def run(self, task, sample) -> list[dict[str, Any]]:
+        """The results rows of ``sample`` of ``task``, one per entry."""
+        s, tok = self.settings, self.tokenizer
+        job = sample_job(tok, task, sample, self.eos, s.max_new_tokens)
+        if self.scorer is not None:
+            return sample_rows(tok, task, sample, job, self.scorer.run(job, fidelity=s.fidelity), shared=True)
+        outcomes = per_entry.run_sample(
+            self.model,
+            self.entries,
+            job,
+            decode_interval=s.decode_interval,
+            interval_mode=s.interval_mode,
+            fidelity=s.fidelity,
+            caller=self.caller,
+        )
+        return sample_rows(tok, task, sample, job, outcomes, shared=False)
 
 
 def sample_rows(tokenizer, task, sample, job: SampleJob, outcomes, *, shared: bool) -> list[dict[str, Any]]:

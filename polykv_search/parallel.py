@@ -1,0 +1,121 @@
+"""Fan-out through joblib, shared by ``collect`` and ``score``: the backends, a picklable model recipe, and
+one accelerator per worker.
+
+Backends: ``loky`` (local processes, the default), ``dask`` (a ``dask.distributed`` scheduler at
+``address``, or a local cluster of ``jobs`` processes), ``ray`` (a cluster at ``address``, or a local
+one), and ``sequential`` (the task path in this process, for tests). dask and ray are optional and
+imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from joblib import parallel_config
+
+from polykv_search.models import load_model
+
+BACKENDS = ("loky", "dask", "ray", "sequential")
+
+
+@dataclass(frozen=True)
+class ModelLoader:
+    """A picklable recipe that loads the model in a worker process (``load_model`` arguments).
+
+    Calling it returns the model; :meth:`load` returns ``(model, tokenizer)``."""
+
+    name: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+
+    def load(self):
+        return load_model(self.name, device=self.device, dtype=self.dtype, attn_implementation=self.attn_implementation)
+
+    def __call__(self):
+        return self.load()[0]
+
+    def on_own_device(self) -> ModelLoader:
+        """This recipe with ``device="cuda"`` narrowed to the accelerator this worker process claimed
+        (:func:`claim_device`); any other device unchanged."""
+        return replace(self, device=claim_device(self.device))
+
+
+_CLAIMED: dict[str, object] = {}
+
+
+def claim_device(device: str) -> str:
+    """``"cuda"`` on a machine with several GPUs: ``"cuda:i"`` for the first ``i`` no other process on this
+    machine has claimed (a lock file per GPU, held while the process lives), so that ``jobs`` workers get
+    one GPU each; ``"cuda:0"`` again for workers beyond the GPU count. Any other device: unchanged."""
+    import torch
+
+    if device != "cuda" or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return device
+    if "device" in _CLAIMED:
+        return str(_CLAIMED["device"])
+    folder = Path(tempfile.gettempdir()) / f"polykv-gpu-claims-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    for i in range(torch.cuda.device_count()):
+        handle = open(folder / f"cuda-{i}.lock", "w")  # noqa: SIM115 - held open: the lock lives with the process
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        _CLAIMED.update(device=f"cuda:{i}", handle=handle)
+        return f"cuda:{i}"
+    return "cuda:0"
+
+
+@contextlib.contextmanager
+def joblib_backend(backend: str | None, address: str | None, jobs: int = 1, error: type[Exception] = ValueError):
+    """Run the ``with`` body's ``joblib.Parallel`` calls on ``backend`` (see the module docstring);
+    a missing optional package or an unknown backend raises ``error`` with one line."""
+    if backend in (None, "loky", "sequential"):
+        with parallel_config(backend=backend or "loky"):
+            yield
+        return
+    if backend == "dask":
+        try:
+            from dask.distributed import Client
+        except ImportError:
+            raise error("--backend dask needs dask.distributed (pip install 'dask[distributed]')") from None
+        # no address: a local cluster of ``jobs`` single-threaded worker processes
+        client = (
+            Client(address)
+            if address
+            else Client(n_workers=jobs, threads_per_worker=1, processes=True, dashboard_address=None)
+        )
+        with client:
+            with parallel_config(backend="dask"):
+                yield
+        return
+    if backend == "ray":
+        try:
+            import ray
+            from ray.util.joblib import register_ray
+        except ImportError:
+            raise error("--backend ray needs ray (pip install 'ray[default]')") from None
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address=address, num_cpus=None if address else jobs, ignore_reinit_error=True)
+        register_ray()
+        try:
+            with parallel_config(backend="ray"):
+                yield
+        finally:
+            if started:
+                ray.shutdown()
+        return
+    raise error(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+
+
+def worker_threads(backend: str | None, jobs: int) -> int | None:
+    """Intra-op threads per local worker (the cores shared out), None for cluster workers (their own)."""
+    return max(1, (os.cpu_count() or 1) // jobs) if backend in (None, "loky") else None
