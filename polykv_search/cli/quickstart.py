@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from polykv_search.cli.common import CLIError, check_output_dir, comma_list, console, positive_float, positive_int
+from polykv_search.cli.quickstart_report import print_summary, write_report
 
 #: solvers run by quickstart (optuna with a short study)
 METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
@@ -190,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         "4/4 compare",
         ["compare", str(results), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")],
     )
-    _write_report(out, results, timings, args, signals)
+    sentences = write_report(out, results, timings, args, calibration_summary(signals), signals)
+    print_summary(sentences)
     console.print(
         f"[green]done[/green]: everything is in {out}/ "
         f"(report.md, compare.png, strategies/, {signals.name}, {results.name})"
@@ -261,35 +263,3 @@ def calibration_summary(signals: Path) -> str:
         lines = ["retrieval mix: unknown (the signal table cannot be read)"]
     text = " ".join(line.strip() for line in lines)
     return text[:1].upper() + text[1:] + "."
-
-
-def _write_report(out: Path, results: Path, timings: dict, args: argparse.Namespace, signals: Path) -> None:
-    from polykv_search import compare as cmp
-    from polykv_search.io import atomic_write_text
-
-    doc = cmp.load_results(results)
-    comparison = cmp.compare([doc], sources=[str(results)])
-    settings = doc["provenance"]["settings"]
-    warning = cmp.unresolved_warning(comparison)
-    lines = [
-        "# polykv-search quickstart",
-        "",
-        f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "
-        f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`. "
-        f"Calibration: {args.calib_samples} samples of {args.context_len} + {args.continuation_len} tokens, "
-        f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))} "
-        f"(`{signals.name}`). {calibration_summary(signals)}",
-        "",
-        cmp.to_markdown(comparison),
-        "",
-        *[f"- {note}" for note in cmp.notes(comparison)],
-        "",
-        f"**Not resolved:** {warning}" if warning else "Every difference to the best uniform baseline is resolved.",
-        "",
-        "A difference whose interval contains 0 is not a result: rerun with more `--eval-samples` to resolve it.",
-        "",
-        "![per-layer budgets and patterns](compare.png)",
-        "",
-        "Step times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) if timings else "All steps reused.",
-    ]
-    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")

@@ -40,9 +40,10 @@ def score_entries(
     interval_mode: str = "within",
     max_new_tokens: int | None = None,
     fidelity: bool = True,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[..., None] | None = None,
     timing: dict[str, float] | None = None,
     checkpoint: Checkpoint | None = None,
+    work: dict[tuple[str, int], float] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every task's samples for every entry; returns the entries' records for the results file.
 
@@ -58,11 +59,14 @@ def score_entries(
         Also measure KL(FullKV ‖ entry) and ΔNLL on teacher-forced tasks.
     progress
         Called with the number of (entry, sample) units just run (not for samples replayed from
-        ``checkpoint``).
+        ``checkpoint``); with ``work``, called as ``progress(units, work[(task, index)])``.
     timing
         If given, filled with the run's wall seconds (``total_s``) and per-phase sums.
     checkpoint
         Finished samples found there are replayed, not run; each sample run is added to it.
+    work
+        Per (task name, sample index), the sample's cost (:func:`~polykv_search.scoring.cost.sample_cost`),
+        passed on to ``progress`` so that the time left can weigh what remains.
     """
     if engine not in ENGINES:
         raise ScoreError(f"unknown scoring engine {engine!r}; expected one of {', '.join(ENGINES)}")
@@ -115,7 +119,9 @@ def score_entries(
                         row = {"rows": rows, "wall": time.perf_counter() - t0}
                         if checkpoint is not None:
                             checkpoint.add(task.name, index, sample.id, row["rows"], row["wall"])
-                        if progress is not None:
+                        if progress is not None and work is not None:
+                            progress(len(entries), work[(task.name, index)])
+                        elif progress is not None:
                             progress(len(entries))
                     wall += row["wall"]
                     for i, r in enumerate(row["rows"]):
