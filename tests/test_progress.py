@@ -100,6 +100,7 @@ def test_a_sample_costs_its_decoding_steps_plus_its_prompt():
     from polykv_search.evaluation import get_task
     from polykv_search.evaluation.samples import Sample
     from polykv_search.scoring import run_costs, sample_cost
+    from polykv_search.scoring.cost import FORCED_TOKEN_STEPS as F
     from polykv_search.scoring.cost import PROMPT_TOKENS_PER_STEP as K
 
     cwe, niah, cont = get_task("ruler/cwe"), get_task("ruler/niah_single"), get_task("broad/continuation")
@@ -108,10 +109,10 @@ def test_a_sample_costs_its_decoding_steps_plus_its_prompt():
     assert sample_cost(niah, plain, context_len=512) == niah.max_new_tokens + 512 / K
     assert sample_cost(niah, plain, context_len=512, max_new_tokens=5) == 5 + 512 / K  # score's override
     forced = Sample(id="c", task="t", target_ids=[1] * 32)
-    assert sample_cost(cont, forced, context_len=512) == (512 + 32) / K  # no decoding: one pass
+    assert sample_cost(cont, forced, context_len=512) == 512 / K + 32 * F  # no decoding: one forced pass
     costs = run_costs({"a": (cwe, [plain, plain]), "b": (cont, [forced])}, context_len=512)
     assert costs == {
         ("ruler/cwe", 0): 120 + 512 / K,
         ("ruler/cwe", 1): 120 + 512 / K,
-        ("broad/continuation", 0): 544 / K,
+        ("broad/continuation", 0): 512 / K + 32 * F,
     }

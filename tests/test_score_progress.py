@@ -40,7 +40,7 @@ def test_each_sample_advances_the_bar_by_its_cost(checkpoint, tmp_path, bars):  
     (bar,) = bars
     assert bar.weighted and [n for n, _ in bar.steps] == [3] * 6  # 3 entries a sample
     cont, niah = [w for _, w in bar.steps[:3]], [w for _, w in bar.steps[3:]]
-    assert len(set(cont)) == 1 and cont[0] > 300 / K  # one pass over context + continuation
+    assert len(set(cont)) == 1 and cont[0] > 300 / K  # the context pass and the forced continuation
     assert niah == [pytest.approx(NIAH)] * 3  # 5 decoding steps + the prompt
     assert bar.work_total == pytest.approx(sum(cont) + sum(niah)) and bar.work == pytest.approx(bar.work_total)
 

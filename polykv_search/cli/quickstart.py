@@ -18,14 +18,12 @@ import json
 import time
 from pathlib import Path
 
+from polykv_search.cli import quickstart_defaults as D
 from polykv_search.cli.common import CLIError, check_output_dir, comma_list, console, positive_float, positive_int
 from polykv_search.cli.quickstart_report import print_summary, write_report
 
-#: solvers run by quickstart (optuna with a short study)
-METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
-BASELINES = ("full", "uniform:snapkv", "uniform:tova", "uniform:h2o", "uniform:streaming_llm")
-#: evaluation samples per task: chosen so that the run stays within 15 min on 2 CPU cores (README)
-EVAL_SAMPLES = 9
+#: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
+METHODS, BASELINES, EVAL_SAMPLES = D.METHODS, D.BASELINES, D.EVAL_SAMPLES
 
 
 def add_parser(sub) -> None:
@@ -37,12 +35,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", default="polykv-quickstart", help="output folder (default ./polykv-quickstart)")
     p.add_argument("--model", default=None, help="model (default smollm2-135m, offline)")
-    p.add_argument("--budget", type=positive_float, default=64, help="global budget B (default 64)")
-    p.add_argument("--calib-samples", type=positive_int, default=2)
+    p.add_argument("--budget", type=positive_float, default=D.BUDGET, help=f"global budget B (default {D.BUDGET})")
+    p.add_argument("--calib-samples", type=positive_int, default=D.CALIB_SAMPLES)
     p.add_argument(
-        "--context-len", type=positive_int, default=512, help="calibration and evaluation context (default 512)"
+        "--context-len",
+        type=positive_int,
+        default=D.CONTEXT_LEN,
+        help=f"calibration and evaluation context (default {D.CONTEXT_LEN})",
     )
-    p.add_argument("--continuation-len", type=positive_int, default=32)
+    p.add_argument("--continuation-len", type=positive_int, default=D.CONTINUATION_LEN)
     p.add_argument(
         "--retrieval-mix",
         default="0",
@@ -59,8 +60,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--budgets",
         type=comma_list(positive_int, "budget"),
-        default="32,64,128",
-        help="signal grid budgets (default 32,64,128)",
+        default=D.GRID_BUDGETS,
+        help=f"signal grid budgets (default {D.GRID_BUDGETS})",
     )
     p.add_argument(
         "--eval-samples",
@@ -78,7 +79,7 @@ def add_parser(sub) -> None:
         default=",".join(METHODS),
         help=f"solvers to run (default {','.join(METHODS)})",
     )
-    p.add_argument("--optuna-trials", type=positive_int, default=6)
+    p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
 

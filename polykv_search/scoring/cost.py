@@ -4,8 +4,13 @@ A score run's samples differ in cost by more than an order of magnitude: a teach
 sample is one context pass and one pass over its continuation, while a RULER sample decodes up to
 its task's generation limit (120 tokens for cwe), one batched step per token. Progress counted in
 samples therefore runs far ahead when the cheap samples come first. :func:`sample_cost` weighs a
-sample by the decoding steps it may take plus its prompt, converted to decoding-step equivalents
-with :data:`PROMPT_TOKENS_PER_STEP`.
+sample by the decoding steps it may take plus its prompt and teacher-forced continuation, converted
+to decoding-step equivalents with :data:`PROMPT_TOKENS_PER_STEP` and :data:`FORCED_TOKEN_STEPS`.
+
+The constants come from the per-sample timings of a quickstart score run (12 entries, 512-token
+contexts, SmolLM2 on 2 CPU cores, the samples run before other jobs loaded the machine): a batched
+decoding step took 0.105 s, a 512-token context pass 0.9 s, and the 32-token teacher-forced
+continuation with its fidelity pass 2.1 s. Only their ratios matter (the rate is measured live).
 """
 
 from __future__ import annotations
@@ -14,22 +19,24 @@ from typing import Any
 
 from polykv_search.evaluation.runner import generation_limit
 
-#: prompt tokens (context, question, teacher-forced continuation) whose passes cost about as much as
-#: one batched decoding step of a score run; measured on the quickstart (docs/quickstart.md)
-PROMPT_TOKENS_PER_STEP = 64.0
+#: prompt tokens whose prefill costs about as much as one batched decoding step of a score run
+PROMPT_TOKENS_PER_STEP = 25.0
+#: decoding steps one teacher-forced continuation token costs (every row's pass and the fidelity pass)
+FORCED_TOKEN_STEPS = 0.6
 
 
 def sample_cost(task: Any, sample: Any, *, context_len: int, max_new_tokens: int | None = None) -> float:
     """Decoding-step equivalents of scoring ``sample`` of ``task`` (every entry together).
 
-    The decoding steps are the generation limit (the override, else the sample's, else the task's;
-    none for teacher-forced tasks, whose continuation is one pass); the prompt is ``context_len``
-    tokens plus a teacher-forced continuation, at :data:`PROMPT_TOKENS_PER_STEP` tokens a step.
+    The decoding steps are the generation limit (the override, else the sample's, else the task's),
+    an upper bound: rows that emit EOS stop early. A teacher-forced task decodes nothing; its
+    continuation costs :data:`FORCED_TOKEN_STEPS` a token. The ``context_len``-token prompt costs one
+    step per :data:`PROMPT_TOKENS_PER_STEP` tokens.
     """
-    forced = task.kind == "teacher_forced"
-    steps = 0 if forced else generation_limit(task, sample, max_new_tokens)
-    prompt = context_len + (len(sample.target_ids or ()) if forced else 0)
-    return steps + prompt / PROMPT_TOKENS_PER_STEP
+    prompt = context_len / PROMPT_TOKENS_PER_STEP
+    if task.kind == "teacher_forced":
+        return prompt + FORCED_TOKEN_STEPS * len(sample.target_ids or ())
+    return prompt + generation_limit(task, sample, max_new_tokens)
 
 
 def run_costs(
