@@ -7,10 +7,10 @@ samples therefore runs far ahead when the cheap samples come first. :func:`sampl
 sample by the decoding steps it may take plus its prompt and teacher-forced continuation, converted
 to decoding-step equivalents with :data:`PROMPT_TOKENS_PER_STEP` and :data:`FORCED_TOKEN_STEPS`.
 
-The constants come from the per-sample timings of a quickstart score run (12 entries, 512-token
-contexts, SmolLM2 on 2 CPU cores, the samples run before other jobs loaded the machine): a batched
-decoding step took 0.105 s, a 512-token context pass 0.9 s, and the 32-token teacher-forced
-continuation with its fidelity pass 2.1 s. Only their ratios matter (the rate is measured live).
+The constants are a least-squares fit to the per-task median sample times of a quickstart score run
+(12 entries, 512-token contexts, SmolLM2 on 2 CPU cores; docs/quickstart.md): a sample's prompt took
+1.45 s, a batched decoding step 0.179 s and a teacher-forced continuation token 0.024 s. Only their
+ratios matter: the rate itself is measured while the run goes.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 from polykv_search.evaluation.runner import generation_limit
 
 #: prompt tokens whose prefill costs about as much as one batched decoding step of a score run
-PROMPT_TOKENS_PER_STEP = 25.0
+PROMPT_TOKENS_PER_STEP = 64.0
 #: decoding steps one teacher-forced continuation token costs (every row's pass and the fidelity pass)
-FORCED_TOKEN_STEPS = 0.6
+FORCED_TOKEN_STEPS = 0.13
 
 
 def sample_cost(task: Any, sample: Any, *, context_len: int, max_new_tokens: int | None = None) -> float:
