@@ -107,9 +107,9 @@ def test_unresolved_comparisons_say_how_many_samples_would_likely_resolve_them(m
     delta = np.mean([x.mean() for x in d])
     expected = math.ceil(Z**2 * sum(x.var(ddof=1) for x in d) / 4 / delta**2)
     assert f"ilp-B64 on broad score ({ilp.diff['broad'].estimate:+.1f}" in sentence
-    assert f"about {expected} samples per task to resolve (now {N};" in sentence
+    assert f"about {expected:,} samples per task to resolve (now {N};" in sentence
     assert "paired mean difference" in sentence and "80 % power" in sentence
-    assert "no strategy is ahead of uniform-h2o on ruler score" in sentence
+    assert "on ruler score" not in sentence  # ilp ties h2o there sample by sample: nothing to resolve
 
 
 def test_the_verdict_states_the_gap_to_recover_and_the_memory_held(mixed):

@@ -7,8 +7,9 @@ For each budget it says, in this order:
    (difference in points to the best uniform on that suite) and the fidelity (KL(FullKV ‖ entry) on
    the teacher-forced tasks, as the share of the lowest-KL uniform's KL it removes);
 2. which are resolved worse;
-3. how many comparisons are not resolved, and for the strategy closest to the best uniform's
-   score on each suite, roughly how many samples per task would likely resolve its difference;
+3. how many comparisons are not resolved, and for the best-placed strategy on each suite (the
+   highest open score difference, even below 0), roughly how many samples per task would likely
+   resolve its difference to the best uniform;
 4. whether FullKV is resolved above the best uniform on each suite (is there a gap to recover);
 5. the memory the strategies hold, as a share of FullKV's.
 
@@ -37,6 +38,8 @@ from polykv_search.compare.model import Comparison, Row, fmt_budget
 
 #: power assumed by :func:`samples_to_resolve`
 POWER = 0.8
+#: sample counts above this are reported as "more than" it (the difference is tiny against its noise)
+HOPELESS = 10_000
 #: strategies named in one sentence before "and N more"
 SHOWN = 3
 
@@ -155,27 +158,25 @@ def _unresolved(c: Comparison, budget: float, found: list[Finding], level: float
     head = f"{len(open_)} of the {len(found)} comparisons are not resolved (their {level_pct} intervals contain 0)"
     if not open_:
         return f"All {len(found)} comparisons of a strategy with the best uniform are resolved."
-    named, needs, behind = [], [], []
+    named, needs = [], []
     for suite in c.suites:
-        scored = [f for f in open_ if f.suite == suite and f.measure == "score"]
+        scored = [f for f in open_ if f.suite == suite and f.measure == "score" and f.interval.estimate != 0]
         if not scored:
             continue
-        best = max(scored, key=lambda f: f.interval.estimate)
-        if best.interval.estimate <= 0:
-            behind.append(f"no strategy is ahead of {best.reference} on {suite} score")
-            continue
+        best = max(scored, key=lambda f: f.interval.estimate)  # the strategy nearest to (or above) the best uniform
         n = _needed(c, best, level)
         named.append(best.text())
-        needs.append(f"about {n}" if n else "an unknown number of")
-    tail = f", and {' and '.join(behind)}" if behind else ""
+        needs.append(
+            "an unknown number of" if n is None else f"about {n:,}" if n <= HOPELESS else f"more than {HOPELESS:,}"
+        )
     if not named:
-        return f"{head}{': ' + ' and '.join(behind) if behind else ''}."
+        return f"{head}."
     now = min(_samples_per_task(f.row, c, f.suite) for f in open_)
     return (
-        f"{head}; the largest open score difference{'s' if len(named) > 1 else ''}, {' and '.join(named)}, "
+        f"{head}; the best-placed strategy's score difference{'s' if len(named) > 1 else ''}, {' and '.join(named)}, "
         f"would likely need {' and '.join(needs)} samples per task to resolve (now {now}; normal-approximation "
         f"sample size for a paired mean difference at {100 * POWER:.0f} % power, from the observed variance of "
-        f"the per-sample differences){tail}."
+        "the per-sample differences)."
     )
 
 
@@ -202,6 +203,10 @@ def _gap_to_recover(c: Comparison, budget: float) -> list[str]:
             continue
         d = ref.full_minus_uniform
         text = f"{suite} {d.estimate:+.1f} [{d.low:+.1f}, {d.high:+.1f}] over {ref.best_uniform}"
+        bu = next((r for r in c.rows if r.name == ref.best_uniform and r.budget == budget), None)
+        iv = None if bu is None else bu.suite_iv.get(suite)
+        if iv is not None and iv.bounded:
+            text += f" ({iv.estimate:.1f} [{iv.low:.1f}, {iv.high:.1f}])"
         (parts if d.low > 0 else open_).append(text)
     out = []
     if parts:
