@@ -154,3 +154,11 @@ def test_without_per_sample_scores_the_report_says_there_is_no_verdict(capsys):
     assert verdict_sentences(c) == [NO_VERDICT]
     print_summary(["One.", "Two."])
     assert "One.\nTwo." in capsys.readouterr().out
+
+
+def test_a_hopeless_sample_count_is_said_as_more_than_the_cap(mixed, monkeypatch):
+    from polykv_search.compare import verdict as module
+
+    monkeypatch.setattr(module, "samples_to_resolve", lambda *a, **k: 123_456)
+    sentence = next(s for s in verdict(mixed) if "not resolved" in s)
+    assert f"would likely need more than {module.HOPELESS:,} samples per task" in sentence
