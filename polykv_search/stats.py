@@ -24,7 +24,7 @@ Degenerate data have defined answers, never NaN:
   is the same on every sample), the interval is the point ``[estimate, estimate]`` with method
   ``"degenerate"``.
 
-Gap recovered ``(S_e - S_u) / (S_f - S_u)`` (DESIGN.md §2) is resampled jointly from the three
+Gap recovered ``(S_e - S_u) / (S_f - S_u)`` (docs/design.md §2) is resampled jointly from the three
 entries' per-sample scores. It is *undefined* (``None`` with the reason) when FullKV minus the
 best uniform baseline is not clearly positive: its paired interval must lie above 0. Resampled
 ratios are clipped to ``±GAP_CLIP`` so the rare resample whose denominator is ~0 stays finite; a

@@ -1,4 +1,4 @@
-"""``proportional``: the PolyKV paper's rule (arXiv 2606.15157; DESIGN.md §6).
+"""``proportional``: the PolyKV paper's rule (arXiv 2606.15157; docs/design.md §6).
 
 For every optimized phase φ and layer l, with the reference budget ``b_ref`` (default: the grid
 value closest to B, ties to the smaller):

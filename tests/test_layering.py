@@ -1,4 +1,4 @@
-"""Dependencies point one way (README, "Architecture"; DESIGN.md §3).
+"""Dependencies point one way (README, "Architecture"; docs/design.md §3).
 
     strategies  <-  polykv_search core  <-  signals  <-  solvers  <-  polykv_search.cli
 

@@ -19,6 +19,18 @@ import threading
 #: command modules, in the order `--help` lists them
 COMMANDS = ("quickstart", "generate", "collect", "solve", "score", "compare", "show", "export")
 
+#: each command's documentation page (relative to the repository root); its `--help` ends by naming it
+DOC_PAGES = {
+    "quickstart": "docs/quickstart.md",
+    "generate": "docs/runtime.md",
+    "collect": "docs/calibration.md",
+    "solve": "docs/calibration.md",
+    "score": "docs/scoring.md",
+    "compare": "docs/scoring.md",
+    "show": "docs/calibration.md",
+    "export": "docs/runtime.md",
+}
+
 #: how deep :func:`main` is nested (quickstart runs the other commands through it)
 _depth = 0
 
@@ -48,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"polykv_search.cli.{name}").add_parser(sub)
+        sub.choices[name].epilog = f"Documentation: {DOC_PAGES[name]} in the polykv-search repository."
     return parser
 
 

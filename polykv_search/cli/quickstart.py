@@ -18,13 +18,12 @@ import json
 import time
 from pathlib import Path
 
+from polykv_search.cli import quickstart_defaults as D
 from polykv_search.cli.common import CLIError, check_output_dir, comma_list, console, positive_float, positive_int
+from polykv_search.cli.quickstart_report import print_summary, write_report
 
-#: solvers run by quickstart (optuna with a short study)
-METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
-BASELINES = ("full", "uniform:snapkv", "uniform:tova", "uniform:h2o", "uniform:streaming_llm")
-#: evaluation samples per task: chosen so that the run stays within 15 min on 2 CPU cores (README)
-EVAL_SAMPLES = 9
+#: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
+METHODS, BASELINES, EVAL_SAMPLES = D.METHODS, D.BASELINES, D.EVAL_SAMPLES
 
 
 def add_parser(sub) -> None:
@@ -36,12 +35,15 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", default="polykv-quickstart", help="output folder (default ./polykv-quickstart)")
     p.add_argument("--model", default=None, help="model (default smollm2-135m, offline)")
-    p.add_argument("--budget", type=positive_float, default=64, help="global budget B (default 64)")
-    p.add_argument("--calib-samples", type=positive_int, default=2)
+    p.add_argument("--budget", type=positive_float, default=D.BUDGET, help=f"global budget B (default {D.BUDGET})")
+    p.add_argument("--calib-samples", type=positive_int, default=D.CALIB_SAMPLES)
     p.add_argument(
-        "--context-len", type=positive_int, default=512, help="calibration and evaluation context (default 512)"
+        "--context-len",
+        type=positive_int,
+        default=D.CONTEXT_LEN,
+        help=f"calibration and evaluation context (default {D.CONTEXT_LEN})",
     )
-    p.add_argument("--continuation-len", type=positive_int, default=32)
+    p.add_argument("--continuation-len", type=positive_int, default=D.CONTINUATION_LEN)
     p.add_argument(
         "--retrieval-mix",
         default="0",
@@ -58,8 +60,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--budgets",
         type=comma_list(positive_int, "budget"),
-        default="32,64,128",
-        help="signal grid budgets (default 32,64,128)",
+        default=D.GRID_BUDGETS,
+        help=f"signal grid budgets (default {D.GRID_BUDGETS})",
     )
     p.add_argument(
         "--eval-samples",
@@ -77,7 +79,7 @@ def add_parser(sub) -> None:
         default=",".join(METHODS),
         help=f"solvers to run (default {','.join(METHODS)})",
     )
-    p.add_argument("--optuna-trials", type=positive_int, default=6)
+    p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
 
@@ -191,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
         "4/4 compare",
         ["compare", str(results), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")],
     )
-    _write_report(out, results, timings, args, signals)
+    sentences = write_report(out, results, timings, args, calibration_summary(signals), signals)
+    print_summary(sentences)
     console.print(
         f"[green]done[/green]: everything is in {out}/ "
         f"(report.md, compare.png, strategies/, {signals.name}, {results.name})"
@@ -262,35 +265,3 @@ def calibration_summary(signals: Path) -> str:
         lines = ["retrieval mix: unknown (the signal table cannot be read)"]
     text = " ".join(line.strip() for line in lines)
     return text[:1].upper() + text[1:] + "."
-
-
-def _write_report(out: Path, results: Path, timings: dict, args: argparse.Namespace, signals: Path) -> None:
-    from polykv_search import compare as cmp
-    from polykv_search.io import atomic_write_text
-
-    doc = cmp.load_results(results)
-    comparison = cmp.compare([doc], sources=[str(results)])
-    settings = doc["provenance"]["settings"]
-    warning = cmp.unresolved_warning(comparison)
-    lines = [
-        "# polykv-search quickstart",
-        "",
-        f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "
-        f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`. "
-        f"Calibration: {args.calib_samples} samples of {args.context_len} + {args.continuation_len} tokens, "
-        f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))} "
-        f"(`{signals.name}`). {calibration_summary(signals)}",
-        "",
-        cmp.to_markdown(comparison),
-        "",
-        *[f"- {note}" for note in cmp.notes(comparison)],
-        "",
-        f"**Not resolved:** {warning}" if warning else "Every difference to the best uniform baseline is resolved.",
-        "",
-        "A difference whose interval contains 0 is not a result: rerun with more `--eval-samples` to resolve it.",
-        "",
-        "![per-layer budgets and patterns](compare.png)",
-        "",
-        "Step times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) if timings else "All steps reused.",
-    ]
-    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")

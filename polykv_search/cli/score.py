@@ -177,11 +177,18 @@ def run(args: argparse.Namespace) -> int:
     fingerprint = model_fingerprint(model)
     checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape)
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
+    costs = scoring.run_costs(task_samples, context_len=args.context_len, max_new_tokens=args.max_new_tokens)
     timing: dict[str, float] = {}
     try:
         done = len(checkpoint.done) * len(entries)
         bar = ProgressBar(
-            console, f"scoring {len(entries)} entries ({engine})", total, completed=done, unit="entry×samples"
+            console,
+            f"scoring {len(entries)} entries ({engine})",
+            total,
+            completed=done,
+            unit="entry×samples",
+            work_total=sum(costs.values()),
+            work_done=sum(costs.get(key, 0.0) for key in checkpoint.done),
         )
         with bar:
             records = scoring.score_entries(
@@ -197,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=bar.advance,
                 timing=timing,
                 checkpoint=checkpoint,
+                work=costs,
                 fan_out=_fan_out(args),
             )
     except KeyboardInterrupt:  # one line: where the finished samples are

@@ -9,7 +9,7 @@ one list of rows (deduplicated by strategy digest + budget) and computes, per bu
   samples resampled within each task, every entry on the same resamples);
 * each row's paired difference to the best uniform baseline at its budget — *resolved* when its
   interval excludes 0;
-* the **gap recovered** (DESIGN.md §2) with its interval::
+* the **gap recovered** (docs/design.md §2) with its interval::
 
       gap = (S_strategy - S_bestuniform) / (S_full - S_bestuniform)
 

@@ -1,6 +1,6 @@
 """What a teacher-forced continuation says about an entry: next-token hits, NLL, and its fidelity to FullKV.
 
-Fidelity (DESIGN.md §2) is the per-token KL(FullKV ‖ entry) of the next-token distributions on the
+Fidelity (docs/design.md §2) is the per-token KL(FullKV ‖ entry) of the next-token distributions on the
 continuation (0 for FullKV) and ΔNLL = NLL_entry − NLL_FullKV: paired, continuous, lower-variance
 measures beside accuracy.
 """

@@ -8,6 +8,7 @@ with the shared engine (one FullKV context pass per sample, entries batched:
 reference); :mod:`~polykv_search.scoring.document` writes the results file.
 """
 
+from polykv_search.scoring.cost import run_costs, sample_cost
 from polykv_search.scoring.document import (
     READABLE_VERSIONS,
     RESULTS_SCHEMA,
@@ -34,6 +35,8 @@ __all__ = [
     "plan_groups",
     "resolve_tasks",
     "results_document",
+    "run_costs",
+    "sample_cost",
     "score_entries",
     "score_entry",
 ]

@@ -41,9 +41,10 @@ def score_entries(
     interval_mode: str = "within",
     max_new_tokens: int | None = None,
     fidelity: bool = True,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[..., None] | None = None,
     timing: dict[str, float] | None = None,
     checkpoint: Checkpoint | None = None,
+    work: dict[tuple[str, int], float] | None = None,
     fan_out: Callable | None = None,
 ) -> list[dict[str, Any]]:
     """Run every task's samples for every entry; returns the entries' records for the results file.
@@ -61,11 +62,14 @@ def score_entries(
         suite, always measure them: they are what those tasks score).
     progress
         Called with the number of (entry, sample) units just run (not for samples replayed from
-        ``checkpoint``).
+        ``checkpoint``); with ``work``, called as ``progress(units, work[(task, index)])``.
     timing
         If given, filled with the run's wall seconds (``total_s``) and per-phase sums.
     checkpoint
         Finished samples found there are replayed, not run; each sample run is added to it.
+    work
+        Per (task name, sample index), the sample's cost (:func:`~polykv_search.scoring.cost.sample_cost`),
+        passed on to ``progress`` so that the time left can weigh what remains.
     fan_out
         Runs the samples still to run elsewhere (``score --jobs``: :class:`~polykv_search.scoring.parallel.FanOut`),
         called with ``(entries, settings, pending, record)``; ``record(task, index, sample, row)`` takes each
@@ -94,7 +98,9 @@ def score_entries(
         rows[(task.name, index)] = row
         if checkpoint is not None:
             checkpoint.add(task.name, index, sample.id, row["rows"], row["wall"])
-        if progress is not None:
+        if progress is not None and work is not None:
+            progress(len(entries), work[(task.name, index)])
+        elif progress is not None:
             progress(len(entries))
 
     if pending and fan_out is not None:

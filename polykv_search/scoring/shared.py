@@ -1,4 +1,4 @@
-"""The shared engine: one FullKV context pass per sample, then the entries batched (DESIGN.md §6b).
+"""The shared engine: one FullKV context pass per sample, then the entries batched (docs/design.md §6b).
 
 Compression happens after each layer's kernel, so the context call's hidden states, logits and
 per-layer prompt K/V are the same for every entry. One context call therefore serves them all: a
