@@ -20,7 +20,8 @@ Pattern -> press: full -> none; streaming_llm -> StreamingLLMPress(n_sink); h2o 
 ObservedAttentionPress (prefill only; needs eager attention); tova -> TOVAPress; snapkv ->
 SnapKVPress(window_size, kernel_size); pyramidkv -> SnapKVPress(window_size=8, kernel_size=7) (not
 PyramidKVPress, which imposes its own budget schedule); knorm -> KnormPress; random ->
-RandomPress(seed). Where kvpress's press differs from the pattern, the difference is listed per layer.
+RandomPress(seed); keydiff -> KeyDiffPress. Where kvpress's press differs from the pattern, the
+difference is listed per layer.
 
 The module and its sidecar are written as one set and both record the strategy digest; the
 module's ``sidecar()`` and :func:`strategies.kvpress_sidecar.read_export` refuse a pair from two

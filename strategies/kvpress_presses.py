@@ -73,6 +73,8 @@ def prefill_press(choice: LayerChoice) -> Press | None:
         return Press("SnapKVPress", {"window_size": p["window"], "kernel_size": p["kernel"]}, tuple(diffs))
     if name == "knorm":
         return Press("KnormPress", {})
+    if name == "keydiff":
+        return Press("KeyDiffPress", {})
     if name == "random":
         return Press(
             "RandomPress", {"seed": p["seed"]}, ("kvpress draws its own random numbers (same seed, other tokens)",)

@@ -32,6 +32,7 @@ DEFAULTS = {
     "pyramidkv": {"window": 8, "kernel": 7, "pooling": "maxpool"},
     "knorm": {},
     "random": {"seed": 0},
+    "keydiff": {},
 }
 
 
@@ -185,6 +186,8 @@ def _evict(L, plan, key, scaling, groups):
                 score = {j: -math.sqrt(sum(float(x) ** 2 for x in key[b, h, j])) for j in cands}
             elif name == "random":
                 score = {j: float(rand[b, h, i]) for i, j in enumerate(cands)}
+            elif name == "keydiff":
+                score = _keydiff(key, b, h, cands, valid)
             elif name == "h2o":
                 acc = L.acc[_key(plan)]
                 score = {j: float(acc[b, h, j]) for j in cands}
@@ -224,3 +227,17 @@ def _evict(L, plan, key, scaling, groups):
                     L.kept[b, h, j] = False
         if name == "tova":
             assert all(torch.equal(L.kept[b, 0], L.kept[b, hh]) for hh in range(Hkv))
+
+
+def _unit(vec):
+    norm = math.sqrt(sum(float(x) ** 2 for x in vec))
+    return [float(x) / max(norm, 1e-12) for x in vec]
+
+
+def _keydiff(key, b, h, cands, valid):
+    """KeyDiff: minus the cosine of each key to the mean unit key of the real cached tokens."""
+    units = {j: _unit(key[b, h, j].double()) for j in cands}
+    d = key.shape[-1]
+    anchor = [sum(units[j][i] for j in valid) / max(len(valid), 1) for i in range(d)]
+    a = _unit(anchor)
+    return {j: -sum(u * x for u, x in zip(units[j], a)) for j in cands}
