@@ -102,33 +102,34 @@ class ExpectedAttention(Pattern):
         if self.use_covariance:
             state.row["q_outer"] = state.row["q_outer"] + weighted.transpose(-1, -2) @ pre
 
-    def _future_statistics(self, layer: LayerView, state: PatternState) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Mean ``[B, Hq, D]`` and covariance ``[B, Hq, D, D]`` (or None) rotated ahead, float64."""
+    def _statistics(self, state: PatternState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Mean ``[B, Hq, D]`` and covariance ``[B, Hq, D, D]`` (or None) of the pre-RoPE queries, fp32
+        (the covariance's cancellation is done in float64)."""
         count = state.row["count"].clamp_min(1.0)[:, None, None]
         mean = state.row["q_sum"] / count
-        start = layer.query_range.stop
-        cos, sin = layer.rotary_cos_sin(range(start, start + self.n_future_positions))
-        c, s = cos.double().mean(0).to(mean.device), sin.double().mean(0).to(mean.device)
-        d = mean.shape[-1]
-        # the mean of the rotations x -> x * cos + rotate_half(x) * sin: x -> c * x + s * rotate_half(x)
-        half = _rotate_half(torch.eye(d, dtype=torch.float64, device=mean.device)).T  # rotate_half(x) = half @ x
-        rot = torch.diag(c) + s[:, None] * half
-        mu = mean @ rot.T
         if not self.use_covariance:
-            return mu, None
+            return mean.float(), None
         cov = state.row["q_outer"] / count[..., None] - mean[..., :, None] * mean[..., None, :]
-        return mu, rot @ cov @ rot.T
+        return mean.float(), cov.float()
 
     # ---------------------------------------------------------------------- scores
     def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
         keys = layer.keys.float()
         b, h, n, d = keys.shape
         groups = state.row["q_sum"].shape[1] // h
-        mu, cov = self._future_statistics(layer, state)
-        logits = torch.einsum("bhnd,bhgd->bhgn", keys, mu.float().view(b, h, groups, d)) * d**-0.5
-        if cov is not None:
-            kc = torch.einsum("bhnd,bhgde->bhgne", keys, cov.float().view(b, h, groups, d, d))
-            logits = logits + (kc * keys[:, :, None]).sum(-1) / (2 * d)
+        # The statistics rotated ahead, mu <- R mu and S <- R S R^T with R the mean rotation of the next
+        # n_future_positions positions (R x = c * x + s * rotate_half(x)), enter the score only through
+        # mu.k and k^T S k: rotate the keys back instead (R^T k = c * k - s * rotate_half(k)).
+        start = layer.query_range.stop
+        cos, sin = layer.rotary_cos_sin(range(start, start + self.n_future_positions))
+        c, s = cos.mean(0).to(keys.device), sin.mean(0).to(keys.device)
+        back = c * keys - s * _rotate_half(keys)  # [B, Hkv, n, D]
+        mu, cov = self._statistics(state)
+        logits = torch.einsum("bhnd,bhgd->bhgn", back, mu.view(b, h, groups, d)) * d**-0.5
+        if cov is not None:  # k^T S k of every key and query head: one [n, D] x [D, g D] product per KV head
+            per_head = cov.view(b * h, groups, d, d).transpose(1, 2).reshape(b * h, d, groups * d)
+            kc = torch.bmm(back.reshape(b * h, n, d), per_head).view(b, h, n, groups, d)
+            logits = logits + (kc * back[:, :, :, None]).sum(-1).transpose(-1, -2) / (2 * d)
         sinks = protected_ends(layer, n, self.n_sink, 0)  # the oldest n_sink real tokens
         scored = ~sinks if layer.all_valid else layer.valid & ~sinks  # [B, Hkv, n]
         logits = logits.masked_fill(~scored[:, :, None, :], float("-inf"))

@@ -62,20 +62,33 @@ class ModelRotary:
     It calls the rotary module's forward undecorated, so a RoPE type that updates its frequencies
     in the forward (``dynamic``, ``longrope``) answers with the frequencies it holds now and is never
     changed by a pattern asking about future positions. Copies (``copy.deepcopy`` of a cache layer)
-    share the module.
+    share the module. The answers for the last few position ranges are cached (every layer asks for
+    the same ones at a decoding step); treat them as read-only.
     """
+
+    #: position ranges remembered
+    CACHED = 8
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
         forward = type(module).forward
         self._forward = getattr(forward, "__wrapped__", forward)
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, positions: torch.Tensor | range) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(iter(self.module.buffers()), torch.empty(0)).device
-        if isinstance(positions, range):
-            pos = torch.arange(positions.start, positions.stop, device=device)
-        else:
-            pos = positions.to(device)
+        if not isinstance(positions, range):
+            return self._compute(positions.to(device), device)
+        key = (positions.start, positions.stop, device, id(getattr(self.module, "inv_freq", None)))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._compute(torch.arange(positions.start, positions.stop, device=device), device)
+            if len(self._cache) >= self.CACHED:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = hit
+        return hit
+
+    def _compute(self, pos: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.empty(0, dtype=torch.float32, device=device)
         cos, sin = self._forward(self.module, x, pos.reshape(1, -1))
         return cos[0].float(), sin[0].float()
