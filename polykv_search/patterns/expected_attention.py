@@ -59,6 +59,9 @@ class ExpectedAttention(Pattern):
     * kvpress protects the first ``n_sink`` prompt positions by giving them the maximum score; here
       they are protected tokens (the same kept set), and in decoding the oldest ``n_sink`` cached
       real tokens play that role.
+    * Cost: ``O(n Hq D^2)`` per eviction for the covariance term (as kvpress's), ``O(q Hq D^2)`` per
+      call for the running sums; the scores rotate the keys back (``R^T k``) instead of rotating the
+      statistics ahead, which is the same number.
     """
 
     name: ClassVar[str] = "expected_attention"
