@@ -79,7 +79,8 @@ class ModelRotary:
         device = next(iter(self.module.buffers()), torch.empty(0)).device
         if not isinstance(positions, range):
             return self._compute(positions.to(device), device)
-        key = (positions.start, positions.stop, device, id(getattr(self.module, "inv_freq", None)))
+        freq = getattr(self.module, "inv_freq", None)  # a replaced or updated buffer invalidates the cache
+        key = (positions.start, positions.stop, device, id(freq), getattr(freq, "_version", 0))
         hit = self._cache.get(key)
         if hit is None:
             hit = self._compute(torch.arange(positions.start, positions.stop, device=device), device)
