@@ -12,15 +12,17 @@ layer (``module.layer_idx``) to its own press:
   half token makes float rounding harmless and exactly b are kept; n <= b keeps all);
 * decoding: a ``kvpress.DecodingPress`` around the pattern's scorer with ``target_size`` = the
   decoding budget, compressing every ``DECODING_INTERVAL`` steps (1 by default, as polykv-search
-  does). Patterns whose kvpress scorer cannot work during decoding (h2o, snapkv, pyramidkv) are
-  dropped there: the layer then keeps every generated token, and the module docstring, the sidecar
-  and the printed notes say so.
+  does). Patterns whose kvpress scorer cannot work during decoding (h2o, snapkv, pyramidkv,
+  expected_attention) are dropped there: the layer then keeps every generated token, and the module
+  docstring, the sidecar and the printed notes say so.
 
 Pattern -> press: full -> none; streaming_llm -> StreamingLLMPress(n_sink); h2o ->
 ObservedAttentionPress (prefill only; needs eager attention); tova -> TOVAPress; snapkv ->
 SnapKVPress(window_size, kernel_size); pyramidkv -> SnapKVPress(window_size=8, kernel_size=7) (not
 PyramidKVPress, which imposes its own budget schedule); knorm -> KnormPress; random ->
-RandomPress(seed). Where kvpress's press differs from the pattern, the difference is listed per layer.
+RandomPress(seed); keydiff -> KeyDiffPress; expected_attention -> ExpectedAttentionPress (its five
+parameters; prefill only). Where kvpress's press differs from the pattern, the difference is listed
+per layer.
 
 The module and its sidecar are written as one set and both record the strategy digest; the
 module's ``sidecar()`` and :func:`strategies.kvpress_sidecar.read_export` refuse a pair from two

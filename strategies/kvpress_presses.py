@@ -27,6 +27,12 @@ _NO_DECODING_SNAPKV = (
     "its window, with their positions); the layer keeps every generated token"
 )
 
+_NO_DECODING_EXPECTED_ATTENTION = (
+    "dropped: kvpress's DecodingPress hands ExpectedAttentionPress only the hidden states buffered since its "
+    "last compression (one per step here, which its n_sink cut leaves empty) and rotates ahead from the buffer "
+    "length instead of the sequence position; the layer keeps every generated token"
+)
+
 
 @dataclass(frozen=True)
 class Press:
@@ -73,6 +79,14 @@ def prefill_press(choice: LayerChoice) -> Press | None:
         return Press("SnapKVPress", {"window_size": p["window"], "kernel_size": p["kernel"]}, tuple(diffs))
     if name == "knorm":
         return Press("KnormPress", {})
+    if name == "keydiff":
+        return Press("KeyDiffPress", {})
+    if name == "expected_attention":
+        return Press(
+            "ExpectedAttentionPress",
+            {k: p[k] for k in ("n_future_positions", "n_sink", "use_covariance", "use_vnorm", "epsilon")},
+            ("kvpress estimates the query statistics in the model's dtype (polykv-search: float64 sums)",),
+        )
     if name == "random":
         return Press(
             "RandomPress", {"seed": p["seed"]}, ("kvpress draws its own random numbers (same seed, other tokens)",)
@@ -89,6 +103,8 @@ def decoding_press(choice: LayerChoice) -> tuple[Press | None, str | None]:
         return None, _NO_DECODING_H2O
     if choice.pattern in ("snapkv", "pyramidkv"):
         return None, _NO_DECODING_SNAPKV
+    if choice.pattern == "expected_attention":
+        return None, _NO_DECODING_EXPECTED_ATTENTION
     press = prefill_press(choice)
     assert press is not None
     return press, None

@@ -32,6 +32,14 @@ DEFAULTS = {
     "pyramidkv": {"window": 8, "kernel": 7, "pooling": "maxpool"},
     "knorm": {},
     "random": {"seed": 0},
+    "keydiff": {},
+    "expected_attention": {
+        "n_future_positions": 512,
+        "n_sink": 4,
+        "use_covariance": True,
+        "use_vnorm": True,
+        "epsilon": 0.0,
+    },
 }
 
 
@@ -63,6 +71,8 @@ class Oracle:
             mk = lambda c: (c.pattern, {**DEFAULTS[c.pattern], **c.params}, c.budget)  # noqa: E731
             self.layers.append(OracleLayer(i, mk(p), mk(d)))
         self.impl = model.config._attn_implementation
+        rotary = model.model.rotary_emb  # RoPE frequencies, applied here with float64 loops
+        self.rope = ([float(f) for f in rotary.inv_freq], float(rotary.attention_scaling))
 
     def __enter__(self):
         AttentionInterface.register(NAME, _oracle_attention)
@@ -125,6 +135,8 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
             buf.extend((query[:, :, i].double(), qpos[i]) for i in range(q))
             keep_last = 1 if name == "tova" else params["window"]
             del buf[:-keep_last]
+        if name == "expected_attention":  # every query, with its position and whether it is real
+            L.queries.setdefault(k, []).extend((query[:, :, i].double(), qpos[i], pad[:, i]) for i in range(q))
 
     L.calls += 1
     plan = L.plans[phase]
@@ -136,7 +148,7 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
         # the runtime's own statement of when and how far to evict; the selection below stays the oracle's
         target = eviction_target(phase, n_kept, budget, interval=o.interval, mode=o.mode, steps_since_eviction=L.since)
         if target is not None:
-            _evict(L, (name, params, target), key, scaling, groups)
+            _evict(L, (name, params, target), key, scaling, groups, value=value, rope=o.rope)
             L.evictions += 1
             L.since = 0
     if phase == "prefill":
@@ -154,7 +166,7 @@ def _probs_over(L, key, b, hq, groups, qvec, qp, cands, scaling):
     return {j: float(w[allowed.index(j)]) if j in allowed else 0.0 for j in cands}
 
 
-def _evict(L, plan, key, scaling, groups):
+def _evict(L, plan, key, scaling, groups, value=None, rope=None):
     name, params, budget = plan
     B, Hkv = L.kept.shape[:2]
     Hq = Hkv * groups
@@ -164,6 +176,9 @@ def _evict(L, plan, key, scaling, groups):
         digest = hashlib.sha256(f"{params['seed']}/{L.idx}/{L.evictions}".encode()).digest()
         gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
         rand = torch.rand((B, Hkv, n), generator=gen)
+    if name == "expected_attention":  # the mean RoPE matrix of the next n_future_positions positions
+        n, seen, d = params["n_future_positions"], key.shape[2], key.shape[-1]
+        ahead = sum(_rotation(p, rope, d) for p in range(seen, seen + n)) / n
     tova_shared = {}
     if name == "tova":
         ((qvec, qp),) = L.queries[_key(plan)]
@@ -185,6 +200,14 @@ def _evict(L, plan, key, scaling, groups):
                 score = {j: -math.sqrt(sum(float(x) ** 2 for x in key[b, h, j])) for j in cands}
             elif name == "random":
                 score = {j: float(rand[b, h, i]) for i, j in enumerate(cands)}
+            elif name == "keydiff":
+                score = _keydiff(key, b, h, cands, valid)
+            elif name == "expected_attention":
+                sinks = valid[: params["n_sink"]]
+                group = range(h * groups, (h + 1) * groups)
+                stats = {hq: _query_stats(L.queries[_key(plan)], b, hq, params, rope, ahead) for hq in group}
+                score = _expected_attention(key, value, b, h, groups, cands, valid, sinks, stats, params)
+                protected = set(valid[: min(params["n_sink"], budget)])
             elif name == "h2o":
                 acc = L.acc[_key(plan)]
                 score = {j: float(acc[b, h, j]) for j in cands}
@@ -224,3 +247,69 @@ def _evict(L, plan, key, scaling, groups):
                     L.kept[b, h, j] = False
         if name == "tova":
             assert all(torch.equal(L.kept[b, 0], L.kept[b, hh]) for hh in range(Hkv))
+
+
+def _unit(vec):
+    norm = math.sqrt(sum(float(x) ** 2 for x in vec))
+    return [float(x) / max(norm, 1e-12) for x in vec]
+
+
+def _keydiff(key, b, h, cands, valid):
+    """KeyDiff: minus the cosine of each key to the mean unit key of the real cached tokens."""
+    units = {j: _unit(key[b, h, j].double()) for j in cands}
+    d = key.shape[-1]
+    anchor = [sum(units[j][i] for j in valid) / max(len(valid), 1) for i in range(d)]
+    a = _unit(anchor)
+    return {j: -sum(u * x for u, x in zip(units[j], a)) for j in cands}
+
+
+def _rotation(p, rope, d):
+    """The RoPE matrix of position ``p`` (pairs ``(i, i + d/2)`` rotated by ``p * freq_i``), float64."""
+    freqs, scale = rope
+    r = torch.zeros(d, d, dtype=torch.float64)
+    for i in range(d // 2):
+        c, s = math.cos(p * freqs[i]) * scale, math.sin(p * freqs[i]) * scale
+        j = i + d // 2
+        r[i, i], r[i, j], r[j, i], r[j, j] = c, -s, s, c
+    return r
+
+
+def _query_stats(queries, b, hq, params, rope, ahead):
+    """Mean and covariance of row ``b``'s pre-RoPE queries of head ``hq`` past its first ``n_sink`` real
+    tokens, rotated by ``ahead`` (the mean RoPE matrix of the next ``n_future_positions`` positions)."""
+    d = queries[0][0].shape[-1]
+    pre, rank = [], 0
+    for qvec, qp, real in queries:
+        if not real[b]:
+            continue
+        if rank >= params["n_sink"]:
+            pre.append(torch.linalg.solve(_rotation(qp, rope, d), qvec[b, hq]))  # undo the model's RoPE
+        rank += 1
+    mu = sum(pre) / len(pre) if pre else torch.zeros(d, dtype=torch.float64)
+    cov = torch.zeros(d, d, dtype=torch.float64)
+    for x in pre:
+        cov += torch.outer(x - mu, x - mu) / len(pre)
+    return ahead @ mu, (ahead @ cov @ ahead.T if params["use_covariance"] else None)
+
+
+def _expected_attention(key, value, b, h, groups, cands, valid, sinks, stats, params):
+    """Expected attention of the rotated query Gaussian of each head of the group, softmax over the
+    real non-sink tokens, group mean, times the value norm; sinks and padding score 0."""
+    scored = [j for j in valid if j not in sinks]
+    d = key.shape[-1]
+    total = {j: 0.0 for j in scored}
+    for hq in range(h * groups, (h + 1) * groups):
+        mu, cov = stats[hq]
+        logit = {}
+        for j in scored:
+            k = key[b, h, j].double()
+            logit[j] = float(mu @ k) / math.sqrt(d) + (float(k @ cov @ k) / d / 2 if cov is not None else 0.0)
+        top = max(logit.values(), default=0.0)
+        z = sum(math.exp(x - top) for x in logit.values())
+        for j in scored:
+            total[j] += math.exp(logit[j] - top) / z / groups
+    score = {j: 0.0 for j in cands}
+    for j in scored:
+        vnorm = math.sqrt(sum(float(x) ** 2 for x in value[b, h, j]))
+        score[j] = (total[j] + params["epsilon"]) * vnorm if params["use_vnorm"] else total[j]
+    return score

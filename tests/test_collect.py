@@ -14,7 +14,7 @@ from signals import SignalTable
 from signals.collect import CollectError, collect_signals
 from signals.journal import journal_path
 
-ALL_PATTERNS = ["snapkv", "tova", "h2o", "streaming_llm", "knorm", "random"]
+ALL_PATTERNS = ["snapkv", "tova", "h2o", "streaming_llm", "knorm", "random", "keydiff", "expected_attention"]
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +75,7 @@ def test_replay_equals_naive_on_every_pattern():
 def test_replay_equals_naive_on_other_families(family):
     model = tiny_model(family, layers=2)
     samples = make_samples(1, n=24, m=4, seed=1)
-    kw = dict(patterns=["snapkv", "h2o", "tova", "random"], budgets=[5, 16], journal=False)
+    kw = dict(patterns=["snapkv", "h2o", "tova", "random", "expected_attention"], budgets=[5, 16], journal=False)
     assert_tables_close(collect_signals(model, samples, **kw), collect_signals(model, samples, naive=True, **kw))
 
 

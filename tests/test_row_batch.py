@@ -14,9 +14,10 @@ from polykv_search.patterns import PATTERNS, make_pattern
 from polykv_search.patterns.selection import keep_per_row
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan
 from polykv_search.runtime.row_batch import RowBatchLayer
+from tests.tiny import rope
 
 H, G, D = 2, 2, 4
-KW = {"num_kv_heads": H, "groups": G, "scaling": 0.5}
+KW = {"num_kv_heads": H, "groups": G, "scaling": 0.5, "rotary": rope(D)}
 EVICTING = [p for p in PATTERNS if p != "full"]
 
 
@@ -51,8 +52,10 @@ def assert_rows_equal(got: list[EvictingLayer], want: list[EvictingLayer]) -> No
         assert (g.num_evictions, g.peak_length, g.seen) == (w.num_evictions, w.peak_length, w.seen)
         assert g.states.keys() == w.states.keys()
         for pattern, state in w.states.items():
-            for name, tensor in state.token.items():
-                torch.testing.assert_close(g.states[pattern].token[name], tensor, rtol=1e-6, atol=1e-6)
+            for name, tensor in (*state.token.items(), *state.row.items()):
+                got_state = g.states[pattern]
+                got = got_state.token[name] if name in state.token else got_state.row[name]
+                torch.testing.assert_close(got, tensor, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("pattern", EVICTING)

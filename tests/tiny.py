@@ -39,3 +39,17 @@ def tiny_model(family: str = "llama", *, attn: str = "sdpa", layers: int = 3, se
             elif "norm" in name:
                 p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=gen))
     return model.eval()
+
+
+def rope(head_dim: int, base: float = 10000.0):
+    """A standard RoPE as a layer's ``rotary`` (``positions -> (cos, sin)``), for cache layers built
+    without a model."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+
+    def rotary(positions):
+        pos = torch.arange(positions.start, positions.stop) if isinstance(positions, range) else positions.cpu()
+        freqs = pos[:, None].float() * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    return rotary

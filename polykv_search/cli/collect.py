@@ -47,6 +47,7 @@ DEFAULT_CONTINUATION = 32
 
 
 def add_parser(sub) -> None:
+    from polykv_search.patterns import PATTERNS
     from signals.collect import DEFAULT_BUDGETS, DEFAULT_PATTERNS
 
     p = sub.add_parser(
@@ -102,7 +103,7 @@ def add_parser(sub) -> None:
         "--patterns",
         type=comma_list(str, "pattern"),
         default=",".join(DEFAULT_PATTERNS),
-        help=f"comma separated (default {','.join(DEFAULT_PATTERNS)})",
+        help=f"comma separated, any of {','.join(PATTERNS)} (default {','.join(DEFAULT_PATTERNS)})",
     )
     g.add_argument(
         "--budgets",

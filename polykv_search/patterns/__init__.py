@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from polykv_search.patterns.base import LayerView, Pattern
+from polykv_search.patterns.expected_attention import ExpectedAttention
 from polykv_search.patterns.full import Full
 from polykv_search.patterns.h2o import H2O
+from polykv_search.patterns.keydiff import KeyDiff
 from polykv_search.patterns.knorm import KNorm
 from polykv_search.patterns.pyramidkv import PyramidKV
 from polykv_search.patterns.random import Random
@@ -21,7 +23,19 @@ from polykv_search.patterns.streaming_llm import StreamingLLM
 from polykv_search.patterns.tova import TOVA
 
 PATTERNS: dict[str, type[Pattern]] = {
-    cls.name: cls for cls in (Full, StreamingLLM, H2O, TOVA, SnapKV, PyramidKV, KNorm, Random)
+    cls.name: cls
+    for cls in (
+        Full,
+        StreamingLLM,
+        H2O,
+        TOVA,
+        SnapKV,
+        PyramidKV,
+        KNorm,
+        Random,
+        KeyDiff,
+        ExpectedAttention,
+    )
 }
 
 

@@ -89,6 +89,16 @@ class LayerView(Protocol):
         """Exact softmax attention ``[B, Hq, q, n]`` (fp32) of ``query`` over the cached keys, masked as
         the model's kernel masks them (``upto``: only the first ``upto`` slots)."""
 
+    def rotary_cos_sin(self, positions: torch.Tensor | range) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own RoPE at sequence ``positions``: ``(cos, sin)``, each ``[len(positions), D]``
+        fp32, such that the model rotates a query or key ``x`` at position ``p`` as
+        ``x * cos[p] + rotate_half(x) * sin[p]`` (``rotate_half(x) = cat(-x[D/2:], x[:D/2])``; the RoPE
+        type's attention scaling included). Positions are sequence indices (tokens seen, padding
+        included), the ones ``query_range`` and the cache hold; under ``generate()`` a left-padded row's
+        real RoPE positions are these minus its padding, a constant shift per row, which every use that
+        un-rotates and re-rotates by the same positions cancels. Raises ``RuntimeError`` on a layer
+        built without a model (wired by ``PolyKVRuntime.layer_kwargs``)."""
+
     def repeat_heads(self, t: torch.Tensor) -> torch.Tensor:
         """``[B, Hkv, ...]`` to query heads ``[B, Hq, ...]``."""
 

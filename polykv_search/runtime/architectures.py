@@ -1,12 +1,17 @@
-"""Model-specific facts, in one place: which architectures the runtime supports and their shapes.
+"""Model-specific facts, in one place: which architectures the runtime supports, their shapes and
+their rotary embedding.
 
 Everything else (q/k norms of Qwen3, RoPE, fused projections) happens inside the model's own
 forward before the registered attention function is called, so no forward code is needed here.
+Patterns that need RoPE itself (Expected Attention rotates query statistics) get the model's own
+rotary embedding through :class:`ModelRotary`, wired into every cache layer by the runtime.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 #: ``config.model_type`` values whose attention modules call ``cache.update`` then the registered
 #: attention function with post-RoPE ``[B, H, q, D]`` tensors (tested with tiny random models).
@@ -26,6 +31,8 @@ class ModelSpec:
     num_kv_heads: int
     head_dim: int
     attn_implementation: str
+    #: The model's rotary embedding (``positions -> (cos, sin)``), or None when it has none.
+    rotary: ModelRotary | None = field(default=None, compare=False, repr=False)
 
     @property
     def scaling(self) -> float:
@@ -44,6 +51,57 @@ class ModelSpec:
     def bytes_per_token(self, dtype_bytes: int) -> int:
         """KV bytes one token costs in one layer (keys + values, all KV heads)."""
         return 2 * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+class ModelRotary:
+    """The model's own rotary embedding as ``positions -> (cos, sin)``, each ``[len(positions), D]``
+    float32 on the embedding's device: a query or key at position ``p`` is rotated as
+    ``x * cos[p] + rotate_half(x) * sin[p]`` (``rotate_half(x) = cat(-x2, x1)``; ``cos``/``sin``
+    carry the RoPE type's attention scaling, as the model's own do).
+
+    It calls the rotary module's forward undecorated, so a RoPE type that updates its frequencies
+    in the forward (``dynamic``, ``longrope``) answers with the frequencies it holds now and is never
+    changed by a pattern asking about future positions. Copies (``copy.deepcopy`` of a cache layer)
+    share the module. The answers for the last few position ranges are cached (every layer asks for
+    the same ones at a decoding step); treat them as read-only.
+    """
+
+    #: position ranges remembered
+    CACHED = 8
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        forward = type(module).forward
+        self._forward = getattr(forward, "__wrapped__", forward)
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, positions: torch.Tensor | range) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(iter(self.module.buffers()), torch.empty(0)).device
+        if not isinstance(positions, range):
+            return self._compute(positions.to(device), device)
+        freq = getattr(self.module, "inv_freq", None)  # a replaced or updated buffer invalidates the cache
+        key = (positions.start, positions.stop, device, id(freq), getattr(freq, "_version", 0))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._compute(torch.arange(positions.start, positions.stop, device=device), device)
+            if len(self._cache) >= self.CACHED:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = hit
+        return hit
+
+    def _compute(self, pos: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.empty(0, dtype=torch.float32, device=device)
+        cos, sin = self._forward(self.module, x, pos.reshape(1, -1))
+        return cos[0].float(), sin[0].float()
+
+    def __deepcopy__(self, memo) -> ModelRotary:
+        return self
+
+
+def _rotary_module(model) -> torch.nn.Module | None:
+    inner = getattr(model, "model", None)
+    base = inner if inner is not None and hasattr(inner, "rotary_emb") else model.get_decoder()
+    return getattr(base, "rotary_emb", None)
 
 
 def model_spec(model) -> ModelSpec:
@@ -65,4 +123,5 @@ def model_spec(model) -> ModelSpec:
         num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         attn_implementation=impl,
+        rotary=None if (module := _rotary_module(model)) is None else ModelRotary(module),
     )

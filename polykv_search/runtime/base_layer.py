@@ -23,7 +23,9 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
 
     ``get_seq_length`` reports tokens *seen*, so ``generate()`` keeps absolute positions.
     ``on_update(layer)`` is called after every ``update``: the runtime uses it to hand the layer to the
-    attention call that follows (None: a detached layer nobody attends through).
+    attention call that follows (None: a detached layer nobody attends through). ``rotary``: the
+    model's rotary embedding (:class:`~polykv_search.runtime.architectures.ModelRotary`), for patterns
+    that need RoPE (None: a layer built without a model; such a pattern then fails loudly).
     """
 
     is_sliding = False
@@ -40,6 +42,7 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         decode_interval: int = 1,
         interval_mode: str = "within",
         on_update=None,
+        rotary=None,
     ):
         super().__init__()
         if interval_mode not in INTERVAL_MODES:
@@ -52,6 +55,7 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         self.decode_interval = decode_interval
         self.interval_mode = interval_mode
         self._on_update = on_update
+        self.rotary = rotary
         self.reset()
 
     # ------------------------------------------------- the cached tensors

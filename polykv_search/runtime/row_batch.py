@@ -103,6 +103,7 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
                 scaling=self.scaling,
                 sliding_window=self.sliding_window,
                 device=self.device,
+                rotary=self.rotary,
             )
             budgets = [rows[r].plans[DECODING].budget for r in idx]
             groups.append(_Group(pattern, idx, budgets, state, index, view))

@@ -38,13 +38,16 @@ class GroupView(RowsMask, ViewOps):
     """A group's rows of the batch store, as its pattern reads them (no padding queries; ``values`` are
     sliced out only when a pattern reads them). :meth:`show` points it at the rows before each call."""
 
-    def __init__(self, layer_idx: int, *, num_kv_heads: int, groups: int, scaling: float, sliding_window, device):
+    def __init__(
+        self, layer_idx: int, *, num_kv_heads: int, groups: int, scaling: float, sliding_window, device, rotary=None
+    ):
         self.layer_idx = layer_idx
         self.num_kv_heads = num_kv_heads
         self.groups = groups
         self.scaling = scaling
         self.sliding_window = sliding_window
         self.device = device
+        self.rotary = rotary
         self.keys = self.positions = self.valid = None
         self._values = self._take_values = None
         self.all_valid = True

@@ -121,7 +121,9 @@ class PolyKVRuntime:
         """Constructor arguments, besides the two phase plans, of layer ``layer_idx``'s cache layer,
         wired to this runtime: ``EvictingLayer(layer_idx, prefill, decoding, **rt.layer_kwargs(layer_idx))``
         builds a layer the attention function finds, with plans of the caller's choosing (the signal
-        collector's replay builds its cache layers this way; pass ``on_update=None`` for a detached one)."""
+        collector's replay builds its cache layers this way; pass ``on_update=None`` for a detached one).
+        They include the model's rotary embedding (``rotary``), which patterns read through
+        ``LayerView.rotary_cos_sin``."""
         s = self.spec
         return dict(
             num_kv_heads=s.num_kv_heads,
@@ -131,6 +133,7 @@ class PolyKVRuntime:
             decode_interval=self.decode_interval,
             interval_mode=self.interval_mode,
             on_update=self._set_pending,
+            rotary=s.rotary,
         )
 
     def _inject_cache(self, module, args, kwargs):

@@ -2,8 +2,10 @@
 
 A mixin over the attributes every runtime layer and row view has: ``keys``/``positions``/``valid``
 ``[B, Hkv, n, ...]``, ``all_valid``, ``length``, ``seen`` (tokens seen), ``num_evictions``,
-``query_range``, ``sliding_window``, ``num_kv_heads``, ``groups``, ``scaling`` and ``device``. Masks are
-built from the absolute positions each slot holds, so they are exact whatever was evicted.
+``query_range``, ``sliding_window``, ``num_kv_heads``, ``groups``, ``scaling``, ``device`` and ``rotary`` (the
+model's :class:`~polykv_search.runtime.architectures.ModelRotary`, or None for a layer built without a
+model). Masks are built from the absolute positions each slot holds, so they are exact whatever was
+evicted.
 """
 
 from __future__ import annotations
@@ -100,6 +102,15 @@ class ViewOps:
             if mask is not None:
                 logits.masked_fill_(~mask[..., :n][:, :, None], float("-inf"))
         return logits.softmax(dim=-1).view(b, hq, q, n)
+
+    def rotary_cos_sin(self, positions: torch.Tensor | range) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's RoPE ``(cos, sin)`` ``[len(positions), D]`` (fp32) at sequence ``positions``."""
+        if self.rotary is None:
+            raise RuntimeError(
+                f"layer {self.layer_idx} has no rotary embedding: it was built without a model (pass "
+                "rotary=, e.g. from runtime.layer_kwargs), and this pattern needs RoPE"
+            )
+        return self.rotary(positions)
 
     def visible_prefix(self, max_query_position: int) -> int:
         """How many leading cached tokens a query at ``max_query_position`` (or before) may see: the cache
