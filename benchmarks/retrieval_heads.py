@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  L{l:<3d} kv{h}: {s:.2f} ± {scores.se[l, h]:.2f}")
     flat = sorted(scores.mean.ravel(), reverse=True)
     total = sum(flat) or 1.0
-    share = sum(flat[: max(1, len(flat) // 20)]) / total
+    share = float(sum(flat[: max(1, len(flat) // 20)]) / total)
     print(f"the top 5 % of KV heads hold {100 * share:.0f} % of the total retrieval score")
     if args.json:
         write_json(

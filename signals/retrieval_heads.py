@@ -106,6 +106,6 @@ def retrieval_scores(model, samples: Sequence, on_sample=None) -> RetrievalScore
                 on_sample()
     finally:
         model.set_attn_implementation(previous)
-    per_sample = np.stack(rows)
+    per_sample = np.stack(rows).astype(np.float64)
     se = stats.sem(per_sample, axis=0) if len(rows) > 1 else np.full(per_sample.shape[1:], np.nan)
     return RetrievalScores(per_sample.mean(axis=0), np.asarray(se), per_sample)

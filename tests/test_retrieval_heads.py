@@ -3,6 +3,8 @@ with a known answer, the copy positions of real evidence samples, and a tiny mod
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +137,11 @@ def test_collect_measures_retrieval_heads_and_show_draws_them(tmp_path, capsys):
     bad = argv[:-5] + ["--retrieval-heads", "1", "--out", str(tmp_path / "x.json"), "--no-progress"]
     assert run_cli(bad) == 2 and not (tmp_path / "x.json").exists()
     assert "at least 2 samples" in capsys.readouterr().err
+    # the measurement script on the same checkpoint and corpus: table, JSON and heatmap
+    script = benchmark_script("retrieval_heads")
+    doc_path, png = tmp_path / "rh.json", tmp_path / "rh.png"
+    argv = ["--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--context-len", "300"]
+    assert script.main([*argv, "--continuation-len", "48", "--json", str(doc_path), "--plot", str(png)]) == 0
+    doc = json.loads(doc_path.read_text())
+    assert len(doc["mean"]) == 2 and len(doc["mean"][0]) == 2 and 0 <= doc["top5pct_share"] <= 1
+    assert png.read_bytes()[:4] == b"\x89PNG" and "top 4 KV heads" in capsys.readouterr().out
