@@ -170,7 +170,7 @@ def test_an_attention_call_that_cannot_find_its_cache_layer_raises():
     foreign = PolyKVRuntime(model, strategy).new_cache()  # its layers report to another runtime
     with apply_strategy(model, strategy):
         with pytest.raises(RuntimeError, match="cache layer was not updated"):
-            model(ids, past_key_values=foreign)
+            model(ids, cache=foreign)
         # no cache at all: plain attention, and the same logits as the unmodified model
         plain = model(ids, use_cache=False).logits
         model(ids)  # and a normal call works again afterwards
