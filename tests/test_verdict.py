@@ -59,7 +59,7 @@ def values(ilp_broad_shift: float, cake_ruler: float) -> dict:
         "uniform-h2o": base,
         "uniform-snapkv": {
             t: ([s - 5 for s in sc], None if kl is None else [k + 0.1 for k in kl]) for t, (sc, kl) in base.items()
-        },  # fmt: skip
+        },
         "ilp-B64": {
             t: (
                 [s + ilp_broad_shift + n for s, n in zip(sc, series(0, noise=30, seed=i), strict=True)]
@@ -71,7 +71,7 @@ def values(ilp_broad_shift: float, cake_ruler: float) -> dict:
         },
         "cake-B64": {
             t: (sc if t.startswith("broad") else [s + cake_ruler for s in sc], kl) for t, (sc, kl) in base.items()
-        },  # fmt: skip
+        },
     }
     return out
 

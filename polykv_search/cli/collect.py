@@ -82,14 +82,20 @@ def add_parser(sub) -> None:
     )
     g.add_argument("--seed", type=non_negative_int, default=0, help="sample placement seed (default 0)")
     g.add_argument(
-        "--retrieval-mix", default="0", metavar="MIX",
+        "--retrieval-mix",
+        default="0",
+        metavar="MIX",
         help="retrieval-aware calibration: how many of the --samples carry synthetic evidence (records, codes, names "
         "with facts) inserted into the prose, with the answer in the continuation; a count (2), a fraction (0.5) or a "
         "percentage (25%%) of --samples; their signals are computed on the answer tokens only (default 0: prose only)",
-    )  # fmt: skip
-    g.add_argument("--evidence-records", type=positive_int, default=None, metavar="N",
-                   help="evidence statements per evidence sample, one of them queried (default 4; "
-                   "1 for --retrieval-heads)")  # fmt: skip
+    )
+    g.add_argument(
+        "--evidence-records",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="evidence statements per evidence sample, one of them queried (default 4; 1 for --retrieval-heads)",
+    )
     g.add_argument(
         "--retrieval-heads",
         type=non_negative_int,
@@ -255,9 +261,14 @@ def run(args: argparse.Namespace) -> int:
             mix=mix,
         )
     calibration = describe_samples(
-        samples, corpus, role="calib", seed=args.seed, spec=spec,
-        context_len=args.context_len, continuation_len=args.continuation_len,
-    )  # fmt: skip
+        samples,
+        corpus,
+        role="calib",
+        seed=args.seed,
+        spec=spec,
+        context_len=args.context_len,
+        continuation_len=args.continuation_len,
+    )
     loader = ModelLoader(args.model, args.device, args.dtype, args.attn)
     try:
         table = collect_signals(

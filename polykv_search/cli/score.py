@@ -285,8 +285,11 @@ def _versions() -> dict[str, str]:
 
     import polykv_search
 
-    return {"polykv_search": polykv_search.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}  # fmt: skip
+    return {
+        "polykv_search": polykv_search.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def print_results(doc: dict) -> None:
