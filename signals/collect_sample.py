@@ -18,6 +18,7 @@ from signals.collect_assemble import unit_record
 from signals.collect_settings import CollectSettings, Unit
 from signals.fullkv import full_kv_pass
 from signals.naive import NaiveReference, naive_cell
+from signals.reconstruction import reconstruction_states
 from signals.replay import TokenSignals, replay_unit
 from signals.uncertainty import block_means, block_sizes
 from strategies import Strategy
@@ -58,6 +59,7 @@ def sample_records(
             if need_full:
                 yield full
             patterns = [make_pattern(p) for p in settings.patterns]
+            record.reconstruction = reconstruction_states(model, rt, record, context_ids, patterns)
             for unit in units:
                 t1 = time.perf_counter()
                 tokens = replay_unit(

@@ -61,6 +61,8 @@ class FullKVRecord:
     logprobs: torch.Tensor  #: ``[m-1, V]`` FullKV next-token log-probabilities at positions 0..m-2
     entropy: dict[str, list[float]] = field(default_factory=dict)  #: phase → per layer
     variance: dict[str, list[float]] = field(default_factory=dict)
+    #: model-level pattern → its per-layer state after the reconstruction pass (:mod:`signals.reconstruction`)
+    reconstruction: dict = field(default_factory=dict)
 
     @property
     def continuation_len(self) -> int:

@@ -68,10 +68,16 @@ def prime_layer(
     runtime, record: FullKVRecord, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan
 ) -> EvictingLayer:
     """A detached layer holding the FullKV prompt after its prefill call's hooks ran (``end_call``
-    not yet called): the state the runtime's layer l is in right after the prompt's kernel."""
+    not yet called): the state the runtime's layer l is in right after the prompt's kernel (and, for
+    a model-level pattern, after the reconstruction pass: ``record.reconstruction``)."""
     layer = _detached(runtime, layer_idx, prefill, decoding)
     layer.update(record.keys[layer_idx], record.values[layer_idx])
     layer.attention_call(record.queries[layer_idx], None, finish=False)  # the prompt's hooks, without a kernel
+    for pattern, _ in layer.model_level_states():
+        states = record.reconstruction.get(pattern)
+        if states is None:
+            raise RuntimeError(f"the FullKV record has no reconstruction pass for {pattern.name}")
+        layer.states[pattern].replace_with(states[layer_idx])
     return layer
 
 

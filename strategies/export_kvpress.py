@@ -21,8 +21,8 @@ ObservedAttentionPress (prefill only; needs eager attention); tova -> TOVAPress;
 SnapKVPress(window_size, kernel_size); pyramidkv -> SnapKVPress(window_size=8, kernel_size=7) (not
 PyramidKVPress, which imposes its own budget schedule); knorm -> KnormPress; random ->
 RandomPress(seed); keydiff -> KeyDiffPress; expected_attention -> ExpectedAttentionPress (its five
-parameters; prefill only). Where kvpress's press differs from the pattern, the difference is listed
-per layer.
+parameters; prefill only); kvzip -> KVzipPress(layerwise=True) (prefill only; not checked against
+kvpress). Where kvpress's press differs from the pattern, the difference is listed per layer.
 
 The module and its sidecar are written as one set and both record the strategy digest; the
 module's ``sidecar()`` and :func:`strategies.kvpress_sidecar.read_export` refuse a pair from two

@@ -33,6 +33,11 @@ _NO_DECODING_EXPECTED_ATTENTION = (
     "length instead of the sequence position; the layer keeps every generated token"
 )
 
+_NO_DECODING_KVZIP = (
+    "dropped: kvpress's KVzipPress compresses the prompt only (a reconstruction pass has no meaning "
+    "mid-decoding); the layer keeps every generated token"
+)
+
 
 @dataclass(frozen=True)
 class Press:
@@ -87,6 +92,17 @@ def prefill_press(choice: LayerChoice) -> Press | None:
             {k: p[k] for k in ("n_future_positions", "n_sink", "use_covariance", "use_vnorm", "epsilon")},
             ("kvpress estimates the query statistics in the model's dtype (polykv-search: float64 sums)",),
         )
+    if name == "kvzip":
+        return Press(
+            "KVzipPress",
+            {"layerwise": True},
+            (
+                "kvpress's KVzipPress runs its own reconstruction pass: the softmax of a chunk's queries covers "
+                "the sinks, that chunk and the repeat tokens only (polykv-search: the whole cache; the same for "
+                "prompts of one chunk), the chat template's prefix is kept, and its sinks are fixed at 4 "
+                f"(n_sink={p['n_sink']} here)",
+            ),
+        )
     if name == "random":
         return Press(
             "RandomPress", {"seed": p["seed"]}, ("kvpress draws its own random numbers (same seed, other tokens)",)
@@ -105,6 +121,8 @@ def decoding_press(choice: LayerChoice) -> tuple[Press | None, str | None]:
         return None, _NO_DECODING_SNAPKV
     if choice.pattern == "expected_attention":
         return None, _NO_DECODING_EXPECTED_ATTENTION
+    if choice.pattern == "kvzip":
+        return None, _NO_DECODING_KVZIP
     press = prefill_press(choice)
     assert press is not None
     return press, None

@@ -19,6 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from polykv_search.runtime import eviction_target
 from strategies import Strategy
+from tests.oracle_scores import expected_attention_scores, keydiff_scores, query_stats, rotation
 
 NAME = "polykv_oracle"
 _ACTIVE: dict[int, Oracle] = {}
@@ -33,6 +34,7 @@ DEFAULTS = {
     "knorm": {},
     "random": {"seed": 0},
     "keydiff": {},
+    "kvzip": {"n_sink": 4, "chunk_size": 2048, "query_chunk": 256},
     "expected_attention": {
         "n_future_positions": 512,
         "n_sink": 4,
@@ -53,6 +55,8 @@ class OracleLayer:
         self.evictions = 0
         self.since = 0
         self.acc = {}  # pattern key -> [B, H, N] float64 accumulated attention
+        self.zip = {}  # kvzip plan key -> [B, H, n_prompt] float64 max reconstruction attention
+        self.deferred = None  # (key, value, scaling, groups) of a prefill call awaiting the kvzip pass
         self.queries = {}  # pattern key -> list of (query [B, Hq, D], position)
 
 
@@ -73,17 +77,71 @@ class Oracle:
         self.impl = model.config._attn_implementation
         rotary = model.model.rotary_emb  # RoPE frequencies, applied here with float64 loops
         self.rope = ([float(f) for f in rotary.inv_freq], float(rotary.attention_scaling))
+        # kvzip: every layer defers its prefill eviction until the reconstruction pass has run
+        self.kvzip = any(c.pattern == "kvzip" for c in strategy.prefill + strategy.decoding)
+        self.in_pass = None  # the prompt length while the pass runs
+        self.prompt = None  # (input_ids, attention_mask) of the first call
 
     def __enter__(self):
         AttentionInterface.register(NAME, _oracle_attention)
         AttentionMaskInterface.register(NAME, lambda *, attention_mask=None, **_: attention_mask)
         _ACTIVE[id(self.model.config)] = self
         self.model.set_attn_implementation(NAME)
+        self._hooks = []
+        if self.kvzip:
+            self._hooks = [
+                self.model.register_forward_pre_hook(self._record, with_kwargs=True),
+                self.model.register_forward_hook(self._after),
+            ]
         return self
 
     def __exit__(self, *exc):
         self.model.set_attn_implementation(self.impl)
         _ACTIVE.pop(id(self.model.config), None)
+        for hook in self._hooks:
+            hook.remove()
+
+    def _record(self, module, args, kwargs):
+        if self.prompt is None:
+            ids = args[0] if args else kwargs["input_ids"]
+            self.prompt = (ids, kwargs.get("attention_mask"))
+
+    def _after(self, module, args, output):
+        if self.layers[0].deferred is not None:
+            self._reconstruction_pass(output.cache)
+
+    def _reconstruction_pass(self, cache):
+        """KVzip's pass, written out: per chunk of the prompt, each row's repeat prompt and real prompt
+        tokens (left-padded), attending over the whole cache; then the cache is cut back to the prompt."""
+        inputs = self.model.polykv_reconstruction
+        ids, mask = self.prompt
+        B, n = ids.shape
+        mask = torch.ones_like(ids) if mask is None else mask
+        size = min(pl[1]["chunk_size"] for L in self.layers for pl in L.plans.values() if pl[0] == "kvzip")
+        real = [[int(t) for t, m in zip(ids[b], mask[b]) if m] for b in range(B)]
+        self.in_pass = n
+        for start in range(0, n, size):
+            rows = []
+            for b in range(B):
+                pad = n - len(real[b])
+                lo, hi = max(0, start - pad), max(0, min(start + size, n) - pad)
+                head = (
+                    list(inputs.first) if start == 0 else list(inputs.later) + real[b][max(0, lo - inputs.overlap) : lo]
+                )
+                rows.append(head + list(inputs.suffix) + real[b][lo:hi])
+            width = max(len(r) for r in rows)
+            x = torch.zeros(B, width, dtype=torch.long)
+            m = torch.cat([mask, torch.zeros(B, width, dtype=mask.dtype)], 1)
+            for b, r in enumerate(rows):
+                x[b, width - len(r) :] = torch.tensor(r)
+                m[b, n + width - len(r) :] = 1
+            self.model.model(input_ids=x, attention_mask=m, cache=cache, use_cache=True)
+            cache.crop(-width)
+        self.in_pass = None
+        for L in self.layers:
+            key, value, scaling, groups = L.deferred
+            L.deferred = None
+            _end_call(self, L, "prefill", key, value, scaling, groups)
 
     def kept_positions(self, layer: int, b: int, h: int) -> list[int]:
         kept = self.layers[layer].kept[b, h]
@@ -94,6 +152,7 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
     o = _ACTIVE[id(module.config)]
     L = o.layers[module.layer_idx]
     B, Hq, q, D = query.shape
+    n_prompt = o.in_pass
     Hkv, N = key.shape[1], key.shape[2]
     groups = Hq // Hkv
     new_kept = torch.ones(B, Hkv, q, dtype=torch.bool)
@@ -115,6 +174,18 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
                 w = torch.softmax(logits, 0)
                 probs_all[b, hq, i, allowed] = w
                 out[b, i, hq] = (w[:, None] * value[b, h, allowed].double()).sum(0).float()
+
+    if n_prompt is not None:  # a reconstruction call: fold the max attention to the prompt, cut back
+        for k in [_key(pl) for pl in L.plans.values() if pl[0] == "kvzip" and pl[2] is not None]:
+            z = L.zip.setdefault(k, torch.zeros(B, Hkv, n_prompt, dtype=torch.float64))
+            for b in range(B):
+                for hq in range(Hq):
+                    for i in range(q):
+                        if pad[b, i]:
+                            z[b, hq // groups] = torch.maximum(z[b, hq // groups], probs_all[b, hq, i, :n_prompt])
+        L.kept, L.valid = L.kept[..., :n_prompt], L.valid[..., :n_prompt]
+        L.acc = {k: v[..., :n_prompt] for k, v in L.acc.items()}
+        return out.to(query.dtype), None
 
     phase = "prefill" if L.calls == 0 else "decoding"
     observers = ([L.plans["prefill"]] if phase == "prefill" else []) + [L.plans["decoding"]]
@@ -139,6 +210,14 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
             L.queries.setdefault(k, []).extend((query[:, :, i].double(), qpos[i], pad[:, i]) for i in range(q))
 
     L.calls += 1
+    if phase == "prefill" and o.kvzip:
+        L.deferred = (key, value, scaling, groups)
+    else:
+        _end_call(o, L, phase, key, value, scaling, groups)
+    return out.to(query.dtype), None
+
+
+def _end_call(o, L, phase, key, value, scaling, groups):
     plan = L.plans[phase]
     if phase == "decoding":
         L.since += 1
@@ -154,7 +233,6 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
     if phase == "prefill":
         L.acc = {k: v for k, v in L.acc.items() if k == _key(L.plans["decoding"])}
         L.queries = {k: v for k, v in L.queries.items() if k == _key(L.plans["decoding"])}
-    return out.to(query.dtype), None
 
 
 def _probs_over(L, key, b, hq, groups, qvec, qp, cands, scaling):
@@ -178,7 +256,7 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None):
         rand = torch.rand((B, Hkv, n), generator=gen)
     if name == "expected_attention":  # the mean RoPE matrix of the next n_future_positions positions
         n, seen, d = params["n_future_positions"], key.shape[2], key.shape[-1]
-        ahead = sum(_rotation(p, rope, d) for p in range(seen, seen + n)) / n
+        ahead = sum(rotation(p, rope, d) for p in range(seen, seen + n)) / n
     tova_shared = {}
     if name == "tova":
         ((qvec, qp),) = L.queries[_key(plan)]
@@ -201,12 +279,17 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None):
             elif name == "random":
                 score = {j: float(rand[b, h, i]) for i, j in enumerate(cands)}
             elif name == "keydiff":
-                score = _keydiff(key, b, h, cands, valid)
+                score = keydiff_scores(key, b, h, cands, valid)
+            elif name == "kvzip":  # the pass's max attention; tokens after the prompt: above it, newest first
+                z = L.zip[_key(plan)]
+                n_seen = key.shape[2]
+                score = {j: float(z[b, h, j]) if j < z.shape[-1] else 2 + j / (n_seen + 1) for j in cands}
+                protected = set(valid[: min(params["n_sink"], budget)])
             elif name == "expected_attention":
                 sinks = valid[: params["n_sink"]]
                 group = range(h * groups, (h + 1) * groups)
-                stats = {hq: _query_stats(L.queries[_key(plan)], b, hq, params, rope, ahead) for hq in group}
-                score = _expected_attention(key, value, b, h, groups, cands, valid, sinks, stats, params)
+                stats = {hq: query_stats(L.queries[_key(plan)], b, hq, params, rope, ahead) for hq in group}
+                score = expected_attention_scores(key, value, b, h, groups, cands, valid, sinks, stats, params)
                 protected = set(valid[: min(params["n_sink"], budget)])
             elif name == "h2o":
                 acc = L.acc[_key(plan)]
@@ -247,69 +330,3 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None):
                     L.kept[b, h, j] = False
         if name == "tova":
             assert all(torch.equal(L.kept[b, 0], L.kept[b, hh]) for hh in range(Hkv))
-
-
-def _unit(vec):
-    norm = math.sqrt(sum(float(x) ** 2 for x in vec))
-    return [float(x) / max(norm, 1e-12) for x in vec]
-
-
-def _keydiff(key, b, h, cands, valid):
-    """KeyDiff: minus the cosine of each key to the mean unit key of the real cached tokens."""
-    units = {j: _unit(key[b, h, j].double()) for j in cands}
-    d = key.shape[-1]
-    anchor = [sum(units[j][i] for j in valid) / max(len(valid), 1) for i in range(d)]
-    a = _unit(anchor)
-    return {j: -sum(u * x for u, x in zip(units[j], a)) for j in cands}
-
-
-def _rotation(p, rope, d):
-    """The RoPE matrix of position ``p`` (pairs ``(i, i + d/2)`` rotated by ``p * freq_i``), float64."""
-    freqs, scale = rope
-    r = torch.zeros(d, d, dtype=torch.float64)
-    for i in range(d // 2):
-        c, s = math.cos(p * freqs[i]) * scale, math.sin(p * freqs[i]) * scale
-        j = i + d // 2
-        r[i, i], r[i, j], r[j, i], r[j, j] = c, -s, s, c
-    return r
-
-
-def _query_stats(queries, b, hq, params, rope, ahead):
-    """Mean and covariance of row ``b``'s pre-RoPE queries of head ``hq`` past its first ``n_sink`` real
-    tokens, rotated by ``ahead`` (the mean RoPE matrix of the next ``n_future_positions`` positions)."""
-    d = queries[0][0].shape[-1]
-    pre, rank = [], 0
-    for qvec, qp, real in queries:
-        if not real[b]:
-            continue
-        if rank >= params["n_sink"]:
-            pre.append(torch.linalg.solve(_rotation(qp, rope, d), qvec[b, hq]))  # undo the model's RoPE
-        rank += 1
-    mu = sum(pre) / len(pre) if pre else torch.zeros(d, dtype=torch.float64)
-    cov = torch.zeros(d, d, dtype=torch.float64)
-    for x in pre:
-        cov += torch.outer(x - mu, x - mu) / len(pre)
-    return ahead @ mu, (ahead @ cov @ ahead.T if params["use_covariance"] else None)
-
-
-def _expected_attention(key, value, b, h, groups, cands, valid, sinks, stats, params):
-    """Expected attention of the rotated query Gaussian of each head of the group, softmax over the
-    real non-sink tokens, group mean, times the value norm; sinks and padding score 0."""
-    scored = [j for j in valid if j not in sinks]
-    d = key.shape[-1]
-    total = {j: 0.0 for j in scored}
-    for hq in range(h * groups, (h + 1) * groups):
-        mu, cov = stats[hq]
-        logit = {}
-        for j in scored:
-            k = key[b, h, j].double()
-            logit[j] = float(mu @ k) / math.sqrt(d) + (float(k @ cov @ k) / d / 2 if cov is not None else 0.0)
-        top = max(logit.values(), default=0.0)
-        z = sum(math.exp(x - top) for x in logit.values())
-        for j in scored:
-            total[j] += math.exp(logit[j] - top) / z / groups
-    score = {j: 0.0 for j in cands}
-    for j in scored:
-        vnorm = math.sqrt(sum(float(x) ** 2 for x in value[b, h, j]))
-        score[j] = (total[j] + params["epsilon"]) * vnorm if params["use_vnorm"] else total[j]
-    return score

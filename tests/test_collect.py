@@ -14,7 +14,7 @@ from signals import SignalTable
 from signals.collect import CollectError, collect_signals
 from signals.journal import journal_path
 
-ALL_PATTERNS = ["snapkv", "tova", "h2o", "streaming_llm", "knorm", "random", "keydiff", "expected_attention"]
+ALL_PATTERNS = ["snapkv", "tova", "h2o", "streaming_llm", "knorm", "random", "keydiff", "expected_attention", "kvzip"]
 
 
 @pytest.fixture(autouse=True)

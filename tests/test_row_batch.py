@@ -13,6 +13,7 @@ import torch
 from polykv_search.patterns import PATTERNS, make_pattern
 from polykv_search.patterns.selection import keep_per_row
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan
+from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.runtime.row_batch import RowBatchLayer
 from tests.tiny import rope
 
@@ -22,11 +23,22 @@ EVICTING = [p for p in PATTERNS if p != "full"]
 
 
 def prefilled(prefill: PhasePlan, decoding: PhasePlan, prompt, query, **kw) -> EvictingLayer:
-    """A detached layer after its prefill call on the shared prompt (hooks run, then compression)."""
-    layer = EvictingLayer(0, prefill, decoding, **KW, **kw)
+    """A detached layer after its prefill call on the shared prompt (hooks run, then compression; for a
+    model-level pattern, a reconstruction call of 6 tokens in between)."""
+    defer = needs_pass([(prefill, decoding)])
+    layer = EvictingLayer(0, prefill, decoding, defer_prefill=defer, **KW, **kw)
     k, v = prompt
     layer.update(k, v)
     layer.attention_call(query, None)
+    if defer:
+        n = k.shape[-2]
+        gen = torch.Generator().manual_seed(n)
+        layer.begin_pass(n)
+        layer.update(torch.randn(1, H, 6, D, generator=gen), torch.randn(1, H, 6, D, generator=gen))
+        layer.attention_call(torch.randn(1, H * G, 6, D, generator=gen), None)
+        layer.end_pass()
+        assert (layer.length, layer.seen) == (n, n)
+        layer.finish_deferred()
     return layer
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from polykv_search.runtime.reconstruction import ReconstructionInputs
+
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+#: token ids of kvzip's repeat prompts for the tiny models, which have no tokenizer (``load_model``
+#: attaches the real ones, built from the tokenizer, the same way)
+REPEAT = ReconstructionInputs(first=(3, 4, 5, 6), later=(7, 8), suffix=(9,), overlap=3)
 
 
 def tiny_model(family: str = "llama", *, attn: str = "sdpa", layers: int = 3, seed: int = 0, **overrides):
@@ -38,6 +44,7 @@ def tiny_model(family: str = "llama", *, attn: str = "sdpa", layers: int = 3, se
                 p.mul_(4.0)
             elif "norm" in name:
                 p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=gen))
+    model.polykv_reconstruction = REPEAT
     return model.eval()
 
 

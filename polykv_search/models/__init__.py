@@ -48,6 +48,7 @@ from polykv_search.models.sources import (
     resolve_model,
 )
 from polykv_search.paths import cache_dir
+from polykv_search.runtime.reconstruction import ReconstructionInputs
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -165,6 +166,8 @@ def load_model(
         model.config.name_or_path = source.name
         model.name_or_path = source.name
     model.polykv_source = source
+    # kvzip's repeat prompts as token ids: the runtime holds no tokenizer
+    model.polykv_reconstruction = ReconstructionInputs.from_tokenizer(tokenizer)
 
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

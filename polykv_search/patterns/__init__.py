@@ -15,6 +15,7 @@ from polykv_search.patterns.full import Full
 from polykv_search.patterns.h2o import H2O
 from polykv_search.patterns.keydiff import KeyDiff
 from polykv_search.patterns.knorm import KNorm
+from polykv_search.patterns.kvzip import KVzip
 from polykv_search.patterns.pyramidkv import PyramidKV
 from polykv_search.patterns.random import Random
 from polykv_search.patterns.snapkv import SnapKV
@@ -35,6 +36,7 @@ PATTERNS: dict[str, type[Pattern]] = {
         Random,
         KeyDiff,
         ExpectedAttention,
+        KVzip,
     )
 }
 

@@ -139,6 +139,10 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this call."""
         return []
 
+    def awaits_pass(self) -> bool:
+        """True while a prefill eviction waits for a reconstruction pass (see ``EvictingLayer``)."""
+        return False
+
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         raise NotImplementedError
 

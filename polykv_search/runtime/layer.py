@@ -30,15 +30,26 @@ class EvictingLayer(RuntimeLayer):
     Every attention call goes through :meth:`attention_call`: :meth:`begin_call` (marks padding, sets
     query positions), the observing patterns' ``pre_kernel``, the kernel, their ``post_kernel``, then
     :meth:`end_call` (evicts as :func:`~polykv_search.runtime.eviction.eviction_target` says).
+
+    ``defer_prefill``: keep the whole prompt after the prefill call until a reconstruction pass has
+    run (:mod:`polykv_search.runtime.reconstruction`; set when any layer's strategy uses a model-level
+    pattern): :meth:`begin_pass` / :meth:`end_pass` bracket the pass, :meth:`finish_deferred` evicts.
     """
 
-    def __init__(self, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan, **kwargs):
+    def __init__(
+        self, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan, *, defer_prefill: bool = False, **kwargs
+    ):
         self.plans = {PREFILL: prefill, DECODING: decoding}
+        self.defer_prefill = defer_prefill
         super().__init__(layer_idx, **kwargs)
 
     def reset(self) -> None:
         super().reset()
         self.states: dict[Pattern, PatternState] = {}
+        #: True from a deferred prefill call until :meth:`finish_deferred`.
+        self.deferred = False
+        #: The prompt length while a reconstruction pass runs, else None.
+        self.pass_prompt: int | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, _ = key_states.shape
@@ -119,7 +130,10 @@ class EvictingLayer(RuntimeLayer):
     def observers(self) -> list[tuple[Pattern, PatternState]]:
         """Patterns that watch this call: the prefill pattern during prefill, and always the decoding
         pattern (so that, e.g., H2O decoding has the prompt's accumulated attention). Identical
-        patterns share one state."""
+        patterns share one state. During a reconstruction pass: only the model-level patterns, through
+        their ``reconstruct`` hook."""
+        if self.pass_prompt is not None:
+            return [(_Reconstruct(p, self.pass_prompt), s) for p, s in self.model_level_states()]
         decoding = self.plans[DECODING]
         if self.calls:  # the common case, without building the dict
             if not decoding.evicts:
@@ -137,8 +151,21 @@ class EvictingLayer(RuntimeLayer):
             state = self.states[pattern] = PatternState()
         return state
 
+    def model_level_states(self) -> list[tuple[Pattern, PatternState]]:
+        """The model-level patterns of both plans (one state each) that the reconstruction pass feeds."""
+        seen: dict[Pattern, PatternState] = {}
+        for plan in self.plans.values():
+            if plan.evicts and getattr(plan.pattern, "model_level", False):
+                seen.setdefault(plan.pattern, self._state(plan.pattern))
+        return list(seen.items())
+
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         """Mark this call's padding tokens invalid and record the query positions."""
+        if self.deferred and self.pass_prompt is None:
+            raise RuntimeError(
+                f"polykv-search: layer {self.layer_idx} still waits for its reconstruction pass (a model-level "
+                "pattern such as kvzip); run the prompt through the applied runtime, which runs the pass"
+            )
         self.query_range = range(self.seen - q_len, self.seen)
         if padding_mask is not None:
             new_valid = padding_mask[:, self.seen - q_len : self.seen].to(torch.bool)
@@ -148,8 +175,52 @@ class EvictingLayer(RuntimeLayer):
 
     def end_call(self) -> None:
         """Evict as :func:`~polykv_search.runtime.eviction.eviction_target` says for this call's phase."""
+        if self.pass_prompt is not None:  # a reconstruction call: back to the prompt, nothing counted
+            self.cut_to(self.pass_prompt)
+            return
         phase = self.phase
         self.calls += 1
+        if phase == PREFILL and self.defer_prefill:
+            self.deferred = True
+            return
+        self._evict_for(phase)
+
+    def awaits_pass(self) -> bool:
+        """True while the prefill eviction waits for a reconstruction pass."""
+        return self.deferred
+
+    def pass_plans(self) -> list[tuple[PhasePlan, PhasePlan]]:
+        """The plans a reconstruction pass of this layer serves (the deferred ones)."""
+        return [(self.plans[PREFILL], self.plans[DECODING])] if self.deferred else []
+
+    def finish_deferred(self) -> None:
+        """Run the prefill eviction a deferred prefill call skipped (after the reconstruction pass)."""
+        if self.deferred:
+            self.deferred = False
+            self._evict_for(PREFILL)
+
+    def begin_pass(self, prompt_len: int) -> None:
+        """Enter reconstruction mode: calls append, observe through ``reconstruct`` and cut back."""
+        if self.length != prompt_len or self.seen != prompt_len:
+            raise RuntimeError(f"layer {self.layer_idx}: a reconstruction pass needs the whole prompt cached")
+        self.pass_prompt = prompt_len
+
+    def end_pass(self) -> None:
+        self.pass_prompt = None
+
+    def cut_to(self, n: int) -> None:
+        """Hold only the first ``n`` slots again and count ``n`` tokens seen (undo a pass call)."""
+        store = self._store
+        if store is None:
+            self.keys, self.values = self._keys[:, :, :n], self._values[:, :, :n]
+            self.positions, self.valid = self._positions[:, :, :n], self._valid[:, :, :n]
+        else:
+            self._expose(store, n)
+        self._all_valid = None
+        self.seen = n
+        self.query_range = range(0)
+
+    def _evict_for(self, phase: str) -> None:
         plan = self.plans[phase]
         if phase == DECODING:
             self.steps_since_eviction += 1
@@ -183,3 +254,16 @@ class EvictingLayer(RuntimeLayer):
             state.gather(keep)
         self.num_evictions += 1
         self.steps_since_eviction = 0
+
+
+class _Reconstruct:
+    """A model-level pattern as a reconstruction-call observer: its ``reconstruct`` after the kernel."""
+
+    def __init__(self, pattern: Pattern, prompt_len: int):
+        self.pattern, self.prompt_len = pattern, prompt_len
+
+    def pre_kernel(self, layer, state, query) -> None:
+        pass
+
+    def post_kernel(self, layer, state, query) -> None:
+        self.pattern.reconstruct(layer, state, query, self.prompt_len)

@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from transformers.cache_utils import Cache, DynamicCache
 
 from polykv_search.patterns import make_pattern
@@ -25,6 +26,7 @@ from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import INTERVAL_MODES, PhasePlan
 from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
 from polykv_search.runtime.report import CacheReport, cache_report
 from strategies import Strategy
 
@@ -45,6 +47,13 @@ class PolyKVCache(Cache):
 
     def __init__(self, layers: list[EvictingLayer]):
         super().__init__(layers=layers)
+        #: The first forward's ``input_ids`` / ``attention_mask`` (the prompt a reconstruction pass repeats).
+        self.prompt_ids: torch.Tensor | None = None
+        self.prompt_mask: torch.Tensor | None = None
+
+    def awaits_pass(self) -> bool:
+        """True when a layer deferred its prefill eviction for a reconstruction pass not yet run."""
+        return any(layer.awaits_pass() for layer in self.layers)
 
     @property
     def is_compileable(self) -> bool:  # eviction changes shapes every step
@@ -63,9 +72,21 @@ class PolyKVRuntime:
         ``"within"`` (default): a layer never holds more than its budget; once over it, it evicts
         down to ``budget - k + 1`` tokens, so the next ``k - 1`` steps fit. ``"over"``: it evicts
         down to the budget every ``k`` steps and holds up to ``budget + k - 1`` tokens in between.
+    reconstruction
+        The repeat prompts of model-level patterns (``kvzip``), as token ids; default: the ones
+        ``load_model`` attached to the model (``model.polykv_reconstruction``). A strategy with a
+        model-level pattern and neither is refused (``ValueError``).
     """
 
-    def __init__(self, model, strategy: Strategy, *, decode_interval: int = 1, interval_mode: str = "within"):
+    def __init__(
+        self,
+        model,
+        strategy: Strategy,
+        *,
+        decode_interval: int = 1,
+        interval_mode: str = "within",
+        reconstruction: ReconstructionInputs | None = None,
+    ):
         if not isinstance(decode_interval, int) or decode_interval < 1:
             raise ValueError(f"decode_interval must be a positive integer, got {decode_interval!r}")
         if interval_mode not in INTERVAL_MODES:
@@ -77,6 +98,10 @@ class PolyKVRuntime:
         self.decode_interval = decode_interval
         self.interval_mode = interval_mode
         self.plans = strategy_plans(strategy)
+        self.reconstruction = reconstruction or getattr(model, "polykv_reconstruction", None)
+        self.defer_prefill = needs_pass(self.plans)
+        if self.defer_prefill:
+            self.pass_inputs()  # refuse now, not after the prefill
         self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
         self._pending: dict[int, RuntimeLayer] = {}
         self.last_cache: PolyKVCache | None = None
@@ -112,7 +137,7 @@ class PolyKVRuntime:
     def new_cache(self) -> PolyKVCache:
         """An empty evicting cache for this model and strategy."""
         layers = [
-            EvictingLayer(i, prefill, decoding, **self.layer_kwargs(i))
+            EvictingLayer(i, prefill, decoding, defer_prefill=self.defer_prefill, **self.layer_kwargs(i))
             for i, (prefill, decoding) in enumerate(self.plans)
         ]
         return PolyKVCache(layers)
@@ -146,6 +171,8 @@ class PolyKVRuntime:
         self.uncached = False
         if isinstance(cache, PolyKVCache):
             self.last_cache = cache
+            if cache.get_seq_length() == 0:
+                self._record_prompt(cache, bound)
             return None
         if cache is None and not use_cache:
             self.uncached = True
@@ -157,10 +184,37 @@ class PolyKVRuntime:
             )
         extra.pop("past_key_values", None)
         bound.arguments["cache"] = self.last_cache = self.new_cache()
+        self._record_prompt(self.last_cache, bound)
         return bound.args, bound.kwargs
+
+    @staticmethod
+    def _record_prompt(cache: PolyKVCache, bound) -> None:
+        cache.prompt_ids = bound.arguments.get("input_ids")
+        cache.prompt_mask = bound.arguments.get("attention_mask")
 
     def _forward_done(self, module, args, output) -> None:
         self.uncached = False
+        cache = self.last_cache
+        if output is not None and cache is not None and cache.awaits_pass():
+            self.finish_prefill(cache)
+
+    def pass_inputs(self) -> ReconstructionInputs:
+        """The repeat prompts a reconstruction pass reads (refused in one line when there are none)."""
+        if self.reconstruction is None:
+            raise ValueError(
+                "polykv-search: this strategy uses a model-level pattern (kvzip), which needs the repeat "
+                "prompt's token ids: load the model with polykv_search.models.load_model or pass "
+                "reconstruction=ReconstructionInputs.from_tokenizer(tokenizer)"
+            )
+        return self.reconstruction
+
+    def finish_prefill(self, cache: PolyKVCache) -> None:
+        """Run the reconstruction pass over ``cache``'s prompt, then the deferred prefill evictions (the
+        runtime does this itself after a prefill forward; the scoring engine calls it explicitly)."""
+        if cache.prompt_ids is None:
+            raise ValueError("polykv-search: a reconstruction pass needs the prompt as input_ids (not inputs_embeds)")
+        plans = [pair for layer in cache.layers for pair in layer.pass_plans()]
+        run_pass(self.model, cache, self.pass_inputs(), cache.prompt_ids, cache.prompt_mask, chunk_size(plans))
 
     def _set_pending(self, layer: RuntimeLayer) -> None:
         self._pending[layer.layer_idx] = layer
@@ -192,8 +246,15 @@ class PolyKVRuntime:
 
 @contextmanager
 def apply_strategy(
-    model, strategy: Strategy, *, decode_interval: int = 1, interval_mode: str = "within"
+    model,
+    strategy: Strategy,
+    *,
+    decode_interval: int = 1,
+    interval_mode: str = "within",
+    reconstruction: ReconstructionInputs | None = None,
 ) -> Iterator[PolyKVRuntime]:
     """Apply ``strategy`` to ``model`` inside a ``with`` block; the model is restored on exit."""
-    with PolyKVRuntime(model, strategy, decode_interval=decode_interval, interval_mode=interval_mode) as runtime:
+    with PolyKVRuntime(
+        model, strategy, decode_interval=decode_interval, interval_mode=interval_mode, reconstruction=reconstruction
+    ) as runtime:
         yield runtime

@@ -149,14 +149,34 @@ class _SharedDispatch:
         self.fanout = fanout
 
     def pre_kernel(self, layer, state, query) -> None:
-        for pattern, members in self.fanout.groups.items():
+        for pattern, members in self.fanout.pattern_groups.items():
             row, st = members[0]
             pattern.pre_kernel(row, st, query)
 
     def post_kernel(self, layer, state, query) -> None:
-        for pattern, members in self.fanout.groups.items():
+        for pattern, members in self.fanout.pattern_groups.items():
             row, st = members[0]
             pattern.post_kernel(row, st, query)
+            for _, other in members[1:]:
+                other.replace_with(st)
+
+
+class _SharedPass:
+    """The observer of a :class:`FanoutLayer` during a reconstruction pass: each distinct model-level
+    pattern of the deferred rows reconstructs once, over the fan-out layer's own FullKV prompt and
+    pass tokens, into its first row's state; the other rows of that pattern get a copy."""
+
+    def __init__(self, fanout: FanoutLayer):
+        self.fanout = fanout
+
+    def pre_kernel(self, layer, state, query) -> None:
+        pass
+
+    def post_kernel(self, layer, state, query) -> None:
+        fanout = self.fanout
+        for pattern, members in fanout.pattern_groups.items():
+            st = members[0][1]
+            pattern.reconstruct(fanout, st, query, fanout.pass_prompt)
             for _, other in members[1:]:
                 other.replace_with(st)
 
@@ -168,34 +188,59 @@ class FanoutLayer(EvictingLayer):
     the (prefill) call every row receives this call's keys/values, the rows' observers run once per
     distinct pattern, and ``end_call`` compresses each row with its own prefill plan. The layer itself
     keeps the FullKV prompt (``keys``/``values``).
+
+    Rows with a model-level pattern (``defer_prefill``) keep the prompt until the reconstruction pass;
+    the pass runs once on this layer (its kernel sees the FullKV prompt whatever the rows hold) and
+    feeds those rows' model-level patterns; the other rows are not touched by it.
     """
 
     def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
         super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
         self.rows = list(rows)
-        self.groups: dict = {}
+        self.pattern_groups: dict = {}
         self._dispatch = _SharedDispatch(self)
+        self._pass = _SharedPass(self)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        with small_ops():
-            for row in self.rows:
-                row.update(key_states, value_states)
+        if self.pass_prompt is None:
+            with small_ops():
+                for row in self.rows:
+                    row.update(key_states, value_states)
         return super().update(key_states, value_states)
 
     def begin_call(self, q_len: int, padding_mask) -> None:
         super().begin_call(q_len, padding_mask)
-        self.groups = {}
+        self.pattern_groups = {}
+        if self.pass_prompt is not None:
+            for row in self.rows:
+                if row.deferred:
+                    for pattern, state in row.model_level_states():
+                        self.pattern_groups.setdefault(pattern, []).append((row, state))
+            return
         for row in self.rows:
             row.begin_call(q_len, padding_mask)
             for pattern, state in row.observers():
-                self.groups.setdefault(pattern, []).append((row, state))
+                self.pattern_groups.setdefault(pattern, []).append((row, state))
 
     def observers(self):
-        return [(self._dispatch, None)] if self.groups else []
+        if not self.pattern_groups:
+            return []
+        return [(self._pass if self.pass_prompt is not None else self._dispatch, None)]
 
     def end_call(self) -> None:
-        with small_ops():
-            for row in self.rows:
-                row.end_call()
-        self.groups = {}
+        if self.pass_prompt is None:
+            with small_ops():
+                for row in self.rows:
+                    row.end_call()
+        self.pattern_groups = {}
         super().end_call()
+
+    def awaits_pass(self) -> bool:
+        return any(row.deferred for row in self.rows)
+
+    def pass_plans(self) -> list:
+        return [pair for row in self.rows for pair in row.pass_plans()]
+
+    def finish_deferred(self) -> None:
+        for row in self.rows:
+            row.finish_deferred()

@@ -30,6 +30,7 @@ from polykv_search.runtime import (
     RowBatchLayer,
     cache_report,
 )
+from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.scoring.job import SampleJob, SampleOutcome
 
 Plans = Sequence[tuple[PhasePlan, PhasePlan]]
@@ -92,8 +93,11 @@ class SharedScorer:
         self.fixed_cost = param_bytes / runtime.spec.bytes_per_token(dtype_bytes)
 
     def _row(self, plan: Plans) -> list[EvictingLayer]:
+        # an entry with a model-level pattern (kvzip) keeps its prompt until the runtime's reconstruction
+        # pass, which runs once per context call for every such entry (FanoutLayer)
+        defer = needs_pass(plan)
         return [
-            EvictingLayer(l, p, d, **{**self.runtime.layer_kwargs(l), "on_update": None})
+            EvictingLayer(l, p, d, defer_prefill=defer, **{**self.runtime.layer_kwargs(l), "on_update": None})
             for l, (p, d) in enumerate(plan)
         ]
 

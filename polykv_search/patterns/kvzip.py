@@ -1,0 +1,100 @@
+"""KVzip: query-agnostic KV-cache eviction scored by context reconstruction.
+
+Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction", 2025,
+https://arxiv.org/abs/2505.23416
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from polykv_search.patterns.base import LayerView, Pattern, protected_ends
+from polykv_search.patterns.state import PatternState, fit_tokens
+
+
+@dataclass(frozen=True)
+class KVzip(Pattern):
+    """Keep the prompt tokens that a "repeat the context" pass attends to most.
+
+    A *model-level* pattern: after the prompt is prefilled, the runtime runs a reconstruction pass
+    (:mod:`polykv_search.runtime.reconstruction`: a repeat prompt, then the prompt's own tokens,
+    teacher-forced over the full cache) and calls :meth:`reconstruct` for every attention call of
+    it. A prompt token's score, per KV head, is the largest attention any reconstruction query of
+    that KV head's GQA group gives it (softmax over the whole cache: the prompt and the pass's own
+    tokens so far). Every layer then keeps its top-``budget`` tokens, the first ``n_sink`` always.
+
+    Parameters
+    ----------
+    n_sink : int
+        Oldest tokens always kept (kvpress scores its first 4 tokens as 1, i.e. kept).
+    chunk_size : int
+        Prompt tokens reconstructed per pass call (kvpress: 2,048). Each chunk repeats its slice of the
+        prompt; the queries' softmax runs over the whole cache (kvpress: sinks + the chunk + the repeat
+        tokens only), so the two agree for prompts of at most one chunk.
+    query_chunk : int
+        Reconstruction queries scored at once (memory, not results).
+
+    Notes
+    -----
+    * Prefill: the deferred eviction after the pass, as in the paper (per layer and KV head, the
+      paper's ``layerwise`` setting; the cross-layer allocation is the solvers' job).
+    * Decoding, which has no reconstruction pass: prompt tokens keep their pass scores and every
+      token appended after the pass ranks above them, newest first. So kvzip in decoding evicts the
+      least-reconstructed prompt tokens first and appended tokens (question, answer) only when the
+      budget cannot hold them all (kvpress never evicts appended tokens at all). The pass runs for
+      a strategy that uses kvzip in either phase.
+    * kvpress also scores the chat template's prefix as kept; here the prompt is repeated whole.
+    """
+
+    name: ClassVar[str] = "kvzip"
+    model_level: ClassVar[bool] = True
+    n_sink: int = 4
+    chunk_size: int = 2048
+    query_chunk: int = 256
+
+    def __post_init__(self) -> None:
+        for field_name in ("n_sink", "chunk_size", "query_chunk"):
+            value = getattr(self, field_name)
+            low = 0 if field_name == "n_sink" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{field_name} must be an integer >= {low}, got {value!r}")
+
+    def reconstruct(self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int) -> None:
+        """One attention call of the reconstruction pass: fold its queries' attention to the first
+        ``prompt_len`` slots (the prompt) into the running per-KV-head maximum."""
+        best = state.token.get("kvzip")
+        if best is None:
+            best = torch.zeros(layer.valid.shape[:2] + (prompt_len,), dtype=torch.float32, device=layer.keys.device)
+        qpos = layer.query_range
+        qvalid = layer.query_valid(query.shape[-2])
+        b, hq, q, _ = query.shape
+        for start in range(0, q, self.query_chunk):
+            stop = min(start + self.query_chunk, q)
+            probs = layer.attention_probs(query[..., start:stop, :], qpos[start:stop])[..., :prompt_len]
+            if qvalid is not None:
+                probs = probs * qvalid[:, None, start:stop, None]
+            per_kv = probs.amax(dim=-2).view(b, layer.num_kv_heads, hq // layer.num_kv_heads, prompt_len)
+            best = torch.maximum(best, per_kv.amax(dim=2))
+        state.token["kvzip"] = best
+        state.token["scored"] = layer.valid[..., :prompt_len].float()
+
+    def post_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
+        if "kvzip" in state.token:  # a decoding call: the appended tokens have no pass score
+            state.fit(layer.length)
+
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
+        if "kvzip" not in state.token:
+            raise RuntimeError(
+                f"kvzip (layer {layer.layer_idx}) needs the reconstruction pass before it can evict; "
+                "apply it through polykv_search.runtime.apply_strategy(..., reconstruction=...)"
+            )
+        n = layer.length
+        scored = fit_tokens(state.token["scored"], n) > 0
+        appended = 2.0 + layer.positions.float() / (layer.seen + 1)  # above any probability, newest first
+        return torch.where(scored, fit_tokens(state.token["kvzip"], n), appended)
+
+    def protected(self, layer: LayerView, budget: int) -> torch.Tensor:
+        return protected_ends(layer, budget, self.n_sink, 0)
