@@ -46,18 +46,22 @@ DEFAULTS = {
 
 
 class OracleLayer:
-    def __init__(self, idx, prefill, decoding):
+    def __init__(self, idx, parts):
         self.idx = idx
-        self.plans = {"prefill": prefill, "decoding": decoding}  # (name, params, budget)
+        # head groups: KV heads, their plans (name, params, budget) per phase, and their own eviction counters
+        self.parts = [
+            {"heads": list(h), "plans": {"prefill": p, "decoding": d}, "since": 0, "evictions": 0} for h, p, d in parts
+        ]
         self.kept = None  # [B, H, N] bool over all tokens seen
         self.valid = None  # [B, N] bool
         self.calls = 0
-        self.evictions = 0
-        self.since = 0
         self.acc = {}  # pattern key -> [B, H, N] float64 accumulated attention
         self.zip = {}  # kvzip plan key -> [B, H, n_prompt] float64 max reconstruction attention
         self.deferred = None  # (key, value, scaling, groups) of a prefill call awaiting the kvzip pass
         self.queries = {}  # pattern key -> list of (query [B, Hq, D], position)
+
+    def all_plans(self, phase=None):
+        return [part["plans"][ph] for part in self.parts for ph in ([phase] if phase else ["prefill", "decoding"])]
 
 
 def _key(plan):
@@ -66,19 +70,26 @@ def _key(plan):
 
 
 class Oracle:
-    def __init__(self, model, strategy: Strategy, decode_interval: int = 1, interval_mode: str = "within"):
+    def __init__(
+        self, model, strategy: Strategy, decode_interval: int = 1, interval_mode: str = "within", head_groups=None
+    ):
+        """``head_groups``: layer -> [(KV heads, prefill LayerChoice, decoding LayerChoice)] for layers split
+        into head groups (the strategy's choice for those layers is not used)."""
         self.model = model
         self.interval = decode_interval
         self.mode = interval_mode
         self.layers = []
+        mk = lambda c: (c.pattern, {**DEFAULTS[c.pattern], **c.params}, c.budget)  # noqa: E731
+        hkv = model.config.num_key_value_heads
+        head_groups = head_groups or {}
         for i, (p, d) in enumerate(zip(strategy.prefill, strategy.decoding)):
-            mk = lambda c: (c.pattern, {**DEFAULTS[c.pattern], **c.params}, c.budget)  # noqa: E731
-            self.layers.append(OracleLayer(i, mk(p), mk(d)))
+            parts = head_groups.get(i, [(range(hkv), p, d)])
+            self.layers.append(OracleLayer(i, [(h, mk(pc), mk(dc)) for h, pc, dc in parts]))
         self.impl = model.config._attn_implementation
         rotary = model.model.rotary_emb  # RoPE frequencies, applied here with float64 loops
         self.rope = ([float(f) for f in rotary.inv_freq], float(rotary.attention_scaling))
         # kvzip: every layer defers its prefill eviction until the reconstruction pass has run
-        self.kvzip = any(c.pattern == "kvzip" for c in strategy.prefill + strategy.decoding)
+        self.kvzip = any(pl[0] == "kvzip" for L in self.layers for pl in L.all_plans())
         self.in_pass = None  # the prompt length while the pass runs
         self.prompt = None  # (input_ids, attention_mask) of the first call
 
@@ -117,7 +128,7 @@ class Oracle:
         ids, mask = self.prompt
         B, n = ids.shape
         mask = torch.ones_like(ids) if mask is None else mask
-        size = min(pl[1]["chunk_size"] for L in self.layers for pl in L.plans.values() if pl[0] == "kvzip")
+        size = min(pl[1]["chunk_size"] for L in self.layers for pl in L.all_plans() if pl[0] == "kvzip")
         real = [[int(t) for t, m in zip(ids[b], mask[b]) if m] for b in range(B)]
         self.in_pass = n
         for start in range(0, n, size):
@@ -176,7 +187,7 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
                 out[b, i, hq] = (w[:, None] * value[b, h, allowed].double()).sum(0).float()
 
     if n_prompt is not None:  # a reconstruction call: fold the max attention to the prompt, cut back
-        for k in [_key(pl) for pl in L.plans.values() if pl[0] == "kvzip" and pl[2] is not None]:
+        for k in [_key(pl) for pl in L.all_plans() if pl[0] == "kvzip" and pl[2] is not None]:
             z = L.zip.setdefault(k, torch.zeros(B, Hkv, n_prompt, dtype=torch.float64))
             for b in range(B):
                 for hq in range(Hq):
@@ -188,7 +199,7 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
         return out.to(query.dtype), None
 
     phase = "prefill" if L.calls == 0 else "decoding"
-    observers = ([L.plans["prefill"]] if phase == "prefill" else []) + [L.plans["decoding"]]
+    observers = (L.all_plans("prefill") if phase == "prefill" else []) + L.all_plans("decoding")
     for plan in {(_key(pl)): pl for pl in observers}.values():
         name, params, budget = plan
         if budget is None or name == "full":
@@ -218,21 +229,25 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 def _end_call(o, L, phase, key, value, scaling, groups):
-    plan = L.plans[phase]
-    if phase == "decoding":
-        L.since += 1
-    name, params, budget = plan
-    if name != "full":
-        n_kept = int(L.kept[0, 0].sum())
+    for part in L.parts:  # each head group evicts on its own, as the runtime's group layers do
+        if phase == "decoding":
+            part["since"] += 1
+        name, params, budget = part["plans"][phase]
+        if name == "full":
+            continue
+        n_kept = int(L.kept[0, part["heads"][0]].sum())
         # the runtime's own statement of when and how far to evict; the selection below stays the oracle's
-        target = eviction_target(phase, n_kept, budget, interval=o.interval, mode=o.mode, steps_since_eviction=L.since)
+        since = part["since"]
+        target = eviction_target(phase, n_kept, budget, interval=o.interval, mode=o.mode, steps_since_eviction=since)
         if target is not None:
-            _evict(L, (name, params, target), key, scaling, groups, value=value, rope=o.rope)
-            L.evictions += 1
-            L.since = 0
+            plan = (name, params, target)
+            _evict(L, plan, key, scaling, groups, value=value, rope=o.rope, heads=part["heads"], n_ev=part["evictions"])
+            part["evictions"] += 1
+            part["since"] = 0
     if phase == "prefill":
-        L.acc = {k: v for k, v in L.acc.items() if k == _key(L.plans["decoding"])}
-        L.queries = {k: v for k, v in L.queries.items() if k == _key(L.plans["decoding"])}
+        keep = {_key(pl) for pl in L.all_plans("decoding")}
+        L.acc = {k: v for k, v in L.acc.items() if k in keep}
+        L.queries = {k: v for k, v in L.queries.items() if k in keep}
 
 
 def _probs_over(L, key, b, hq, groups, qvec, qp, cands, scaling):
@@ -244,16 +259,19 @@ def _probs_over(L, key, b, hq, groups, qvec, qp, cands, scaling):
     return {j: float(w[allowed.index(j)]) if j in allowed else 0.0 for j in cands}
 
 
-def _evict(L, plan, key, scaling, groups, value=None, rope=None):
+def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_ev=0):
+    """Evict the KV heads ``heads`` (default all) of layer ``L`` to ``plan``'s budget (``n_ev``: the
+    group's evictions so far, for seeded draws)."""
     name, params, budget = plan
     B, Hkv = L.kept.shape[:2]
-    Hq = Hkv * groups
+    heads = list(range(Hkv)) if heads is None else list(heads)
+    qheads = [h * groups + i for h in heads for i in range(groups)]
     rand = None
     if name == "random":
-        n = int(L.kept[0, 0].sum())
-        digest = hashlib.sha256(f"{params['seed']}/{L.idx}/{L.evictions}".encode()).digest()
+        n = int(L.kept[0, heads[0]].sum())
+        digest = hashlib.sha256(f"{params['seed']}/{L.idx}/{n_ev}".encode()).digest()
         gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-        rand = torch.rand((B, Hkv, n), generator=gen)
+        rand = torch.rand((B, len(heads), n), generator=gen)
     if name == "expected_attention":  # the mean RoPE matrix of the next n_future_positions positions
         n, seen, d = params["n_future_positions"], key.shape[2], key.shape[-1]
         ahead = sum(rotation(p, rope, d) for p in range(seen, seen + n)) / n
@@ -261,11 +279,11 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None):
     if name == "tova":
         ((qvec, qp),) = L.queries[_key(plan)]
         for b in range(B):
-            cands = [j for j in range(L.kept.shape[-1]) if L.kept[b, 0, j]]
-            per_head = [_probs_over(L, key, b, hq, groups, qvec[b, hq], qp, cands, scaling) for hq in range(Hq)]
-            tova_shared[b] = {j: sum(ph[j] for ph in per_head) / Hq for j in cands}
+            cands = [j for j in range(L.kept.shape[-1]) if L.kept[b, heads[0], j]]
+            per_head = [_probs_over(L, key, b, hq, groups, qvec[b, hq], qp, cands, scaling) for hq in qheads]
+            tova_shared[b] = {j: sum(ph[j] for ph in per_head) / len(qheads) for j in cands}
     for b in range(B):
-        for h in range(Hkv):
+        for h in heads:
             cands = [j for j in range(L.kept.shape[-1]) if L.kept[b, h, j]]
             valid = [j for j in cands if L.valid[b, j]]
             score = {}
@@ -277,7 +295,7 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None):
             elif name == "knorm":
                 score = {j: -math.sqrt(sum(float(x) ** 2 for x in key[b, h, j])) for j in cands}
             elif name == "random":
-                score = {j: float(rand[b, h, i]) for i, j in enumerate(cands)}
+                score = {j: float(rand[b, heads.index(h), i]) for i, j in enumerate(cands)}
             elif name == "keydiff":
                 score = keydiff_scores(key, b, h, cands, valid)
             elif name == "kvzip":  # the pass's max attention; tokens after the prompt: above it, newest first
@@ -329,4 +347,4 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None):
                 if j not in keep:
                     L.kept[b, h, j] = False
         if name == "tova":
-            assert all(torch.equal(L.kept[b, 0], L.kept[b, hh]) for hh in range(Hkv))
+            assert all(torch.equal(L.kept[b, heads[0]], L.kept[b, hh]) for hh in heads)

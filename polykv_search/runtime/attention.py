@@ -48,13 +48,20 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             f"polykv-search: layer {module.layer_idx}'s attention got keys that are not its cache layer's "
             "(the model changed them after cache.update); refusing to attend over a cache it does not hold"
         )
-    q_len = query.shape[-2]
 
-    def attend():
-        mask, is_causal = _layer_mask(layer, q_len)
-        return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal)
+    def attend(layer, query):
+        q_len = query.shape[-2]
 
-    return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), attend), None
+        def kernel():
+            mask, is_causal = _layer_mask(layer, q_len)
+            return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal)
+
+        return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), kernel)
+
+    grouped = getattr(layer, "attention_call_grouped", None)
+    if grouped is not None:  # a layer of head groups: one kernel per group, over its own store
+        return grouped(query, attend), None
+    return attend(layer, query), None
 
 
 def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):

@@ -51,7 +51,9 @@ class CacheReport:
 
 def layer_report(layer) -> LayerReport:
     """What one cache layer (an :class:`~polykv_search.runtime.layer.EvictingLayer`, or a composite of
-    rows, which has no plans of its own) holds now."""
+    rows, which has no plans of its own) holds now; a layer of head groups reports itself."""
+    if hasattr(layer, "layer_report"):
+        return layer.layer_report()
     plans = getattr(layer, "plans", None)
     return LayerReport(
         layer=layer.layer_idx,

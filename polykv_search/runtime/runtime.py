@@ -25,6 +25,7 @@ from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import INTERVAL_MODES, PhasePlan
+from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan, choice_head_groups
 from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
 from polykv_search.runtime.report import CacheReport, cache_report
@@ -40,6 +41,16 @@ def strategy_plans(strategy: Strategy) -> list[tuple[PhasePlan, PhasePlan]]:
         )
         for p, d in zip(strategy.prefill, strategy.decoding)
     ]
+
+
+def strategy_head_groups(strategy: Strategy, num_kv_heads: int) -> dict[int, list[HeadGroupPlan]]:
+    """The layers of ``strategy`` split into head groups, with their groups' plans."""
+    out = {}
+    for i, (p, d) in enumerate(zip(strategy.prefill, strategy.decoding)):
+        groups = choice_head_groups(p, d, num_kv_heads)
+        if groups is not None:
+            out[i] = groups
+    return out
 
 
 class PolyKVCache(Cache):
@@ -86,6 +97,7 @@ class PolyKVRuntime:
         decode_interval: int = 1,
         interval_mode: str = "within",
         reconstruction: ReconstructionInputs | None = None,
+        head_groups: dict[int, list[HeadGroupPlan]] | None = None,
     ):
         if not isinstance(decode_interval, int) or decode_interval < 1:
             raise ValueError(f"decode_interval must be a positive integer, got {decode_interval!r}")
@@ -98,8 +110,11 @@ class PolyKVRuntime:
         self.decode_interval = decode_interval
         self.interval_mode = interval_mode
         self.plans = strategy_plans(strategy)
+        self.head_groups = strategy_head_groups(strategy, self.spec.num_kv_heads)
+        self.head_groups.update(head_groups or {})
         self.reconstruction = reconstruction or getattr(model, "polykv_reconstruction", None)
-        self.defer_prefill = needs_pass(self.plans)
+        group_plans = [(g.prefill, g.decoding) for groups in self.head_groups.values() for g in groups]
+        self.defer_prefill = needs_pass(self.plans + group_plans)
         if self.defer_prefill:
             self.pass_inputs()  # refuse now, not after the prefill
         self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
@@ -137,7 +152,9 @@ class PolyKVRuntime:
     def new_cache(self) -> PolyKVCache:
         """An empty evicting cache for this model and strategy."""
         layers = [
-            EvictingLayer(i, prefill, decoding, defer_prefill=self.defer_prefill, **self.layer_kwargs(i))
+            HeadGroupLayer(i, self.head_groups[i], defer_prefill=self.defer_prefill, **self.layer_kwargs(i))
+            if i in self.head_groups
+            else EvictingLayer(i, prefill, decoding, defer_prefill=self.defer_prefill, **self.layer_kwargs(i))
             for i, (prefill, decoding) in enumerate(self.plans)
         ]
         return PolyKVCache(layers)
@@ -252,9 +269,12 @@ def apply_strategy(
     decode_interval: int = 1,
     interval_mode: str = "within",
     reconstruction: ReconstructionInputs | None = None,
+    head_groups: dict[int, list[HeadGroupPlan]] | None = None,
 ) -> Iterator[PolyKVRuntime]:
-    """Apply ``strategy`` to ``model`` inside a ``with`` block; the model is restored on exit."""
-    with PolyKVRuntime(
-        model, strategy, decode_interval=decode_interval, interval_mode=interval_mode, reconstruction=reconstruction
-    ) as runtime:
+    """Apply ``strategy`` to ``model`` inside a ``with`` block; the model is restored on exit.
+
+    ``head_groups``: layers split into head groups (:class:`~polykv_search.runtime.head_groups.HeadGroupPlan`),
+    besides those the strategy's own choices split."""
+    settings = dict(decode_interval=decode_interval, interval_mode=interval_mode, reconstruction=reconstruction)
+    with PolyKVRuntime(model, strategy, head_groups=head_groups, **settings) as runtime:
         yield runtime

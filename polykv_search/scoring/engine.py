@@ -17,7 +17,8 @@ from polykv_search.evaluation.runner import (
     sample_record,
 )
 from polykv_search.evaluation.samples import encode_prompt
-from polykv_search.runtime import apply_strategy, strategy_plans
+from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
+from polykv_search.runtime.runtime import strategy_head_groups
 from polykv_search.scoring import per_entry
 from polykv_search.scoring.checkpoint import Checkpoint
 from polykv_search.scoring.document import entry_record
@@ -82,6 +83,13 @@ def score_entries(
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     for entry in entries:
         entry.strategy.check_model(num_layers)
+    if engine == "shared":
+        split = [e.name for e in entries if strategy_head_groups(e.strategy, model_spec(model).num_kv_heads)]
+        if split:
+            raise ScoreError(
+                f"{', '.join(split)}: strategies with head groups are scored by the per-entry path only; "
+                "add --no-shared-prefill"
+            )
     settings = RunnerSettings(engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity)
     start = time.perf_counter()
     rows: dict[tuple[str, int], dict[str, Any]] = {}
