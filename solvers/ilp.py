@@ -40,6 +40,7 @@ from scipy.sparse import coo_matrix
 
 from solvers.base import Plan, Problem, Solver, SolverError, setting
 from solvers.exact import ExactSettings, cost_provenance, describe, phase_costs, tie_slack
+from solvers.head_exact import solve_heads
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,24 @@ class ILPSolver(Solver):
 
     def _solve(self, problem: Problem) -> Plan:
         s = self.settings
+        if s.granularity == "head":  # solvers.head_exact: one item per (layer, KV head)
+            return solve_heads(
+                problem,
+                s,
+                self.name,
+                lambda cost, grid, total: solve_phase_ilp(
+                    cost,
+                    ["cell"],
+                    grid,
+                    total,
+                    s.max_distinct_budgets,
+                    s.time_limit,
+                    s.reduce,
+                    problem.seed,
+                    s.tie_break,
+                    s.tie_tolerance,
+                ),
+            )
         choices, info, objective, optimal, msgs, unused = {}, {}, 0.0, True, [], {}
         for phase in problem.phases:
             cost, names, grid = phase_costs(problem, phase, s)
