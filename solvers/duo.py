@@ -7,7 +7,8 @@ is a streaming head: ``streaming_llm`` with ``n_sink`` sinks + recent tokens, al
 
 Fitting k and s to B. With H KV heads per layer, N = L·H heads, the total T = H·floor(L·B) (so the
 layers' mean budgets sum to at most floor(L·B), the total of every layer-level solver) and the floor
-f = max(n_sink + min_recent, b_min) of a streaming head::
+of a streaming head f = max(b_min, min(n_sink + min_recent, floor(B))) (so at B below
+n_sink + min_recent no head can be full and every head streams at about B)::
 
     k = the largest integer with  k·n + (N − k)·f <= T      (the streaming heads still get f each)
     s = floor((T − k·n) / (N − k))                            (what is left, split evenly; s < n)
@@ -34,7 +35,7 @@ class DuoSettings(Settings):
     n_sink: int = setting(4, "sink tokens of every streaming head (streaming_llm's n_sink)")
     min_recent: int = setting(60, "recent tokens a streaming head gets at least; with n_sink the floor k is fitted to")
     full_heads: int | None = setting(None, "number of KV heads that keep everything (default: the most B allows)")
-    context_len: int | None = setting(
+    target_context_len: int | None = setting(
         None,
         "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
         "--max-budget, else the head signals' calibration context length)",
@@ -47,8 +48,8 @@ class DuoSettings(Settings):
             raise SolverError(f"min_recent: must be >= 1, got {self.min_recent}")
         if self.full_heads is not None and self.full_heads < 0:
             raise SolverError(f"full_heads: must be >= 0, got {self.full_heads}")
-        if self.context_len is not None and self.context_len < 1:
-            raise SolverError(f"context_len: must be >= 1, got {self.context_len}")
+        if self.target_context_len is not None and self.target_context_len < 1:
+            raise SolverError(f"target_context_len: must be >= 1, got {self.target_context_len}")
 
 
 def fit(num_heads: int, total: int, n: int, floor: int, full_heads: int | None = None) -> tuple[int, int | None]:
@@ -85,8 +86,8 @@ class DuoSolver(Solver):
         s = self.settings
         scores = retrieval_scores(problem.table, self.name)
         L, H = scores.shape
-        n = context_length(problem, s.context_len, self.name)
-        floor = max(s.n_sink + s.min_recent, problem.b_min)
+        n = context_length(problem, s.target_context_len, self.name)
+        floor = max(problem.b_min, min(s.n_sink + s.min_recent, int(problem.global_budget)))
         total = head_total(problem, H)
         k, budget = fit(L * H, total, n, floor, s.full_heads)
         order = np.lexsort((np.arange(L * H), -scores.reshape(-1)))  # score descending, then (layer, head)

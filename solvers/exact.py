@@ -72,15 +72,15 @@ class ExactSettings(Settings):
     head_signal: str = setting(
         "sum", "granularity head: the cells' KL to minimize (answer tokens, prose, or their sum)", HEAD_SIGNALS
     )
-    context_len: int | None = setting(
+    target_context_len: int | None = setting(
         None,
         "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
         "--max-budget, else the head signals' calibration context length)",
     )
 
     def check(self) -> None:
-        if self.context_len is not None and self.context_len < 1:
-            raise SolverError(f"context_len: must be >= 1, got {self.context_len}")
+        if self.target_context_len is not None and self.target_context_len < 1:
+            raise SolverError(f"target_context_len: must be >= 1, got {self.target_context_len}")
         if self.max_distinct_budgets is not None and self.max_distinct_budgets < 1:
             raise SolverError(f"max_distinct_budgets: must be >= 1, got {self.max_distinct_budgets}")
         if not 0 < self.confidence < 1:

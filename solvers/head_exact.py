@@ -56,7 +56,7 @@ def cell_costs(problem: Problem, settings: ExactSettings, solver: str) -> tuple[
         )
     if settings.objective not in ("auto", "kl"):
         raise SolverError(f"objective: head cells carry KL only, got {settings.objective!r} (use auto or kl)")
-    n = context_length(problem, settings.context_len, solver)
+    n = context_length(problem, settings.target_context_len, solver)
     usable = [j for j, b in enumerate(cells.budgets) if problem.b_min <= b < n]
     grid = tuple(int(cells.budgets[j]) for j in usable) + (n,)
     if settings.head_signal == "sum":

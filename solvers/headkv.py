@@ -30,7 +30,7 @@ from solvers.heads import context_length, grouped_plan, head_total, retrieval_sc
 class HeadKVSettings(Settings):
     pattern: str = setting("snapkv", "pattern of every KV head")
     floor_share: float = setting(0.25, "every KV head gets at least floor(floor_share*B) tokens (and b_min)")
-    context_len: int | None = setting(
+    target_context_len: int | None = setting(
         None,
         "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
         "--max-budget, else the head signals' calibration context length)",
@@ -41,8 +41,8 @@ class HeadKVSettings(Settings):
             raise SolverError(f"pattern: {self.pattern!r} is not a budgeted pattern; known: {', '.join(PATTERNS)}")
         if not 0 <= self.floor_share <= 1:
             raise SolverError(f"floor_share: must be in [0, 1], got {self.floor_share:g}")
-        if self.context_len is not None and self.context_len < 1:
-            raise SolverError(f"context_len: must be >= 1, got {self.context_len}")
+        if self.target_context_len is not None and self.target_context_len < 1:
+            raise SolverError(f"target_context_len: must be >= 1, got {self.target_context_len}")
 
 
 class HeadKVSolver(Solver):
@@ -55,7 +55,7 @@ class HeadKVSolver(Solver):
         s = self.settings
         scores = retrieval_scores(problem.table, self.name)
         L, H = scores.shape
-        n = context_length(problem, s.context_len, self.name)
+        n = context_length(problem, s.target_context_len, self.name)
         total = head_total(problem, H)
         floor = min(max(problem.b_min, int(math.floor(s.floor_share * problem.global_budget + 1e-9))), n)
         if L * H * floor > total:

@@ -18,8 +18,8 @@ the same for every optimized phase: decoding follows prefill's heads (a head tha
 context in prefill keeps its generated tokens too; a streaming head keeps streaming).
 
 The context length a head-level strategy is built for (a keep-all head's budget) is, in order: the
-solver's ``context_len`` setting, the problem's ``max_budget`` (``--max-budget``), the head signals'
-calibration ``context_len``, the table's ``context_len``.
+solver's ``target_context_len`` setting (``--target-context-len``), the problem's ``max_budget``
+(``--max-budget``), the head signals' calibration ``context_len``, the table's ``context_len``.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def context_length(problem: Problem, explicit: int | None, solver: str) -> int:
         n = source.get("context_len") if isinstance(source, Mapping) else None
         if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
             return n
-    raise SolverError(f"{solver}: no context length; give --context-len (a keep-all head's budget)")
+    raise SolverError(f"{solver}: no context length; give --target-context-len (a keep-all head's budget)")
 
 
 def grouped_plan(

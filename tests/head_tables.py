@@ -38,6 +38,15 @@ def cells_block(L: int, H: int, budgets, seed: int = 0, se: bool = True, pattern
     return block
 
 
+def random_heads(L: int, H: int, seed: int = 0, context_len: int = 128, scores=None) -> HeadSignals:
+    """Retrieval scores only (a heads block as ``collect --retrieval-heads`` writes it today)."""
+    rng = np.random.default_rng(seed + 1)
+    mean = rng.beta(0.4, 3.0, size=(L, H)) if scores is None else np.asarray(scores, dtype=float)
+    per = np.clip(mean[None] + rng.normal(0, 0.01, size=(2, L, H)), 0, 1)
+    prov = {"samples": 2, "records": 1, "context_len": context_len, "continuation_len": 16, "seed": seed}
+    return HeadSignals(RetrievalScores(mean, np.full((L, H), 0.01), per), prov)
+
+
 def table_with_heads(
     L: int = 4,
     H: int = 3,
@@ -52,11 +61,7 @@ def table_with_heads(
     table = random_signal_table(
         L, budgets=(8, 16, 32, 64), patterns=("snapkv", "tova", "h2o", "streaming_llm"), seed=seed
     )
-    rng = np.random.default_rng(seed + 1)
-    mean = rng.beta(0.4, 3.0, size=(L, H)) if scores is None else np.asarray(scores, dtype=float)
-    per = np.clip(mean[None] + rng.normal(0, 0.01, size=(2, L, H)), 0, 1)
-    retrieval = RetrievalScores(mean, np.full((L, H), 0.01), per)
+    heads = random_heads(L, H, seed, context_len, scores)
     block = cells_block(L, H, budgets, seed) if cells is True else (cells or None)
-    prov = {"samples": 2, "records": 1, "context_len": context_len, "continuation_len": 16, "seed": seed}
-    table.set_heads(HeadsWithCells(retrieval, prov, block))
+    table.set_heads(heads if block is None else HeadsWithCells(heads.retrieval, heads.provenance, block))
     return table
