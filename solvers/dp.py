@@ -16,6 +16,8 @@ the smaller budget per layer).
 ``max_distinct_budgets=k`` (at most k distinct budget values per phase) is handled exactly by
 running the DP on every k-subset of the usable grid (a restriction to fewer values is covered by a
 superset) and keeping the best; ``C(G, k)`` DPs, refused above ``max_subsets`` (use ``ilp``).
+``granularity="head"`` (``--granularity head``) runs the same knapsack with one item per (layer, KV
+head): keep-all or a streaming cell from the table's head cells (:mod:`solvers.head_exact`).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ variable), see :func:`reduce_cells`:
    least ``LB + rc[l,b]`` (``rc`` = its reduced cost), so cells with ``LB + rc > Z`` are dropped; the
    incumbent's own cells always stay, so the reduced MILP keeps the optimum. A cutoff row
    ``Σ c·x <= Z`` is added.
+``granularity="head"`` (``--granularity head``) solves the head-level problem instead: one item per
+(layer, KV head), keep-all or a streaming cell from the table's head cells (:mod:`solvers.head_exact`,
+the same MILP with one "pattern").
 """
 
 from __future__ import annotations

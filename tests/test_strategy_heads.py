@@ -229,3 +229,10 @@ def test_score_and_generate_refuse_head_groups_before_loading_a_model(tmp_path, 
     out = tmp_path / "r.json"
     assert main(["score", "--strategy", str(path), "--suite", "ruler", "--samples", "1", "--out", str(out)]) == 2
     assert "cannot apply head-level strategies yet" in capsys.readouterr().err and not out.exists()
+
+
+def test_show_prints_the_groups_and_the_mean_budgets(tmp_path, capsys):
+    path = duo_like().save(tmp_path / "s.json")
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "373.3" in out and "head groups over 3 KV heads, built for 1024-token contexts" in out
