@@ -186,7 +186,7 @@ class Strategy:
         except HeadGroupError as err:
             raise StrategyError(str(err)) from None
         mean = mean_budget(choice.head_groups, self.context_len, self.num_kv_heads)  # type: ignore[arg-type]
-        if choice.budget is not None and Fraction(choice.budget) != mean:
+        if choice.budget is not None and choice.budget != as_number(mean):  # filled in by __post_init__
             raise StrategyError(f"{where}.budget: {choice.budget} is not the mean of its head groups ({float(mean):g})")
         if mean < self.b_min:
             raise StrategyError(f"{where}.head_groups: mean budget {float(mean):g} is below b_min={self.b_min}")

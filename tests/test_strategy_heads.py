@@ -55,6 +55,8 @@ def test_runtime_api_says_which_layers_have_head_groups_and_iterates_them():
     ]
     assert s.head_groups(1, "prefill") is None and s.phase("prefill")[1].pattern == "snapkv"
     assert s.phase("prefill")[0].pattern == "head_groups" and not s.is_full
+    again = Strategy(s.prefill, s.decoding, s.global_budget, s.b_min, s.provenance, s.context_len, s.num_kv_heads)
+    assert again == s  # choices that already carry their mean budget are accepted as they are
 
 
 def test_head_group_strategies_round_trip_as_version_2(tmp_path):
