@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from polykv_search.cli import main
+from polykv_search.runtime import apply_strategy
 from strategies import HeadGroup, LayerChoice, Strategy, StrategyError
+from strategies.export_json import load_schema
 from strategies.exporters import ExportError, render_export
+from tests.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -209,7 +212,6 @@ def test_json_export_carries_the_head_groups(tmp_path):
 
 def test_schema_accepts_v2_and_lists_the_same_pattern_rules_for_groups():
     jsonschema = pytest.importorskip("jsonschema")
-    from strategies.export_json import load_schema
 
     schema = load_schema()
     validator = jsonschema.Draft202012Validator(schema)
@@ -238,3 +240,12 @@ def test_show_prints_the_groups_and_the_mean_budgets(tmp_path, capsys):
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
     assert "373.3" in out and "head groups over 3 KV heads, built for 1024-token contexts" in out
+
+
+def test_apply_strategy_refuses_head_groups_with_one_line():
+    g = grouped(((0,), "full", 64), ((1,), "streaming_llm", 8))
+    s = Strategy([g, g], [g, g], 36, 1, {}, context_len=64, num_kv_heads=2)
+    with pytest.raises(StrategyError, match=r"^layers\[0\]\.prefill\.head_groups: this runtime cannot apply") as err:
+        with apply_strategy(tiny_model("llama", layers=2), s):
+            pass
+    assert "\n" not in str(err.value)
