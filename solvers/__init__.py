@@ -50,6 +50,8 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "pyramid": ("solvers.pyramid", "PyramidSolver"),
     "squeeze": ("solvers.squeeze", "SqueezeSolver"),
     "cake": ("solvers.cake", "CakeSolver"),
+    "duo": ("solvers.duo", "DuoSolver"),
+    "headkv": ("solvers.headkv", "HeadKVSolver"),
 }
 _REGISTERED: dict[str, type[Solver]] = {}
 

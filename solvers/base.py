@@ -99,19 +99,15 @@ class Solver(ABC):
         solve_s = time.perf_counter() - start
         L = problem.num_layers
         assert L is not None and problem.phases is not None
-        per_phase: dict[str, list[tuple[str, int]]] = {}
+        per_phase: dict[str, list[LayerChoice]] = {}
         for phase in PHASES:
             if phase in problem.phases:
                 chosen = plan.choices.get(phase)
                 if chosen is None or len(chosen) != L:
                     raise SolverError(f"{self.name}: internal error, no choice for every layer in {phase}")
-                chosen = _apply_ablation(problem, chosen)
-                total = sum(b for _, b in chosen)
-                if total > problem.total or any(b < problem.b_min for _, b in chosen):
-                    raise SolverError(f"{self.name}: internal error, {phase} budgets break the constraints")
-                per_phase[phase] = [(p, int(b)) for p, b in chosen]
+                per_phase[phase] = _phase_choices(self.name, problem, plan, chosen)
             else:
-                per_phase[phase] = [(problem.default_pattern, problem.uniform_budget)] * L
+                per_phase[phase] = [LayerChoice(problem.default_pattern, problem.uniform_budget)] * L
         table = problem.table
         provenance: dict[str, Any] = {
             "solver": self.name,
@@ -132,25 +128,30 @@ class Solver(ABC):
             for key in ("model", "config_hash"):
                 if key in table.provenance:
                     provenance[key] = table.provenance[key]
-        unused = {phase: problem.total - sum(b for _, b in per_phase[phase]) for phase in PHASES}
         provenance["budget_total"] = problem.total
-        provenance["unused_budget"] = dict(unused)
+        provenance["unused_budget"] = {}  # filled in below, from the strategy's own layer budgets
         provenance.update(plan.provenance)
         try:
             strategy = Strategy(
-                [LayerChoice(p, b) for p, b in per_phase["prefill"]],
-                [LayerChoice(p, b) for p, b in per_phase["decoding"]],
+                per_phase["prefill"],
+                per_phase["decoding"],
                 problem.global_budget,
                 problem.b_min,
                 provenance,
+                context_len=plan.context_len,
+                num_kv_heads=plan.num_kv_heads,
             )
         except StrategyError as err:  # a bug in a solver, not bad input
             raise SolverError(f"{self.name}: produced an invalid strategy ({err})") from None
+        unused = {phase: _unused(problem.total, strategy.budgets(phase)) for phase in PHASES}
+        if any(u < -1e-9 for u in unused.values()):
+            raise SolverError(f"{self.name}: internal error, budgets break the constraints ({unused})")
+        strategy.provenance["unused_budget"] = dict(unused)
         predicted = predictions(table, strategy, problem.phases)
         choices = [
-            Choice(layer, phase, per_phase[phase][layer][0], per_phase[phase][layer][1], phase in problem.phases)
+            Choice(layer, phase, c.pattern, c.budget, phase in problem.phases)  # type: ignore[arg-type]
             for phase in PHASES
-            for layer in range(L)
+            for layer, c in enumerate(strategy.phase(phase))
         ]
         return SolveResult(
             solver=self.name,
@@ -168,6 +169,26 @@ class Solver(ABC):
 
 
 # ============================================================================= helpers
+def _phase_choices(name: str, problem: Problem, plan: Plan, chosen: Sequence) -> list[LayerChoice]:
+    """One phase of a plan as layer choices, after the ablations and the constraint checks (a layer
+    with head groups counts the mean over its KV heads, checked exactly by the strategy itself)."""
+    if any(isinstance(c, LayerChoice) for c in chosen):
+        if problem.fixed_pattern is not None or problem.uniform_budgets:
+            raise SolverError(f"{name}: the ablations --fixed-pattern and --uniform-budgets apply to layer-level plans")
+        return [c if isinstance(c, LayerChoice) else LayerChoice(c[0], int(c[1])) for c in chosen]
+    chosen = _apply_ablation(problem, chosen)
+    total = sum(b for _, b in chosen)
+    if total > problem.total or any(b < problem.b_min for _, b in chosen):
+        raise SolverError(f"{name}: internal error, budgets break the constraints")
+    return [LayerChoice(p, int(b)) for p, b in chosen]
+
+
+def _unused(total: int, budgets: Sequence[int | float | None]) -> int | float:
+    """``total − Σ budgets``: an int for layer-level budgets; a float (rounded to 1e-9) with head groups."""
+    left = total - sum(b for b in budgets if b is not None)
+    return left if isinstance(left, int) else round(float(left), 9)
+
+
 def _apply_ablation(problem: Problem, chosen: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
     """Enforce the ablation switches on one phase's choices (solvers that ignore the allowed
     patterns, e.g. pyramid, still end with the fixed pattern)."""

@@ -16,6 +16,8 @@ the smaller budget per layer).
 ``max_distinct_budgets=k`` (at most k distinct budget values per phase) is handled exactly by
 running the DP on every k-subset of the usable grid (a restriction to fewer values is covered by a
 superset) and keeping the best; ``C(G, k)`` DPs, refused above ``max_subsets`` (use ``ilp``).
+``granularity="head"`` (``--granularity head``) runs the same knapsack with one item per (layer, KV
+head): keep-all or a streaming cell from the table's head cells (:mod:`solvers.head_exact`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from solvers.base import Plan, Problem, Solver, SolverError, setting
 from solvers.exact import ExactSettings, cost_provenance, describe, phase_costs, tie_slack
+from solvers.head_exact import solve_heads
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,15 @@ class DPSolver(Solver):
 
     def _solve(self, problem: Problem) -> Plan:
         s = self.settings
+        if s.granularity == "head":  # solvers.head_exact: one item per (layer, KV head)
+            return solve_heads(
+                problem,
+                s,
+                self.name,
+                lambda cost, grid, total: solve_phase_dp(
+                    cost, ["cell"], grid, total, s.max_distinct_budgets, s.max_subsets, s.tie_break, s.tie_tolerance
+                ),
+            )
         choices, info, objective, unused = {}, {}, 0.0, {}
         for phase in problem.phases:
             cost, names, grid = phase_costs(problem, phase, s)

@@ -43,6 +43,7 @@ from signals.predict import OBJECTIVES
 from solvers.base import Problem, Settings, SolverError, cost_tensor, setting
 
 NOISE_CHOICES = ("auto", "clip", "interval", "upper")
+HEAD_SIGNALS = ("answer", "prose", "sum")
 TIE_BREAKS = ("spend", "save")
 
 
@@ -62,8 +63,24 @@ class ExactSettings(Settings):
         0.0, "assignments within this much of the optimal cost count as ties (objective units)"
     )
     max_distinct_budgets: int | None = setting(None, "at most k distinct budget values per phase (memory pools)")
+    granularity: str = setting(
+        "layer",
+        "layer: a (pattern, budget) cell per layer; head: keep-all or a streaming cell per (layer, KV head), "
+        "from the table's head cells (collect --head-cells)",
+        ("layer", "head"),
+    )
+    head_signal: str = setting(
+        "sum", "granularity head: the cells' KL to minimize (answer tokens, prose, or their sum)", HEAD_SIGNALS
+    )
+    target_context_len: int | None = setting(
+        None,
+        "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
+        "--max-budget, else the head signals' calibration context length)",
+    )
 
     def check(self) -> None:
+        if self.target_context_len is not None and self.target_context_len < 1:
+            raise SolverError(f"target_context_len: must be >= 1, got {self.target_context_len}")
         if self.max_distinct_budgets is not None and self.max_distinct_budgets < 1:
             raise SolverError(f"max_distinct_budgets: must be >= 1, got {self.max_distinct_budgets}")
         if not 0 < self.confidence < 1:

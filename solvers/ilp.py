@@ -27,6 +27,9 @@ variable), see :func:`reduce_cells`:
    least ``LB + rc[l,b]`` (``rc`` = its reduced cost), so cells with ``LB + rc > Z`` are dropped; the
    incumbent's own cells always stay, so the reduced MILP keeps the optimum. A cutoff row
    ``Σ c·x <= Z`` is added.
+``granularity="head"`` (``--granularity head``) solves the head-level problem instead: one item per
+(layer, KV head), keep-all or a streaming cell from the table's head cells (:mod:`solvers.head_exact`,
+the same MILP with one "pattern").
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from scipy.sparse import coo_matrix
 
 from solvers.base import Plan, Problem, Solver, SolverError, setting
 from solvers.exact import ExactSettings, cost_provenance, describe, phase_costs, tie_slack
+from solvers.head_exact import solve_heads
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,24 @@ class ILPSolver(Solver):
 
     def _solve(self, problem: Problem) -> Plan:
         s = self.settings
+        if s.granularity == "head":  # solvers.head_exact: one item per (layer, KV head)
+            return solve_heads(
+                problem,
+                s,
+                self.name,
+                lambda cost, grid, total: solve_phase_ilp(
+                    cost,
+                    ["cell"],
+                    grid,
+                    total,
+                    s.max_distinct_budgets,
+                    s.time_limit,
+                    s.reduce,
+                    problem.seed,
+                    s.tie_break,
+                    s.tie_tolerance,
+                ),
+            )
         choices, info, objective, optimal, msgs, unused = {}, {}, 0.0, True, [], {}
         for phase in problem.phases:
             cost, names, grid = phase_costs(problem, phase, s)

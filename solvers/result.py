@@ -8,28 +8,33 @@ from typing import Any
 
 import numpy as np
 
-from strategies.strategy import PHASES, Strategy
+from strategies.strategy import PHASES, LayerChoice, Strategy
 
 
 @dataclass
 class Plan:
-    """What ``_solve`` returns: per optimized phase, one ``(pattern, budget)`` per layer."""
+    """What ``_solve`` returns: per optimized phase, one ``(pattern, budget)`` per layer, or (head-level
+    solvers) one :class:`~strategies.LayerChoice` with head groups, with ``context_len`` and
+    ``num_kv_heads`` set (a layer's budget is then the mean over its KV heads)."""
 
-    choices: dict[str, list[tuple[str, int]]]
+    choices: dict[str, list[tuple[str, int] | LayerChoice]]
     objective: float | None = None
     message: str = ""
     success: bool = True
     info: dict[str, Any] = field(default_factory=dict)
     #: extra provenance entries (e.g. CAKE's "offline approximation" label)
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: head-level plans: the context length the strategy is built for, and KV heads per layer
+    context_len: int | None = None
+    num_kv_heads: int | None = None
 
 
 @dataclass(frozen=True)
 class Choice:
     layer: int
     phase: str
-    pattern: str
-    budget: int
+    pattern: str  #: "head_groups" for a layer with head groups
+    budget: int | float  #: the layer's budget (with head groups: the mean over its KV heads)
     optimized: bool
 
     def to_json(self) -> dict[str, Any]:
@@ -101,8 +106,8 @@ class SolveResult:
         for layer in range(self.strategy.num_layers):
             cells = []
             for phase in PHASES:
-                c = self.strategy.phase(phase)[layer]
-                cells.append(f"{c.pattern}@{c.budget}")
+                label = self.strategy.phase(phase)[layer].label()
+                cells.append(label if len(label) < 24 else label + "  ")  # head groups: wider than the column
             rows.append(f"{layer:>5}  {cells[0]:<24}{cells[1]:<24}")
         return "\n".join(rows)
 

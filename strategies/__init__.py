@@ -4,6 +4,6 @@ The bottom layer: it imports no other first-party package (the eviction patterns
 against are registered by the core, see :mod:`strategies.catalog`).
 """
 
-from strategies.strategy import PHASES, SCHEMA_VERSION, LayerChoice, Strategy, StrategyError
+from strategies.strategy import HEAD_GROUPS, PHASES, SCHEMA_VERSION, HeadGroup, LayerChoice, Strategy, StrategyError
 
-__all__ = ["PHASES", "SCHEMA_VERSION", "LayerChoice", "Strategy", "StrategyError"]
+__all__ = ["HEAD_GROUPS", "PHASES", "SCHEMA_VERSION", "HeadGroup", "LayerChoice", "Strategy", "StrategyError"]

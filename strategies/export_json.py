@@ -1,4 +1,4 @@
-"""``--format json``: the canonical strategy file (schema ``polykv-strategy``, version 1).
+"""``--format json``: the canonical strategy file (schema ``polykv-strategy``, version 1, or 2 with head groups).
 
 The file is exactly what :meth:`Strategy.save` writes: validated, normalized, two-space indented.
 Its documented JSON Schema (draft 2020-12) ships with the package as
@@ -34,6 +34,7 @@ class JSONExporter:
     description: ClassVar[str] = "the canonical polykv-strategy JSON (its JSON Schema ships with the package)"
     suffix: ClassVar[str | None] = ".json"
     uses: ClassVar[frozenset[str]] = frozenset()
+    head_groups_refusal: ClassVar[str | None] = None  # the file carries head groups as they are
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
         return Export({out: strategy.dumps()}, notes=[f"JSON Schema: {schema_path()}"])

@@ -24,6 +24,13 @@ RandomPress(seed); keydiff -> KeyDiffPress; expected_attention -> ExpectedAttent
 parameters; prefill only); kvzip -> KVzipPress(layerwise=True) (prefill only; not checked against
 kvpress). Where kvpress's press differs from the pattern, the difference is listed per layer.
 
+Head groups (schema version 2) are refused: kvpress's ``DuoAttentionPress`` (0.5.x) is the only press
+with per-head streaming and full heads, and it cannot be told which heads: it sets its streaming mask
+itself from DuoAttention's published patterns (a handful of checkpoints) or its own on-the-fly
+scoring (``head_compression_ratio`` picks how many), uses one ``sink_size``/``recent_size`` for every
+streaming head, acts in prefill only, and masks the middle keys instead of evicting them (no memory is
+freed). Nothing else in kvpress gives heads of one layer different patterns or budgets exactly.
+
 The module and its sidecar are written as one set and both record the strategy digest; the
 module's ``sidecar()`` and :func:`strategies.kvpress_sidecar.read_export` refuse a pair from two
 different exports (see :mod:`strategies.kvpress_sidecar`).
@@ -55,6 +62,10 @@ class KVPressExporter:
     )
     suffix: ClassVar[str | None] = ".py"
     uses: ClassVar[frozenset[str]] = frozenset()
+    head_groups_refusal: ClassVar[str | None] = (
+        "kvpress's DuoAttentionPress chooses its streaming heads itself (published patterns or its own scoring), "
+        "with one sink/recent size for all and masked rather than evicted keys"
+    )
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
         module = out.stem

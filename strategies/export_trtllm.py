@@ -54,6 +54,7 @@ class TRTLLMExporter:
     description: ClassVar[str] = "TensorRT-LLM KvCacheConfig YAML: per-layer max_attention_window and sink_token_length"
     suffix: ClassVar[str | None] = None
     uses: ClassVar[frozenset[str]] = frozenset({"approximate", "max_seq_len"})
+    head_groups_refusal: ClassVar[str | None] = "TensorRT-LLM has one attention window per layer for all its heads"
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
         layers, issues = window_plan(

@@ -45,6 +45,7 @@ class VLLMExporter:
     description: ClassVar[str] = "vLLM hf_overrides JSON: layer_types (full/sliding) and one sliding_window"
     suffix: ClassVar[str | None] = ".json"
     uses: ClassVar[frozenset[str]] = frozenset({"approximate"})
+    head_groups_refusal: ClassVar[str | None] = "vLLM has one attention window per layer for all its heads"
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
         layers, issues = window_plan(

@@ -20,6 +20,12 @@ writes the files atomically afterwards.
 change; with it, it changes those layers and lists every change in ``Export.warnings``.
 ``Export.notes`` are true of the target whatever the strategy (what it applies in which phase).
 
+Head groups (schema version 2): an exporter that can express them sets ``head_groups_refusal`` to
+``None`` (only ``json`` today); every other one names, in that class attribute, why its target cannot,
+and :func:`render_export` refuses a strategy with head groups with that one line, ``--approximate`` or
+not (no approximation of head groups is offered: merging a retrieval head into its streaming
+neighbours would drop exactly what the strategy keeps).
+
 The helpers at the end (:func:`window_plan`) are shared by the exporters whose targets only know
 full attention and sliding windows (TensorRT-LLM, vLLM).
 """
@@ -71,6 +77,8 @@ class Exporter(Protocol):
     description: ClassVar[str]
     suffix: ClassVar[str | None]
     uses: ClassVar[frozenset[str]]
+    #: Why the target cannot express head groups (``None``: it can); a missing attribute refuses them.
+    head_groups_refusal: ClassVar[str | None]
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export: ...
 
@@ -110,6 +118,10 @@ def render_export(strategy: Strategy, fmt: str, out: str | Path, options: Export
         )
     if options.max_seq_len is not None and (isinstance(options.max_seq_len, bool) or options.max_seq_len < 1):
         raise ExportError(f"--max-seq-len must be a positive integer, got {options.max_seq_len!r}")
+    refusal = getattr(exporter, "head_groups_refusal", "it does not declare head-group support")
+    where = strategy.first_head_groups()
+    if where is not None and refusal is not None:
+        raise ExportError(f"{fmt} cannot express head groups ({where}): {refusal}; use --format json")
     out = Path(out)
     if exporter.suffix is not None and out.suffix != exporter.suffix:
         raise ExportError(f"--out for --format {fmt} must end in {exporter.suffix}, got {str(out)!r}")

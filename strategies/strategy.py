@@ -12,35 +12,23 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from strategies.catalog import pattern_class
+from strategies.choice import (
+    HEAD_GROUPS_VERSION,
+    PHASES,
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    LayerChoice,
+    StrategyError,
+)
+from strategies.head_groups import HEAD_GROUPS, HeadGroup, HeadGroupError, as_number, check_groups, mean_budget
 from strategies.io import atomic_write_text
-
-PHASES: tuple[str, ...] = ("prefill", "decoding")
-SCHEMA_NAME = "polykv-strategy"
-SCHEMA_VERSION = 1
-
-
-class StrategyError(ValueError):
-    """A strategy file or object that breaks the schema or the budget constraints."""
-
-
-@dataclass(frozen=True)
-class LayerChoice:
-    """What one layer does in one phase.
-
-    ``budget`` is the number of tokens kept per KV head (sinks and protected windows count inside
-    it); ``None`` means unbounded and is only valid with the ``full`` pattern.
-    """
-
-    pattern: str
-    budget: int | None
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pattern": self.pattern, "budget": self.budget, "params": dict(self.params)}
+from strategies.strategy_json import first_non_finite, parse_document
 
 
 @dataclass
@@ -58,6 +46,11 @@ class Strategy:
         Smallest budget any layer may get.
     provenance
         Free-form record of how the strategy was made (model, solver, settings, signals hash, ...).
+    context_len
+        The context length the strategy was built for; required with head groups (a group's budget
+        counts at most this much). Written only in version-2 files.
+    num_kv_heads
+        KV heads per layer; required with head groups (checked by :meth:`check_model`).
     """
 
     prefill: list[LayerChoice]
@@ -65,9 +58,18 @@ class Strategy:
     global_budget: float | None = None
     b_min: int = 1
     provenance: dict[str, Any] = field(default_factory=dict)
+    context_len: int | None = None
+    num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
+        self.prefill, self.decoding = list(self.prefill), list(self.decoding)
         self.validate()
+        for phase in PHASES:  # a grouped choice's budget: the layer's mean, for readers of .budget
+            choices = self.phase(phase)
+            for layer, c in enumerate(choices):
+                if c.head_groups is not None:
+                    b = as_number(mean_budget(c.head_groups, self.context_len, self.num_kv_heads))  # type: ignore[arg-type]
+                    choices[layer] = LayerChoice(HEAD_GROUPS, b, {}, c.head_groups)
 
     # ------------------------------------------------------------------ access
     @property
@@ -87,7 +89,35 @@ class Strategy:
 
     @property
     def is_full(self) -> bool:
-        return all(c.budget is None for p in PHASES for c in self.phase(p))
+        return all(c.budget is None and c.head_groups is None for p in PHASES for c in self.phase(p))
+
+    # ------------------------------------------------------------ head groups
+    @property
+    def has_head_groups(self) -> bool:
+        """True when any (layer, phase) splits its KV heads into groups (a version-2 strategy)."""
+        return any(c.head_groups is not None for p in PHASES for c in self.phase(p))
+
+    def head_groups(self, layer: int, phase: str) -> tuple[HeadGroup, ...] | None:
+        """The head groups of ``(layer, phase)`` (each: ``heads``, ``pattern``, ``params``, ``budget``),
+        or ``None`` when that layer makes one layer-level choice (read ``phase(phase)[layer]``)."""
+        return self.phase(phase)[layer].head_groups
+
+    def first_head_groups(self) -> str | None:
+        """``layers[3].prefill``: where the first head groups are, or None."""
+        for layer in range(self.num_layers):
+            for phase in PHASES:
+                if self.phase(phase)[layer].head_groups is not None:
+                    return f"layers[{layer}].{phase}"
+        return None
+
+    def require_layer_level(self, consumer: str) -> None:
+        """Raise :class:`StrategyError` if ``consumer`` (which applies layer-level strategies only) got head groups."""
+        where = self.first_head_groups()
+        if where is not None:
+            raise StrategyError(
+                f"{where}.head_groups: {consumer} cannot apply head-level strategies yet "
+                "(this strategy has head groups); export it with --format json or score layer-level strategies"
+            )
 
     # -------------------------------------------------------------- validation
     def validate(self) -> None:
@@ -104,10 +134,19 @@ class Strategy:
                 raise StrategyError(f"global_budget: must be a number >= 1 or null, got {B!r}")
             if self.b_min > B:
                 raise StrategyError(f"b_min: {self.b_min} exceeds global_budget {B}: infeasible")
+        for name in ("context_len", "num_kv_heads"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise StrategyError(f"{name}: must be a positive integer or null, got {value!r}")
         for phase in PHASES:
-            total = 0
+            total = Fraction(0)
             for layer, choice in enumerate(self.phase(phase)):
                 where = f"layers[{layer}].{phase}"
+                if not isinstance(choice, LayerChoice):
+                    raise StrategyError(f"{where}: must be a LayerChoice, got {type(choice).__name__}")
+                if choice.head_groups is not None:
+                    total += self._check_grouped(where, choice)
+                    continue
                 try:
                     cls = pattern_class(choice.pattern)
                 except KeyError as err:
@@ -132,15 +171,46 @@ class Strategy:
                 if b < self.b_min:
                     raise StrategyError(f"{where}.budget: {b} is below b_min={self.b_min}")
                 total += b
-            if B is not None and total > self.num_layers * B + 1e-9:
+            if B is not None and total > self.num_layers * Fraction(B) + Fraction(1, 10**9):
                 raise StrategyError(
-                    f"{phase}: budgets sum to {total}, over L*B = {self.num_layers}*{B} = {self.num_layers * B:g}"
+                    f"{phase}: budgets sum to {as_number(total)}, over L*B = {self.num_layers}*{B} = "
+                    f"{self.num_layers * B:g}"
                 )
 
-    def check_model(self, num_layers: int) -> None:
-        """Raise if this strategy does not fit a model with ``num_layers`` layers."""
+    def _check_grouped(self, where: str, choice: LayerChoice) -> Fraction:
+        """Check one choice with head groups; returns the layer's budget (the capped mean)."""
+        if choice.pattern != HEAD_GROUPS:
+            raise StrategyError(f"{where}.pattern: a choice with head_groups has pattern {HEAD_GROUPS!r}")
+        try:
+            check_groups(where, choice.head_groups, self.num_kv_heads, self.context_len)
+        except HeadGroupError as err:
+            raise StrategyError(str(err)) from None
+        mean = mean_budget(choice.head_groups, self.context_len, self.num_kv_heads)  # type: ignore[arg-type]
+        if choice.budget is not None and choice.budget != as_number(mean):  # filled in by __post_init__
+            raise StrategyError(f"{where}.budget: {choice.budget} is not the mean of its head groups ({float(mean):g})")
+        if mean < self.b_min:
+            raise StrategyError(f"{where}.head_groups: mean budget {float(mean):g} is below b_min={self.b_min}")
+        return mean
+
+    def check_model(self, num_layers: int, num_kv_heads: int | None = None) -> None:
+        """Raise if this strategy does not fit a model with ``num_layers`` layers (and, for a strategy
+        with head groups, ``num_kv_heads`` KV heads per layer: required then, so a caller that does
+        not pass it, i.e. that cannot apply head groups, refuses them)."""
         if num_layers != self.num_layers:
             raise StrategyError(f"layers: strategy has {self.num_layers} layers but the model has {num_layers}")
+        where = self.first_head_groups()
+        if where is None:
+            return
+        if num_kv_heads is None:
+            raise StrategyError(
+                f"{where}.head_groups: this runtime cannot apply head-level strategies yet (it does not check "
+                "KV heads); use a layer-level strategy"
+            )
+        if num_kv_heads != self.num_kv_heads:
+            raise StrategyError(
+                f"num_kv_heads: strategy has head groups over {self.num_kv_heads} KV heads but the model has "
+                f"{num_kv_heads}"
+            )
 
     # --------------------------------------------------------------- builders
     @classmethod
@@ -189,19 +259,30 @@ class Strategy:
         return cls(norm(prefill), norm(decoding), global_budget, b_min, dict(provenance))
 
     # ------------------------------------------------------------------- JSON
+    @property
+    def version(self) -> int:
+        """The schema version this strategy is written as: 2 with head groups (or a recorded
+        ``context_len``/``num_kv_heads``), else 1, so layer-level files stay byte-identical."""
+        v2 = self.has_head_groups or self.context_len is not None or self.num_kv_heads is not None
+        return HEAD_GROUPS_VERSION if v2 else SCHEMA_VERSION
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "schema": SCHEMA_NAME,
-            "version": SCHEMA_VERSION,
+            "version": self.version,
             "num_layers": self.num_layers,
             "global_budget": self.global_budget,
             "b_min": self.b_min,
-            "layers": [
-                {"layer": i, "prefill": p.to_json(), "decoding": d.to_json()}
-                for i, (p, d) in enumerate(zip(self.prefill, self.decoding))
-            ],
-            "provenance": self.provenance,
         }
+        for key in ("context_len", "num_kv_heads"):
+            if getattr(self, key) is not None:
+                doc[key] = getattr(self, key)
+        doc["layers"] = [
+            {"layer": i, "prefill": p.to_json(), "decoding": d.to_json()}
+            for i, (p, d) in enumerate(zip(self.prefill, self.decoding))
+        ]
+        doc["provenance"] = self.provenance
+        return doc
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=False, allow_nan=False) + "\n"
@@ -217,44 +298,8 @@ class Strategy:
 
     @classmethod
     def from_json(cls, data: Any) -> Strategy:
-        if not isinstance(data, dict):
-            raise StrategyError("strategy: the top level must be a JSON object")
-        if data.get("schema") != SCHEMA_NAME:
-            raise StrategyError(f"schema: expected {SCHEMA_NAME!r}, got {data.get('schema')!r}")
-        if data.get("version") != SCHEMA_VERSION:
-            raise StrategyError(
-                f"version: unsupported schema version {data.get('version')!r} (expected {SCHEMA_VERSION})"
-            )
-        layers = data.get("layers")
-        if not isinstance(layers, list):
-            raise StrategyError("layers: must be a list")
-        num_layers = data.get("num_layers", len(layers))
-        if num_layers != len(layers):
-            raise StrategyError(f"num_layers: says {num_layers} but layers lists {len(layers)}")
-        choices: dict[str, list[LayerChoice]] = {p: [] for p in PHASES}
-        for i, entry in enumerate(layers):
-            if not isinstance(entry, dict):
-                raise StrategyError(f"layers[{i}]: must be an object")
-            if entry.get("layer", i) != i:
-                raise StrategyError(f"layers[{i}].layer: expected {i}, got {entry.get('layer')!r}")
-            for phase in PHASES:
-                c = entry.get(phase)
-                if not isinstance(c, dict):
-                    raise StrategyError(f"layers[{i}].{phase}: missing or not an object")
-                unknown = set(c) - {"pattern", "budget", "params"}
-                if unknown:
-                    raise StrategyError(f"layers[{i}].{phase}: unknown keys {sorted(unknown)}")
-                if not isinstance(c.get("pattern"), str):
-                    raise StrategyError(f"layers[{i}].{phase}.pattern: must be a string")
-                params = c.get("params", {})
-                if not isinstance(params, dict):
-                    raise StrategyError(f"layers[{i}].{phase}.params: must be an object")
-                choices[phase].append(LayerChoice(c["pattern"], c.get("budget"), params))
-        provenance = data.get("provenance", {})
-        if not isinstance(provenance, dict):
-            raise StrategyError("provenance: must be an object")
-        b_min = data.get("b_min", 1)
-        return cls(choices["prefill"], choices["decoding"], data.get("global_budget"), b_min, provenance)
+        """Build and validate from a parsed document (version 1 or 2); errors name the field."""
+        return cls(**parse_document(data))
 
     @classmethod
     def loads(cls, text: str) -> Strategy:
@@ -265,7 +310,7 @@ class Strategy:
             raise StrategyError(f"strategy: not valid JSON ({err})") from None
         except RecursionError:
             raise StrategyError("strategy: JSON nested too deeply") from None
-        where = _first_non_finite(data)
+        where = first_non_finite(data)
         if where is not None:
             raise StrategyError(f"{where[0]}: {where[1]!r} is not a finite number")
         return cls.from_json(data)
@@ -286,29 +331,17 @@ class Strategy:
             raise StrategyError(f"strategy {path}: {err}") from None
 
 
-def _first_non_finite(node: Any, where: str = "strategy") -> tuple[str, float] | None:
-    """The JSON path and value of the first NaN or infinity in a parsed document, if any."""
-    stack = [(where, node)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            return path, value
-        if isinstance(value, dict):
-            stack.extend((_child(path, k), v) for k, v in reversed(value.items()))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
-    return None
-
-
-def _child(path: str, key: str) -> str:
-    """``layers[1].prefill`` style paths; odd keys are quoted so a message stays one line."""
-    if not key.isidentifier():
-        return f"{path}[{key!r}]"
-    return key if path == "strategy" else f"{path}.{key}"
-
-
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-__all__ = ["PHASES", "LayerChoice", "Strategy", "StrategyError", "SCHEMA_VERSION"]
+__all__ = [
+    "HEAD_GROUPS",
+    "PHASES",
+    "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
+    "HeadGroup",
+    "LayerChoice",
+    "Strategy",
+    "StrategyError",
+]

@@ -128,7 +128,7 @@ def test_real_strategies_validate_against_the_schema():
 
 BROKEN = [
     ("wrong schema name", lambda d: d.update(schema="other")),
-    ("wrong version", lambda d: d.update(version=2)),
+    ("wrong version", lambda d: d.update(version=3)),
     ("missing layers", lambda d: d.pop("layers")),
     ("no layers", lambda d: d.update(layers=[])),
     ("unknown top-level key", lambda d: d.update(extra=1)),

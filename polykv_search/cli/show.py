@@ -64,16 +64,22 @@ def show_strategy(strategy, title: str) -> None:
     prov = strategy.provenance
     B = "none (FullKV)" if strategy.global_budget is None else f"{strategy.global_budget:g}"
     out.print(f"B = {B}, b_min = {strategy.b_min}, solver = {prov.get('solver', '?')}, digest {strategy.digest()}")
+    if strategy.has_head_groups:
+        out.print(f"head groups over {strategy.num_kv_heads} KV heads, built for {strategy.context_len}-token contexts")
     for phase in PHASES:
         budgets = [b for b in strategy.budgets(phase) if b is not None]
         if budgets:
-            out.print(f"{phase}: sum {sum(budgets)}, min {min(budgets)}, max {max(budgets)}")
+            out.print(f"{phase}: sum {_b(sum(budgets))}, min {_b(min(budgets))}, max {_b(max(budgets))}")
 
 
 def _pat(choice) -> str:
+    if choice.head_groups is not None:  # schema v2: pattern@budget[KV heads] per group
+        return choice.label()
     extra = ",".join(f"{k}={v}" for k, v in choice.params.items())
     return f"{choice.pattern}({extra})" if extra else choice.pattern
 
 
 def _b(budget) -> str:
-    return "all" if budget is None else str(budget)
+    if budget is None:
+        return "all"
+    return f"{budget:.1f}" if isinstance(budget, float) else str(budget)  # head groups: a mean over KV heads

@@ -1,0 +1,106 @@
+"""``duo``: the DuoAttention baseline (Xiao et al. 2410.10819) from measured retrieval-head scores.
+
+The ``k`` KV heads with the highest retrieval score (the signal table's ``heads.retrieval.mean``,
+``collect --retrieval-heads``; ties to the lower layer, then head) keep the whole context: pattern
+``full`` with budget n (the context length, :func:`solvers.heads.context_length`). Every other KV head
+is a streaming head: ``streaming_llm`` with ``n_sink`` sinks + recent tokens, all at one budget s.
+
+Fitting k and s to B. With H KV heads per layer, N = L·H heads, the total T = H·floor(L·B) (so the
+layers' mean budgets sum to at most floor(L·B), the total of every layer-level solver) and the floor
+of a streaming head f = max(b_min, min(n_sink + min_recent, floor(B))) (so at B below
+n_sink + min_recent no head can be full and every head streams at about B)::
+
+    k = the largest integer with  k·n + (N − k)·f <= T      (the streaming heads still get f each)
+    s = floor((T − k·n) / (N − k))                            (what is left, split evenly; s < n)
+
+so k is as large as B allows and the streaming heads get everything left (at most N − k tokens unused).
+``full_heads=K`` fixes k instead (refused when the streaming heads would get less than f). When
+``N·n <= T`` every head keeps everything. DuoAttention's own split (25 % / 50 % of heads full) comes
+from training gates at long contexts; here k follows from B, and B decides how many heads can be full.
+Both phases get the same heads (decoding follows prefill's: a full head keeps its generated tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.base import Plan, Problem, Settings, Solver, SolverError, setting
+from solvers.heads import context_length, grouped_plan, head_total, retrieval_scores
+
+
+@dataclass(frozen=True)
+class DuoSettings(Settings):
+    n_sink: int = setting(4, "sink tokens of every streaming head (streaming_llm's n_sink)")
+    min_recent: int = setting(60, "recent tokens a streaming head gets at least; with n_sink the floor k is fitted to")
+    full_heads: int | None = setting(None, "number of KV heads that keep everything (default: the most B allows)")
+    target_context_len: int | None = setting(
+        None,
+        "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
+        "--max-budget, else the head signals' calibration context length)",
+    )
+
+    def check(self) -> None:
+        if self.n_sink < 0:
+            raise SolverError(f"n_sink: must be >= 0, got {self.n_sink}")
+        if self.min_recent < 1:
+            raise SolverError(f"min_recent: must be >= 1, got {self.min_recent}")
+        if self.full_heads is not None and self.full_heads < 0:
+            raise SolverError(f"full_heads: must be >= 0, got {self.full_heads}")
+        if self.target_context_len is not None and self.target_context_len < 1:
+            raise SolverError(f"target_context_len: must be >= 1, got {self.target_context_len}")
+
+
+def fit(num_heads: int, total: int, n: int, floor: int, full_heads: int | None = None) -> tuple[int, int | None]:
+    """``(k, s)`` of the module docstring (``s`` is None when every head is full)."""
+    if num_heads * n <= total and full_heads in (None, num_heads):
+        return num_heads, None
+    if floor >= n:
+        raise SolverError(f"infeasible: a streaming head's floor {floor} is not below the context length {n}")
+    if num_heads * floor > total:
+        raise SolverError(
+            f"infeasible: {num_heads} KV heads at the streaming floor {floor} need {num_heads * floor} tokens "
+            f"> H*floor(L*B) = {total}; lower --min-recent or raise B"
+        )
+    k_max = min(num_heads - 1, (total - num_heads * floor) // (n - floor))
+    if full_heads is not None:
+        if full_heads > k_max:
+            raise SolverError(
+                f"full_heads: {full_heads} full KV heads leave the streaming heads less than {floor} tokens each "
+                f"at this B (at most {k_max})"
+            )
+        k_max = full_heads
+    return k_max, (total - k_max * n) // (num_heads - k_max)
+
+
+class DuoSolver(Solver):
+    name = "duo"
+    description = (
+        "DuoAttention baseline: top-k retrieval heads keep everything, the rest sinks + recent (k fitted to B)"
+    )
+    needs_table = True
+    Settings = DuoSettings
+
+    def _solve(self, problem: Problem) -> Plan:
+        s = self.settings
+        scores = retrieval_scores(problem.table, self.name)
+        L, H = scores.shape
+        n = context_length(problem, s.target_context_len, self.name)
+        floor = max(problem.b_min, min(s.n_sink + s.min_recent, int(problem.global_budget)))
+        total = head_total(problem, H)
+        k, budget = fit(L * H, total, n, floor, s.full_heads)
+        order = np.lexsort((np.arange(L * H), -scores.reshape(-1)))  # score descending, then (layer, head)
+        full = np.zeros(L * H, dtype=bool)
+        full[order[:k]] = True
+        stream = ("streaming_llm", budget, {"n_sink": s.n_sink})
+        per_head = [[("full", n, {}) if full[l * H + h] else stream for h in range(H)] for l in range(L)]
+        spent = k * n + (L * H - k) * (budget or 0)
+        message = (
+            f"{k} of {L * H} KV heads keep all {n} tokens (top retrieval scores), the rest streaming_llm at "
+            f"{budget} (n_sink {s.n_sink}); mean budget {spent / (L * H):.4g} of B = {problem.global_budget:g}"
+        )
+        info = {"full_heads": k, "streaming_budget": budget, "floor": floor, "context_len": n, "heads_total": total}
+        rule = "k = max with k*n + (N-k)*f <= H*floor(L*B); s = floor((H*floor(L*B) - k*n)/(N-k))"
+        provenance = {"granularity": "head", "context_len": n, "duo": {**info, "rule": rule}}
+        return grouped_plan(problem, per_head, n, message=message, info=info, provenance=provenance)

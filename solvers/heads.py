@@ -1,0 +1,165 @@
+"""What head-level solvers (``duo``, ``headkv``, ``ilp``/``dp --granularity head``) read and build.
+
+Reading: the signal table's ``heads`` block (:mod:`signals.head_signals`): the per-KV-head retrieval
+score (``heads.retrieval.mean``, ``[L][H]``) and, when ``collect --head-cells`` measured them, the
+streaming cells::
+
+    "cells": {"pattern": "streaming_llm", "budgets": [b1, ...], "params": {...} (optional),
+              "kl_answer": {"mean": [L][H][nb], "se": [L][H][nb]},
+              "kl_prose": {"mean": [L][H][nb], "se": [L][H][nb]}}
+
+KL(FullKV ‖ cell) when only head (l, h) keeps ``pattern`` at budget b (every other head keeps all).
+:func:`head_cells` accepts them as a parsed attribute ``heads.cells`` (an object with those fields or
+that dict) and is tolerant of their absence (None). ``se`` entries may be null (one sample).
+
+Building: :func:`grouped_plan` turns one ``(pattern, budget, params)`` per (layer, KV head) into one
+:class:`~strategies.LayerChoice` with head groups per layer (heads with equal choices share a group),
+the same for every optimized phase: decoding follows prefill's heads (a head that keeps the whole
+context in prefill keeps its generated tokens too; a streaming head keeps streaming).
+
+The context length a head-level strategy is built for (a keep-all head's budget) is, in order: the
+solver's ``target_context_len`` setting (``--target-context-len``), the problem's ``max_budget``
+(``--max-budget``), the head signals' calibration ``context_len``, the table's ``context_len``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from signals.table import SignalTable
+from solvers.problem import Problem
+from solvers.result import Plan
+from solvers.settings import SolverError
+from strategies.head_groups import group_heads
+from strategies.strategy import LayerChoice
+
+CELLS_OPTION = "--head-cells"
+RETRIEVAL_OPTION = "--retrieval-heads"
+CELL_SIGNALS = ("kl_answer", "kl_prose")
+
+
+@dataclass(frozen=True)
+class HeadCells:
+    """Streaming cells per (layer, KV head, budget): KL means and standard errors (NaN: unknown)."""
+
+    pattern: str
+    budgets: tuple[int, ...]
+    mean: Mapping[str, np.ndarray]  #: signal -> [L, H, nb]
+    se: Mapping[str, np.ndarray]  #: signal -> [L, H, nb], NaN where unknown
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(next(iter(self.mean.values())).shape)  # type: ignore[return-value]
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+
+
+def _array(where: str, value: Any, shape: tuple[int, ...], allow_null: bool) -> np.ndarray:
+    try:
+        arr = np.asarray(
+            [[[np.nan if v is None else v for v in row] for row in layer] for layer in value] if allow_null else value,
+            dtype=np.float64,
+        )
+    except (TypeError, ValueError):
+        raise SolverError(f"{where}: expected numbers shaped [layers][KV heads][budgets]") from None
+    if arr.shape != shape:
+        raise SolverError(f"{where}: shape {list(arr.shape)}, expected {list(shape)} (layers, KV heads, budgets)")
+    return arr
+
+
+def head_cells(table: SignalTable | None) -> HeadCells | None:
+    """The table's streaming cells, or None when it has none (no ``heads`` block or no ``cells``)."""
+    heads = getattr(table, "heads", None)
+    cells = getattr(heads, "cells", None) if heads is not None else None
+    if cells is None:
+        return None
+    if isinstance(cells, HeadCells):
+        return cells
+    pattern, budgets = _get(cells, "pattern"), _get(cells, "budgets")
+    if not isinstance(pattern, str):
+        raise SolverError("heads.cells.pattern: must be a pattern name")
+    try:
+        grid = tuple(int(b) for b in budgets)
+    except (TypeError, ValueError):
+        raise SolverError("heads.cells.budgets: must be a list of integers") from None
+    if not grid or list(grid) != sorted(set(grid)) or grid[0] < 1:
+        raise SolverError(f"heads.cells.budgets: must be increasing positive integers, got {list(grid)}")
+    L, H = table.num_layers, int(_get(heads, "num_kv_heads"))  # type: ignore[union-attr]
+    shape = (L, H, len(grid))
+    mean, se = {}, {}
+    for name in CELL_SIGNALS:
+        block = _get(cells, name)
+        if block is None:
+            raise SolverError(f"heads.cells.{name}: missing")
+        mean[name] = _array(f"heads.cells.{name}.mean", _get(block, "mean"), shape, allow_null=False)
+        s = _get(block, "se")
+        se[name] = np.full(shape, np.nan) if s is None else _array(f"heads.cells.{name}.se", s, shape, True)
+    params = _get(cells, "params") or {}
+    return HeadCells(pattern, grid, mean, se, dict(params))
+
+
+def retrieval_scores(table: SignalTable | None, solver: str) -> np.ndarray:
+    """``[L, H]`` mean retrieval score per KV head; SolverError naming the ``collect`` option if absent."""
+    heads = getattr(table, "heads", None)
+    if heads is None or getattr(heads, "retrieval", None) is None:
+        raise SolverError(
+            f"{solver}: the signal table has no retrieval-head scores; collect them with "
+            f"`polykv-search collect {RETRIEVAL_OPTION} N ...`"
+        )
+    return np.asarray(heads.retrieval.mean, dtype=np.float64)
+
+
+def context_length(problem: Problem, explicit: int | None, solver: str) -> int:
+    """The context length a head-level strategy is built for (module docstring, in that order)."""
+    if explicit is not None:
+        return int(explicit)
+    if problem.max_budget is not None:
+        return int(problem.max_budget)
+    table = problem.table
+    heads = getattr(table, "heads", None)
+    for source in (getattr(heads, "provenance", None), getattr(table, "provenance", None)):
+        n = source.get("context_len") if isinstance(source, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            return n
+    raise SolverError(f"{solver}: no context length; give --target-context-len (a keep-all head's budget)")
+
+
+def grouped_plan(
+    problem: Problem,
+    per_head: Sequence[Sequence[tuple[str, int, Mapping[str, Any]]]],
+    context_len: int,
+    **plan: Any,
+) -> Plan:
+    """A :class:`Plan` whose every optimized phase gets, per layer, the head groups of ``per_head``
+    (``[L][H]`` of ``(pattern, budget, params)``); ``plan`` are the other Plan fields."""
+    choices = [LayerChoice.grouped(group_heads(row)) for row in per_head]
+    return Plan(
+        {phase: list(choices) for phase in problem.phases},  # type: ignore[union-attr]
+        context_len=context_len,
+        num_kv_heads=len(per_head[0]),
+        **plan,
+    )
+
+
+def head_total(problem: Problem, num_kv_heads: int) -> int:
+    """Tokens the (layer, KV head) budgets may sum to: ``H · floor(L·B)``, so the layers' means sum to at
+    most ``floor(L·B)``, the total every layer-level solver gets."""
+    return num_kv_heads * problem.total
+
+
+__all__ = [
+    "CELLS_OPTION",
+    "HeadCells",
+    "context_length",
+    "grouped_plan",
+    "head_cells",
+    "head_total",
+    "retrieval_scores",
+]
