@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from polykv_search.cli import main
 from polykv_search.runtime import apply_strategy
@@ -225,14 +225,12 @@ def test_schema_accepts_v2_and_lists_the_same_pattern_rules_for_groups():
     assert list(validator.iter_errors(v1))  # version 1 has no head groups
 
 
-def test_score_and_generate_refuse_head_groups_before_loading_a_model(tmp_path, capsys):
+def test_score_refuses_head_groups_on_the_shared_engine_before_loading_a_model(tmp_path, capsys):
     path = duo_like().save(tmp_path / "s.json")
-    assert main(["generate", "--strategy", str(path), "--prompt", "hi"]) == 2
-    err = capsys.readouterr().err
-    assert re.search(r"generate cannot apply head-level strategies yet", err)
     out = tmp_path / "r.json"
     assert main(["score", "--strategy", str(path), "--suite", "ruler", "--samples", "1", "--out", str(out)]) == 2
-    assert "cannot apply head-level strategies yet" in capsys.readouterr().err and not out.exists()
+    err = capsys.readouterr().err
+    assert "per-entry path only; add --no-shared-prefill" in err and not out.exists()
 
 
 def test_show_prints_the_groups_and_the_mean_budgets(tmp_path, capsys):
@@ -242,10 +240,16 @@ def test_show_prints_the_groups_and_the_mean_budgets(tmp_path, capsys):
     assert "373.3" in out and "head groups over 3 KV heads, built for 1024-token contexts" in out
 
 
-def test_apply_strategy_refuses_head_groups_with_one_line():
+def test_apply_strategy_builds_a_group_layer_for_a_strategy_with_head_groups():
     g = grouped(((0,), "full", 64), ((1,), "streaming_llm", 8))
-    s = Strategy([g, g], [g, g], 36, 1, {}, context_len=64, num_kv_heads=2)
-    with pytest.raises(StrategyError, match=r"^layers\[0\]\.prefill\.head_groups: this runtime cannot apply") as err:
-        with apply_strategy(tiny_model("llama", layers=2), s):
+    s = Strategy([g, LayerChoice("snapkv", 10)], [g, LayerChoice("h2o", 10)], 36, 1, {}, context_len=64, num_kv_heads=2)
+    model = tiny_model("llama", layers=2)
+    ids = torch.randint(1, 128, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), apply_strategy(model, s) as rt:
+        model(ids, use_cache=True)
+        layer0, layer1 = rt.last_cache.layers
+    assert [part.length for part in layer0.parts] == [30, 8]  # head 0 keeps all, head 1 sinks + recent
+    assert layer1.length == 10
+    with pytest.raises(StrategyError, match="num_kv_heads: strategy has head groups over 2 KV heads"):
+        with apply_strategy(tiny_model("llama", layers=2, num_key_value_heads=4), s):
             pass
-    assert "\n" not in str(err.value)

@@ -63,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise CLIError("the prompt is empty")
     strategy = Strategy.load(args.strategy) if args.strategy else None
-    if strategy is not None:
-        strategy.require_layer_level("generate")
     check_model_args(args)
     model, tokenizer = load_model_from_args(args)
     if strategy is None:

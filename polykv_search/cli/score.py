@@ -139,8 +139,13 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
-    for path, strategy in strategies:  # before the model loads; the runtime applies layer-level strategies
-        strategy.require_layer_level(f"score ({path})")
+    if not args.no_shared_prefill:  # before the model loads: the shared engine batches layer-level entries only
+        for path, strategy in strategies:
+            if strategy.has_head_groups:
+                raise CLIError(
+                    f"{path}: strategies with head groups are scored by the per-entry path only; "
+                    "add --no-shared-prefill"
+                )
     shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
     read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
     check_model_args(args)

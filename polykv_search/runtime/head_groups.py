@@ -156,7 +156,7 @@ def choice_head_groups(prefill, decoding, num_kv_heads: int) -> list[HeadGroupPl
     from polykv_search.patterns import make_pattern
 
     def plans(choice):
-        groups = getattr(choice, "head_groups", None)
+        groups = choice.head_groups
         if not groups:
             return None
         return {tuple(g.heads): PhasePlan(make_pattern(g.pattern, **dict(g.params)), g.budget) for g in groups}

@@ -24,7 +24,7 @@ from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.eviction import INTERVAL_MODES, PhasePlan
+from polykv_search.runtime.eviction import FULL_PLAN, INTERVAL_MODES, PhasePlan
 from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan, choice_head_groups
 from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
@@ -33,14 +33,15 @@ from strategies import Strategy
 
 
 def strategy_plans(strategy: Strategy) -> list[tuple[PhasePlan, PhasePlan]]:
-    """The (prefill, decoding) plan of every layer of ``strategy``."""
-    return [
-        (
-            PhasePlan(make_pattern(p.pattern, **p.params), p.budget),
-            PhasePlan(make_pattern(d.pattern, **d.params), d.budget),
-        )
-        for p, d in zip(strategy.prefill, strategy.decoding)
-    ]
+    """The (prefill, decoding) plan of every layer of ``strategy``; a layer split into head groups gets
+    ``FULL_PLAN`` here (its groups' plans are :func:`strategy_head_groups`'s)."""
+
+    def plan(choice) -> PhasePlan:
+        if choice.head_groups is not None:
+            return FULL_PLAN
+        return PhasePlan(make_pattern(choice.pattern, **choice.params), choice.budget)
+
+    return [(plan(p), plan(d)) for p, d in zip(strategy.prefill, strategy.decoding)]
 
 
 def strategy_head_groups(strategy: Strategy, num_kv_heads: int) -> dict[int, list[HeadGroupPlan]]:
@@ -105,7 +106,7 @@ class PolyKVRuntime:
             raise ValueError(f"interval_mode must be one of {', '.join(INTERVAL_MODES)}, got {interval_mode!r}")
         self.model = model
         self.spec: ModelSpec = model_spec(model)
-        strategy.check_model(self.spec.num_layers)
+        strategy.check_model(self.spec.num_layers, self.spec.num_kv_heads)
         self.strategy = strategy
         self.decode_interval = decode_interval
         self.interval_mode = interval_mode
