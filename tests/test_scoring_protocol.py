@@ -17,6 +17,7 @@ from polykv_search.scoring.job import SampleJob
 from polykv_search.scoring.shared import SharedScorer
 from strategies import Strategy
 from tests.test_compare import standard, write
+from tests.test_eval_longbench import CHAT_TOK, data_dir  # noqa: F401  (the LongBench jsonl fixture)
 from tests.test_eval_support import char_tokenizer, haystack_texts
 from tests.test_score_cli import checkpoint, score, score_argv  # noqa: F401  (the tiny model fixture)
 from tests.test_score_resume import counted, stop_after  # noqa: F401
@@ -56,6 +57,25 @@ def kept_shared(model, strategy: Strategy, job: SampleJob) -> list[list[set[int]
             scorer._call([list(job.question_ids)], cache)
             scorer._write_back(cache)
         return [[set(h.tolist()) for h in layer.positions[0]] for layer in row]
+
+
+def test_every_task_with_a_question_moves_it_into_the_compressed_call(data_dir):  # noqa: F811
+    tasks = scoring.resolve_tasks("ruler,broad,longbench/hotpotqa", longbench_source=str(data_dir))
+    samples = scoring.make_task_samples(CHAT_TOK, tasks, haystack_texts(), n_samples=1, context_len=3000, seed=0)
+    kinds = {}
+    for task, (sample,) in samples.values():
+        jobs = [scoring.engine.sample_job(CHAT_TOK, task, sample, frozenset(), None, p) for p in (AGNOSTIC, AWARE)]
+        agnostic, question_aware = jobs
+        if task.kind == "teacher_forced":  # the continuation: no question, the same job
+            assert agnostic == question_aware and not agnostic.question_ids
+        else:  # the same prompt ids (chat template tail and answer prefix included), all in the first call
+            assert agnostic.question_ids and not question_aware.question_ids
+            assert question_aware.context_ids == agnostic.context_ids + agnostic.question_ids
+            assert CHAT_TOK.decode(question_aware.context_ids).startswith("<s>")
+            assert question_aware.limit == agnostic.limit
+        kinds[task.name] = task.kind
+    assert set(kinds) >= {"ruler/niah_single", "broad/manyshot", "broad/continuation", "longbench/hotpotqa"}
+    assert len([k for k in kinds if k.startswith("ruler/")]) == 6
 
 
 @pytest.mark.parametrize("kept", [kept_per_entry, kept_shared])
