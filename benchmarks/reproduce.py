@@ -8,6 +8,7 @@ Run (from the repository root)::
     python benchmarks/reproduce.py --out runs/repro --score-per-task       # one score run per task (resumable)
     python benchmarks/reproduce.py --out runs/repro --ablations-on proportional,ilp   # + ilp's ablations
     python benchmarks/reproduce.py --out runs/repro --dry-run              # print the steps, run nothing
+    python benchmarks/reproduce.py --out runs/repro --question-aware       # results-B*-qa.json, reports of it
 
 Steps (each reuses finished work when rerun: signals resume, strategies and results files are kept):
 
@@ -139,6 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "study can be stopped and resumed between tasks, or its tasks run on several machines",
     )
     p.add_argument("--dry-run", action="store_true", help="print the steps (polykv-search argv) and run nothing")
+    p.add_argument("--question-aware", action="store_true", help="score question-aware (score --question-aware)")
     args = p.parse_args(argv)
     if args.retrieval_mix is not None:
         from polykv_search.cli.common import CLIError
@@ -274,6 +276,7 @@ def score_steps(args: argparse.Namespace, B: str, strategies: list[Path]) -> lis
             seed,
         ]
         argv = ["score", *evaluation, "--budget", B, *baselines, "--strategy", *map(str, strategies), "--out", str(out)]
+        argv[-2:-2] = ["--question-aware"] if args.question_aware else []
         steps.append(Step(f"score B={B}" + (f" {suite}" if args.score_per_task else ""), argv, out))
     return steps
 
@@ -285,6 +288,7 @@ def _task_names(suite: str) -> list[str]:
 
 
 def results_path(args: argparse.Namespace, B: str, task: str | None = None) -> Path:
+    B += "-qa" if args.question_aware else ""  # each protocol's results beside the other's, never mixed
     return args.out / (f"results-B{B}.json" if task is None else f"results-B{B}-{task.replace('/', '-')}.json")
 
 
@@ -375,7 +379,9 @@ def _results_cover(path: Path, strategies: list[Path], argv: list[str] | None = 
         doc = json.loads(path.read_text())
         sources = {str(Path(e["source"]).resolve()) for e in doc["entries"]}
         settings = doc["provenance"]["settings"] if argv else {}
-    except (OSError, ValueError, KeyError, TypeError):
+        if argv and (doc["provenance"].get("protocol") == "question-aware") != ("--question-aware" in argv):
+            return False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
     for flag, key in _SAMPLE_FLAGS.items() if argv else ():
         if flag in argv and str(settings.get(key)) != argv[argv.index(flag) + 1]:

@@ -8,7 +8,8 @@ import torch
 pytestmark = pytest.mark.slow
 
 
-def test_shared_engine_equals_per_entry_path_on_smollm2():
+@pytest.mark.parametrize("protocol", ["question-agnostic", "question-aware"])
+def test_shared_engine_equals_per_entry_path_on_smollm2(protocol):
     from polykv_search import scoring
     from polykv_search.cli.baselines import baseline
     from polykv_search.evaluation.runner import eos_token_ids
@@ -32,7 +33,8 @@ def test_shared_engine_equals_per_entry_path_on_smollm2():
     tasks = scoring.resolve_tasks("broad/continuation,ruler/niah_single")
     samples = scoring.make_task_samples(tok, tasks, texts, n_samples=1, context_len=512, seed=0)
     for task, (sample,) in samples.values():
-        job = sample_job(tok, task, sample, frozenset(eos_token_ids(model, tok)), None)
+        job = sample_job(tok, task, sample, frozenset(eos_token_ids(model, tok)), None, protocol)
+        assert bool(job.question_ids) == (protocol == "question-agnostic" and not job.teacher_forced)
         reference = per_entry.run_sample(model, entries, job)
         with apply_strategy(model, Strategy.full(L)) as rt:
             shared = SharedScorer(model, rt, [strategy_plans(e.strategy) for e in entries]).run(job)

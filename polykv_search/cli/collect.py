@@ -30,6 +30,7 @@ from polykv_search.cli.common import (
     CLIError,
     Interrupted,
     add_model_args,
+    add_protocol_arg,
     check_model_args,
     check_output_path,
     comma_list,
@@ -103,6 +104,12 @@ def add_parser(sub) -> None:
         metavar="N",
         help="also measure each KV head's retrieval score (Wu et al.) on N >= 2 calibration-split evidence samples "
         "(one statement each, its answer teacher-forced) and store it in the table (default 0: not measured)",
+    )
+    add_protocol_arg(
+        g,
+        "evidence samples of --retrieval-mix put their query at the end of the context, inside the compressed "
+        "prompt (the question-aware protocol of `score --question-aware`), and the continuation opens with the answer; "
+        "default: the query opens the continuation (question-agnostic). Recorded in the table (retrieval.protocol)",
     )
     g = p.add_argument_group("grid")
     g.add_argument(
@@ -218,6 +225,8 @@ def check(args: argparse.Namespace):
         message = message.replace("evidence records per sample:", "--evidence-records", 1)
         raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
     heads = getattr(args, "retrieval_heads", 0)
+    if args.question_aware and mix is None:
+        raise CLIError("--question-aware moves the query of evidence samples into the prompt; give --retrieval-mix too")
     if args.evidence_records is not None and mix is None and not heads:
         raise CLIError("--evidence-records applies to evidence samples; give --retrieval-mix or --retrieval-heads too")
     if heads:
@@ -240,6 +249,7 @@ def check(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from polykv_search.data import DEFAULT_CORPUS, describe_samples, load_corpus
     from polykv_search.data.evidence import describe_evidence, make_calibration_samples
+    from polykv_search.protocol import AGNOSTIC, AWARE
     from signals.collect import CollectError, ModelLoader, collect_signals
     from signals.journal import journal_path
 
@@ -259,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
             continuation_len=args.continuation_len,
             seed=args.seed,
             mix=mix,
+            protocol=AWARE if args.question_aware else AGNOSTIC,
         )
     calibration = describe_samples(
         samples,

@@ -125,6 +125,19 @@ def add_decode_interval_args(p: argparse.ArgumentParser, *, default: int | None,
     )
 
 
+def add_protocol_arg(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--question-aware``: the protocol of :mod:`polykv_search.protocol` (default question-agnostic)."""
+    p.add_argument(
+        "--question-aware",
+        action="store_true",
+        help=help
+        or "question-aware protocol: prefill context and question as one prompt and compress them together "
+        "(kvpress's compress_questions; the KVCache-Factory setting); default question-agnostic: the context "
+        "is compressed, the question follows uncompressed. Recorded in the results; teacher-forced tasks "
+        "(continuation) have no question and are the same under both; the decode suite is refused",
+    )
+
+
 def check_model_args(args: argparse.Namespace) -> None:
     """Refuse a bad ``--model`` / ``--device`` in a moment, before anything slow runs."""
     from polykv_search.models import parse_device, resolve_model

@@ -9,6 +9,10 @@ results whose settings match are kept).
 ``--calib-samples``) makes the calibration retrieval-aware; its signal table and strategies are
 written beside the prose-only ones (``signals-retrieval.json``, ``strategies/*-retrieval-B*.json``).
 The default, prose-only calibration, is unchanged. The report states which calibration was used.
+
+``--question-aware`` scores under the question-aware protocol (``score --question-aware``) into
+``results-B<B>-question-aware.json``, beside the default question-agnostic results; with
+``--retrieval-mix`` the evidence samples' query sits inside the compressed prompt too.
 """
 
 from __future__ import annotations
@@ -19,8 +23,17 @@ import time
 from pathlib import Path
 
 from polykv_search.cli import quickstart_defaults as D
-from polykv_search.cli.common import CLIError, check_output_dir, comma_list, console, positive_float, positive_int
+from polykv_search.cli.common import (
+    CLIError,
+    add_protocol_arg,
+    check_output_dir,
+    comma_list,
+    console,
+    positive_float,
+    positive_int,
+)
 from polykv_search.cli.quickstart_report import print_summary, write_report
+from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
 
 #: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
 METHODS, BASELINES, EVAL_SAMPLES = D.METHODS, D.BASELINES, D.EVAL_SAMPLES
@@ -73,6 +86,12 @@ def add_parser(sub) -> None:
         "--eval-context-len", type=positive_int, default=None, help="evaluation context (default: --context-len)"
     )
     p.add_argument("--suite", default="broad,ruler")
+    add_protocol_arg(
+        p,
+        "score under the question-aware protocol (context and question compressed together; see `score "
+        "--question-aware`) into results-B<B>-question-aware.json; with --retrieval-mix the evidence samples' "
+        "query sits inside the compressed prompt too (signals-retrieval-question-aware.json)",
+    )
     p.add_argument(
         "--methods",
         type=comma_list(str, "method"),
@@ -89,13 +108,16 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.cli.collect import check as collect_check
     from polykv_search.models import DEFAULT_MODEL
     from polykv_search.scoring import resolve_tasks
+    from polykv_search.scoring.engine import check_task_protocol
     from solvers import list_methods
 
     # every argument is checked before the output folder is made or any step runs
     out = check_output_dir(args.out)
     mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
-    tag = "-retrieval" if mix else ""  # the retrieval-aware files sit beside the prose-only ones
-    resolve_tasks(args.suite)  # a bad suite fails now, not after the collect step
+    qa = "-question-aware" if args.question_aware else ""  # each protocol's files sit beside the other's
+    tag = f"-retrieval{qa}" if mix else ""  # the retrieval-aware files sit beside the prose-only ones
+    for task in resolve_tasks(args.suite):  # a bad suite fails now, not after the collect step
+        check_task_protocol(task, AWARE if args.question_aware else AGNOSTIC)
     known = {m.name for m in list_methods()}
     unknown = [m for m in args.methods if m not in known]
     if unknown:
@@ -135,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "--budgets",
         budgets,
         *(["--retrieval-mix", mix] if mix else []),
+        *(["--question-aware"] if mix and qa else []),
         "--out",
         str(signals),
     ]
@@ -169,9 +192,9 @@ def run(args: argparse.Namespace) -> int:
             )
         paths.append(str(target))
 
-    results = out / f"results-B{B}.json"
+    results = out / f"results-B{B}{qa}.json"
     settings = {"suite": args.suite, "samples": args.eval_samples, "context_len": eval_len, "budget": args.budget}
-    if not _results_match(results, settings, paths):
+    if not _results_match(results, settings, paths, AWARE if qa else AGNOSTIC):
         argv = ["score", *common, "--strategy", *paths]
         for spec in BASELINES:
             argv += ["--baseline", spec]
@@ -184,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
             str(args.eval_samples),
             "--context-len",
             str(eval_len),
+            *(["--question-aware"] if qa else []),
             "--out",
             str(results),
         ]
@@ -241,16 +265,17 @@ def check_table_mix(path: Path, spec: str) -> None:
         )
 
 
-def _results_match(path: Path, settings: dict, strategy_paths: list[str]) -> bool:
+def _results_match(path: Path, settings: dict, strategy_paths: list[str], protocol: str = AGNOSTIC) -> bool:
     if not path.exists():
         return False
     try:
         doc = json.loads(path.read_text())
         have = doc["provenance"]["settings"]
         sources = {e["source"] for e in doc["entries"]}
-    except (OSError, ValueError, KeyError):
+        same_protocol = protocol_of(doc["provenance"]) == protocol
+    except (OSError, ValueError, KeyError, AttributeError):
         return False
-    return all(have.get(k) == v for k, v in settings.items()) and set(strategy_paths) <= sources
+    return same_protocol and all(have.get(k) == v for k, v in settings.items()) and set(strategy_paths) <= sources
 
 
 def calibration_summary(signals: Path) -> str:

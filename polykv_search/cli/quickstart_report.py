@@ -26,6 +26,7 @@ def verdict_sentences(comparison) -> list[str]:
 def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, calibration: str, signals: Path) -> str:
     """The markdown of ``report.md``: verdict, setting, table, notes, plot, step times."""
     from polykv_search import compare as cmp
+    from polykv_search.protocol import protocol_of
 
     settings = doc["provenance"]["settings"]
     warning = cmp.unresolved_warning(comparison)
@@ -35,7 +36,8 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
         " ".join(verdict_sentences(comparison)),
         "",
         f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "
-        f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`. "
+        f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`, "
+        f"{protocol_of(doc['provenance'])} protocol. "
         f"Calibration: {args.calib_samples} samples of {args.context_len} + {args.continuation_len} tokens, "
         f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))} "
         f"(`{signals.name}`). {calibration}",

@@ -12,6 +12,7 @@ from polykv_search.cli.common import (
     Interrupted,
     add_decode_interval_args,
     add_model_args,
+    add_protocol_arg,
     check_model_args,
     check_output_path,
     console,
@@ -21,6 +22,7 @@ from polykv_search.cli.common import (
     positive_int,
 )
 from polykv_search.progress import ProgressBar
+from polykv_search.runtime.architectures import model_spec
 
 
 def add_parser(sub) -> None:
@@ -98,6 +100,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--lm-eval-include-path", metavar="DIR", help="folder of extra lm-eval task YAMLs (lm-eval's --include_path)"
     )
+    add_protocol_arg(p)
     p.add_argument("--out", help="results JSON to write")
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and suites, then exit")
     p.set_defaults(func=run)
@@ -108,7 +111,10 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.cli.baselines import baseline, check_baseline
     from polykv_search.io import write_json
     from polykv_search.models import model_fingerprint
+    from polykv_search.protocol import AGNOSTIC, AWARE
+    from polykv_search.scoring.checkpoint import check_partial_protocol
     from polykv_search.scoring.checkpoint_schema import read_partial
+    from polykv_search.scoring.engine import check_task_protocol
     from strategies import Strategy
 
     if args.list_tasks:
@@ -136,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
         if lm_request and args.suite == "none"
         else scoring.resolve_tasks(args.suite, args.longbench_source, args.generate_len)
     )
+    protocol = AWARE if args.question_aware else AGNOSTIC
+    for task in tasks:
+        check_task_protocol(task, protocol)
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
@@ -147,13 +156,15 @@ def run(args: argparse.Namespace) -> int:
                     "add --no-shared-prefill"
                 )
     shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
-    read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
+    found = read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
+    if found.key is not None:
+        check_partial_protocol(f"{args.out}.partial", found.protocol, protocol)
     check_model_args(args)
     model, tok = load_model_from_args(args)
     L = model.config.get_text_config(decoder=True).num_hidden_layers
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
     for s in entries:
-        s.strategy.check_model(L)
+        s.strategy.check_model(L, model_spec(model).num_kv_heads)
     entries += [baseline(spec, L, args.budget) for spec in args.baseline]
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
@@ -182,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         "batch_entries": args.batch_entries,
     }
     fingerprint = model_fingerprint(model)
-    checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape)
+    checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape, protocol)
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
     costs = scoring.run_costs(task_samples, context_len=args.context_len, max_new_tokens=args.max_new_tokens)
     timing: dict[str, float] = {}
@@ -213,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
                 checkpoint=checkpoint,
                 work=costs,
                 fan_out=_fan_out(args),
+                protocol=protocol,
             )
     except KeyboardInterrupt:  # one line: where the finished samples are
         raise Interrupted(
@@ -231,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         split=split,
         engine=engine,
         timing=timing,
+        protocol=protocol,
     )
     if lm_request is not None:
         lm_eval_score.fold(doc, lm_runs, lm_request)
@@ -260,10 +273,11 @@ def _fan_out(args: argparse.Namespace):
     return FanOut(ModelLoader(args.model, args.device, args.dtype, args.attn), args.jobs, args.backend, args.address)
 
 
-def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples, shape: dict):
+def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples, shape: dict, protocol: str):
     """The run's checkpoint ``<out>.partial`` (:mod:`~polykv_search.scoring.checkpoint`): a stopped
-    run of the same command resumes from it; one of another run is a one-line error."""
+    run of the same command resumes from it; one of another run (or protocol) is a one-line error."""
     from polykv_search.evaluation.samples import samples_fingerprint
+    from polykv_search.protocol import AWARE
     from polykv_search.scoring import ScoreError
     from polykv_search.scoring.checkpoint import Checkpoint, run_key
 
@@ -274,8 +288,9 @@ def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_s
         model=model_fp,
         entries=[[e.name, e.kind, e.strategy.to_json()] for e in entries],
         samples={name: samples_fingerprint(samples) for name, (_, samples) in task_samples.items()},
+        **({"protocol": protocol} if protocol == AWARE else {}),  # question-agnostic runs keep their old keys
     )
-    checkpoint = Checkpoint.open(f"{out}.partial", key, **shape)
+    checkpoint = Checkpoint.open(f"{out}.partial", key, **shape, protocol=protocol)
     for (task, index), row in checkpoint.done.items():  # every finished sample is one of this run's
         samples = task_samples[task][1] if task in task_samples else []
         if index >= len(samples) or row["sample"] != samples[index].id:

@@ -18,6 +18,7 @@ from polykv_search.compare.gaps import compute_references
 from polykv_search.compare.model import Comparison, Row, fmt_budget, layers_of, num, ordered
 from polykv_search.compare.reading import CompareError, check_results, entry_samples
 from polykv_search.compare.shards import SuiteTasks, add_kv, entry_weight, merge_settings, suite_scores
+from polykv_search.protocol import protocol_of
 from strategies import PHASES
 
 #: settings that change scores without changing the samples: differences are reported as warnings
@@ -64,6 +65,7 @@ def compare(
         raise CompareError("sources: one name per results document")
     for doc, src in zip(docs, sources):
         check_results(doc, src)
+    _check_protocols(docs, sources)
     warnings: list[str] = []
     mismatched = _check_models(docs, sources, allow_mismatch, warnings)
     suite_tasks = SuiteTasks()
@@ -89,6 +91,7 @@ def compare(
                     "sources": [],
                     "settings": _public_settings(prov.get("settings") or {}),
                     "engine": prov.get("engine"),
+                    "protocol": protocol_of(prov),
                     "tasks": {t: (v or {}).get("samples") for t, v in (prov.get("tasks") or {}).items()},
                 }
             )
@@ -126,6 +129,18 @@ def _suite_of_tasks(docs, tasks: list[str]) -> dict[str, str]:
         for task, info in (doc["provenance"].get("tasks") or {}).items():
             out.setdefault(task, (info or {}).get("suite") or task.split("/")[0])
     return {t: out.get(t, t.split("/")[0]) for t in tasks}
+
+
+def _check_protocols(docs, sources) -> None:
+    """Files of different protocols are never paired, --allow-mismatch or not (docs/scoring.md)."""
+    first = protocol_of(docs[0]["provenance"])
+    for doc, src in zip(docs[1:], sources[1:]):
+        other = protocol_of(doc["provenance"])
+        if other != first:
+            raise CompareError(
+                f"{sources[0]} is {first} and {src} is {other}: results of different protocols are never "
+                "paired; compare each protocol's files apart"
+            )
 
 
 def _check_models(docs, sources, allow, warnings) -> bool:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from polykv_search.protocol import PROTOCOLS
 from polykv_search.scoring import RESULTS_SCHEMA
 from strategies import PHASES
 
@@ -233,6 +234,8 @@ class _Checker:
         self.string(prov.get("model"), "provenance.model")
         self.string(prov.get("model_fingerprint"), "provenance.model_fingerprint")
         self.string(prov.get("engine"), "provenance.engine")
+        if prov.get("protocol") is not None and prov.get("protocol") not in PROTOCOLS:
+            self.fail("provenance.protocol", " or ".join(PROTOCOLS) + " or null", prov.get("protocol"))
         settings = self.obj(prov.get("settings", {}), "provenance.settings", null=False)
         self.number(settings.get("budget"), "provenance.settings.budget")
         for key in ("samples", "context_len", "seed"):

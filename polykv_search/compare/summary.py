@@ -22,6 +22,8 @@ def describe(c: Comparison) -> str:
         bits.append(f"seed {s['seed']}")
     if c.budgets:
         bits.append("B = " + ", ".join(f"{b:g}" for b in c.budgets))
+    if run.get("protocol"):
+        bits.append(str(run["protocol"]))
     if c.multi_run:
         bits.append(f"{len(c.runs)} mismatched runs")
     return "compare — " + ", ".join(bits)

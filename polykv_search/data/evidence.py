@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from polykv_search.protocol import AGNOSTIC, AWARE, check_protocol
+
 from .corpus import Corpus
 from .errors import DataError
 from .evidence_mix import DEFAULT_RECORDS, RetrievalMix, parse_retrieval_mix
@@ -124,6 +126,9 @@ class EvidenceSample(Sample):
         Prose tokens in the context (``context_len`` minus the statements').
     filler_start : int
         First continuation position of the prose after the answer's full stop.
+    protocol : str
+        Where the query is: the continuation's start (question-agnostic) or the context's end
+        (question-aware, ``collect --question-aware``); the context and continuation lengths are the same.
     """
 
     kind: str
@@ -133,6 +138,9 @@ class EvidenceSample(Sample):
     scored: tuple[int, int]
     prose_context: int
     filler_start: int
+    #: ``question-agnostic``: the query opens the continuation; ``question-aware``: it closes the context
+    #: (inside the compressed prompt) and the continuation opens with the answer (:mod:`polykv_search.protocol`)
+    protocol: str = AGNOSTIC
 
     @property
     def answer(self) -> str:
@@ -150,7 +158,8 @@ class EvidenceSample(Sample):
         for a, b in self.evidence_spans:
             out += self.context_ids[at:a]
             at = b
-        out += self.context_ids[at:]
+        query = len(self.context_ids) - self.prose_context - sum(b - a for a, b in self.evidence_spans)
+        out += self.context_ids[at : len(self.context_ids) - query]  # question-aware: the query closes it
         return out + self.continuation_ids[self.filler_start :]
 
 
@@ -201,9 +210,17 @@ class _Pieces:
 
 
 def evidence_sample(
-    window: Sample, pieces: _Pieces, kind: str, records: int, rng: random.Random, attempts: int = 50
+    window: Sample,
+    pieces: _Pieces,
+    kind: str,
+    records: int,
+    rng: random.Random,
+    attempts: int = 50,
+    protocol: str = AGNOSTIC,
 ) -> EvidenceSample:
-    """Turn a prose ``window`` (of ``make_samples``) into an evidence sample of ``kind``."""
+    """Turn a prose ``window`` (of ``make_samples``) into an evidence sample of ``kind``; under
+    ``question-aware`` the query closes the context instead of opening the continuation."""
+    aware = check_protocol(protocol) == AWARE
     n, m = len(window.context_ids), len(window.continuation_ids)
     prose = list(window.context_ids) + list(window.continuation_ids)
     f = FORMATS[kind]
@@ -217,8 +234,8 @@ def evidence_sample(
         query = pieces(f.query_prefix) + pieces(f" {key}") + pieces(f.relation)
         answer_ids, end = pieces(f" {answer}"), pieces(".")
         evidence = sum(len(s) for s in stmts)
-        p = n - evidence
-        tail = len(query) + len(answer_ids) + len(end)
+        p = n - evidence - (len(query) if aware else 0)
+        tail = (0 if aware else len(query)) + len(answer_ids) + len(end)
         if p < n // 2:
             raise DataError(
                 f"context_len {n} is too short for {records} evidence records of {evidence} tokens "
@@ -246,12 +263,14 @@ def evidence_sample(
             context += stmt
             at = spot
         context += ctx_prose[at:]
-        continuation = query + answer_ids + end + filler
+        continuation = (answer_ids if aware else query + answer_ids) + end + filler
         q0, q1 = spans[queried]
         hits = _runs(context, answer_ids)
         key_hits = _runs(context, pieces(f" {key}"))
         if hits != [q1 - len(end) - len(answer_ids)] or len(key_hits) != 1 or not q0 <= key_hits[0] < q1:
             continue
+        if aware:
+            context += query
         sample = EvidenceSample(
             context_ids=context,
             continuation_ids=continuation,
@@ -261,9 +280,10 @@ def evidence_sample(
             statements=pairs,
             queried=queried,
             evidence_spans=spans,
-            scored=(len(query), len(query) + len(answer_ids)),
+            scored=(tail - len(answer_ids) - len(end), tail - len(end)),
             prose_context=p,
             filler_start=tail,
+            protocol=protocol,
         )
         assert len(context) == n and len(continuation) == m
         return sample
@@ -282,9 +302,11 @@ def make_calibration_samples(
     continuation_len: int,
     seed: int,
     mix: RetrievalMix | None = None,
+    protocol: str = AGNOSTIC,
 ) -> list[Sample]:
     """``n_samples`` calibration samples, the last ``mix.evidence_samples(n_samples)`` of which
-    carry evidence.
+    carry evidence (their query opens the continuation, or closes the context under ``protocol``
+    ``question-aware``).
 
     The windows are :func:`make_samples`'s (``role="calib"``, the same ``seed``), so with no mix
     this *is* ``make_samples``, and with a mix the prose samples are the same leading windows. The
@@ -310,7 +332,7 @@ def make_calibration_samples(
     pieces = _Pieces(tokenizer)
     for j, index in enumerate(range(n_samples - k, n_samples)):
         samples[index] = evidence_sample(
-            samples[index], pieces, KINDS[j % len(KINDS)], mix.records, _sample_rng(seed, index)
+            samples[index], pieces, KINDS[j % len(KINDS)], mix.records, _sample_rng(seed, index), protocol=protocol
         )
     return samples
 
@@ -326,7 +348,10 @@ def describe_evidence(samples: Sequence[Any], mix: RetrievalMix | None = None) -
         "scored": "evidence samples: the answer tokens only; prose samples: every continuation token",
     }
     if evidence:
+        protocols = sorted({s.protocol for _, s in evidence})
         out.update(
+            # where the query sits: the continuation's start, or the compressed prompt's end (question-aware)
+            protocol=protocols[0] if len(protocols) == 1 else protocols,
             generator="polykv_search.data.evidence",
             generator_version=GENERATOR_VERSION,
             records_per_sample=mix.records if mix is not None else len(evidence[0][1].statements),

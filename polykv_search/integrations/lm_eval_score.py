@@ -212,7 +212,8 @@ def fold(doc: dict[str, Any], runs: Sequence[dict[str, Any]], request: LMEvalReq
                 summary["kv_ratio"],
             )
         entry["lm_eval"] = _plain({"results": results.get("results", {}), "polykv": summary})
-    doc["provenance"]["lm_eval"] = request.provenance()
+    # a request's prompt (its question included) is compressed whole, whatever the run's protocol
+    doc["provenance"]["lm_eval"] = {**request.provenance(), "protocol": "question-aware"}
 
 
 def fold_task(task: str, results: dict[str, Any], kv_log: Sequence[Any], metric: str | None = None) -> dict[str, Any]:

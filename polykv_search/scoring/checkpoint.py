@@ -4,7 +4,8 @@
 per-sample record, KV bytes and seconds. Rerun with the same command, it replays those samples and
 runs only the rest; the results file is the one an uninterrupted run writes (but for wall times).
 The file's first line is a key (settings, entries, samples, model, and the versions of
-polykv-search, torch and transformers): a partial file of another run is refused, never mixed in.
+polykv-search, torch and transformers) and the run's protocol: a partial file of another run is
+refused, never mixed in, and one written under the other protocol is refused saying so.
 It is removed once the results file is written.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from polykv_search.io import atomic_write_text
+from polykv_search.protocol import AGNOSTIC
 from polykv_search.scoring.checkpoint_schema import read_partial
 from polykv_search.scoring.entries import ScoreError
 
@@ -34,23 +36,32 @@ class Checkpoint:
 
     path: Path
     key: str
+    protocol: str = AGNOSTIC
     done: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def open(
-        cls, path: str | Path, key: str, *, entries: int | None = None, kinds: Mapping[str, str] | None = None
+        cls,
+        path: str | Path,
+        key: str,
+        *,
+        entries: int | None = None,
+        kinds: Mapping[str, str] | None = None,
+        protocol: str = AGNOSTIC,
     ) -> Checkpoint:
         """Resume from ``path`` if it holds this run (same ``key``), else start it. The file is read
         through one validating reader (:func:`~polykv_search.scoring.checkpoint_schema.read_partial`,
         with the run's ``entries`` count and task ``kinds``); a file it cannot use, or another run's,
-        is a one-line :class:`ScoreError`. A last line cut off by a kill is dropped (that sample runs again)."""
+        is a one-line :class:`ScoreError`, as is one written under the other ``protocol``. A last line cut
+        off by a kill is dropped (that sample runs again)."""
         path = Path(path)
-        cp = cls(path, key)
+        cp = cls(path, key, protocol)
         found = read_partial(path, entries=entries, kinds=kinds)
         if found.key is None:
             if found.dropped:  # killed while writing its first line: nothing kept
                 path.unlink()
             return cp
+        check_partial_protocol(path, found.protocol, protocol)
         if found.key != key:
             raise ScoreError(
                 f"{path} holds a stopped score run of other settings, entries, samples or code versions; "
@@ -74,7 +85,8 @@ class Checkpoint:
         text = json.dumps(row, allow_nan=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)  # the folders --out may still lack
         if not self.path.exists() or self.path.stat().st_size == 0:
-            text = json.dumps({"key": self.key}) + "\n" + text
+            header = {"key": self.key, **({"protocol": self.protocol} if self.protocol != AGNOSTIC else {})}
+            text = json.dumps(header) + "\n" + text  # no protocol: question-agnostic (as before protocols)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -83,3 +95,13 @@ class Checkpoint:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def check_partial_protocol(path: str | Path, found: str, protocol: str) -> None:
+    """Refuse (one line) resuming the checkpoint ``path``, written under protocol ``found``, in a run of
+    ``protocol``: its samples were prefilled with the other split and must not be mixed in."""
+    if found != protocol:
+        raise ScoreError(
+            f"{path} holds a stopped score run of the {found} protocol, this run is {protocol}; "
+            "rerun it as it was or delete the file to start over"
+        )

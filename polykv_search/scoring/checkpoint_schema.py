@@ -1,7 +1,8 @@
 """The one reader of a score run's checkpoint file (``<out>.partial``): its schema, checked line by line.
 
-The file is JSON lines. Line 1 is the header ``{"key": "<run key>"}``; every later line is one
-finished sample::
+The file is JSON lines. Line 1 is the header ``{"key": "<run key>"[, "protocol": "question-aware"]}`` (the
+run's :mod:`~polykv_search.protocol`; a header without it is ``question-agnostic``); every later line is
+one finished sample::
 
     {"task": str, "index": int >= 0, "sample": str, "wall": number >= 0,
      "rows": [{"record": {...}, "seconds": number >= 0}, ...]}     # one row per entry, in entry order
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polykv_search.protocol import AGNOSTIC, PROTOCOLS
 from polykv_search.scoring.entries import ScoreError
 
 _START_OVER = "delete it to start over"
@@ -36,10 +38,12 @@ _BYTES = ("kv_bytes", "full_kv_bytes")
 
 @dataclass
 class PartialFile:
-    """What :func:`read_partial` found: the header's key (None: no usable header, nothing kept), the
-    finished samples by ``(task, index)``, the good lines, and whether a cut last line was dropped."""
+    """What :func:`read_partial` found: the header's key (None: no usable header, nothing kept) and
+    protocol, the finished samples by ``(task, index)``, the good lines, and whether a cut last line
+    was dropped."""
 
     key: str | None = None
+    protocol: str = AGNOSTIC
     rows: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
     dropped: bool = False
@@ -176,7 +180,10 @@ def read_partial(
         if n == numbered[0][0]:
             if not isinstance(value, dict) or not isinstance(value.get("key"), str):
                 raise refuse(n, 'not a checkpoint header ({"key": ...})')
-            found.key = value["key"]
+            protocol = value.get("protocol", AGNOSTIC)
+            if protocol not in PROTOCOLS:
+                raise refuse(n, f"protocol must be one of {', '.join(PROTOCOLS)}, got {_short(protocol)}")
+            found.key, found.protocol = value["key"], protocol
         else:
             try:
                 row = check_sample_line(value, entries, kinds)

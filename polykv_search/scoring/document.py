@@ -6,6 +6,10 @@ per-token KL(FullKV ‖ entry), ``dnll``: mean per-token NLL_entry − NLL_FullK
 FullKV context pass per sample, entries batched; ``per-entry``: every entry runs every sample
 alone) and ``provenance.timing``. An entry's ``seconds`` is null under the shared engine (entries
 are not timed apart). Every task keeps its per-sample scores, so every comparison can be paired.
+``provenance.protocol`` (optional within version 2) is ``question-agnostic`` or ``question-aware``
+(:mod:`polykv_search.protocol`); a file without it is question-agnostic, and files of different
+protocols are never paired. Under ``question-aware`` a record's ``context_tokens`` counts the whole
+compressed prompt and ``question_tokens`` is 0.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import polykv_search
 from polykv_search.evaluation import TaskResult, samples_fingerprint, suite_scores
+from polykv_search.protocol import AGNOSTIC, check_protocol
 from polykv_search.scoring.entries import Entry
 
 RESULTS_SCHEMA = "polykv-results"
@@ -63,6 +68,7 @@ def results_document(
     split: dict[str, Any],
     engine: str = "shared",
     timing: dict[str, float] | None = None,
+    protocol: str = AGNOSTIC,
 ) -> dict[str, Any]:
     tasks = {
         n: {"version": t.version, "suite": t.suite, "samples": samples_fingerprint(s)}
@@ -78,6 +84,7 @@ def results_document(
             "eval_split": split,
             "tasks": tasks,
             "engine": engine,
+            "protocol": check_protocol(protocol),
             "timing": dict(timing or {}),
             "code_version": polykv_search.__version__,
             "python": platform.python_version(),

@@ -17,6 +17,7 @@ from polykv_search.evaluation.runner import (
     sample_record,
 )
 from polykv_search.evaluation.samples import encode_prompt
+from polykv_search.protocol import AGNOSTIC, AWARE, check_protocol, split_prompt
 from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
 from polykv_search.runtime.runtime import strategy_head_groups
 from polykv_search.scoring import per_entry
@@ -47,6 +48,7 @@ def score_entries(
     checkpoint: Checkpoint | None = None,
     work: dict[tuple[str, int], float] | None = None,
     fan_out: Callable | None = None,
+    protocol: str = AGNOSTIC,
 ) -> list[dict[str, Any]]:
     """Run every task's samples for every entry; returns the entries' records for the results file.
 
@@ -75,22 +77,34 @@ def score_entries(
         Runs the samples still to run elsewhere (``score --jobs``: :class:`~polykv_search.scoring.parallel.FanOut`),
         called with ``(entries, settings, pending, record)``; ``record(task, index, sample, row)`` takes each
         finished sample in any order. None: one :class:`SampleRunner` in this process.
+    protocol
+        ``question-agnostic`` (the context call is compressed, the question follows uncompressed) or
+        ``question-aware`` (context and question in one compressed call): :mod:`polykv_search.protocol`.
+        Teacher-forced tasks have no question (the same under both); trajectory tasks are refused under
+        ``question-aware`` (their question follows the generated tokens: :func:`check_task_protocol`).
     """
     if engine not in ENGINES:
         raise ScoreError(f"unknown scoring engine {engine!r}; expected one of {', '.join(ENGINES)}")
     if not entries:
         raise ScoreError("nothing to score: no entries")
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    num_kv_heads = model_spec(model).num_kv_heads
     for entry in entries:
-        entry.strategy.check_model(num_layers)
+        entry.strategy.check_model(num_layers, num_kv_heads)
     if engine == "shared":
-        split = [e.name for e in entries if strategy_head_groups(e.strategy, model_spec(model).num_kv_heads)]
+        split = [e.name for e in entries if strategy_head_groups(e.strategy, num_kv_heads)]
         if split:
             raise ScoreError(
                 f"{', '.join(split)}: strategies with head groups are scored by the per-entry path only; "
                 "add --no-shared-prefill"
             )
-    settings = RunnerSettings(engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity)
+    try:
+        check_protocol(protocol)
+    except ValueError as err:
+        raise ScoreError(str(err)) from None
+    for task, _ in task_samples.values():
+        check_task_protocol(task, protocol)
+    settings = RunnerSettings(engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity, protocol)
     start = time.perf_counter()
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     pending = []
@@ -153,6 +167,18 @@ class RunnerSettings:
     interval_mode: str = "within"
     max_new_tokens: int | None = None
     fidelity: bool = True
+    protocol: str = AGNOSTIC
+
+
+def check_task_protocol(task, protocol: str) -> None:
+    """Refuse (:class:`ScoreError`, one line) a task the protocol has no meaning for: under
+    ``question-aware``, a trajectory task (the decode suite), whose question is asked after the
+    generated tokens and so can never be prefilled with its prompt."""
+    if protocol == AWARE and task.kind == "trajectory":
+        raise ScoreError(
+            f"{task.name}: the decode suite has no question to compress with its prompt (its question follows "
+            "the generated tokens); score it without --question-aware"
+        )
 
 
 class SampleRunner:
@@ -191,7 +217,7 @@ class SampleRunner:
     def run(self, task, sample) -> list[dict[str, Any]]:
         """The results rows of ``sample`` of ``task``, one per entry."""
         s, tok = self.settings, self.tokenizer
-        job = sample_job(tok, task, sample, self.eos, s.max_new_tokens)
+        job = sample_job(tok, task, sample, self.eos, s.max_new_tokens, s.protocol)
         if self.scorer is not None:
             return sample_rows(tok, task, sample, job, self.scorer.run(job, fidelity=s.fidelity), shared=True)
         outcomes = per_entry.run_sample(
@@ -225,8 +251,15 @@ def sample_rows(tokenizer, task, sample, job: SampleJob, outcomes, *, shared: bo
     return rows
 
 
-def sample_job(tokenizer, task, sample, eos: frozenset[int], max_new_tokens: int | None) -> SampleJob:
+def sample_job(
+    tokenizer, task, sample, eos: frozenset[int], max_new_tokens: int | None, protocol: str = AGNOSTIC
+) -> SampleJob:
+    """The job of ``sample``: under ``question-aware`` a generating task's question joins the compressed
+    context call (:func:`~polykv_search.protocol.split_prompt`); teacher-forced tasks feed no question."""
+    check_task_protocol(task, protocol)
     context_ids, question_ids = encode_prompt(tokenizer, sample)
+    if task.kind == "generate":
+        context_ids, question_ids = split_prompt(context_ids, question_ids, protocol)
     if task.kind == "trajectory":
         return SampleJob(
             kind="trajectory",
