@@ -222,6 +222,26 @@ def describe_heads(heads, top: int = TOP_SENSITIVE) -> list[str]:
     ]
     best = ", ".join(f"L{l} kv{h} {s:.2f}±{r.se[l, h]:.2f}" for l, h, s in r.top(top))
     lines.append(f"retrieval heads: strongest (mean ± SE): {best}")
+    return lines + describe_cells(heads.cells, top)
+
+
+def describe_cells(cells, top: int = TOP_SENSITIVE) -> list[str]:
+    """The streaming cells: what was measured and, at the smallest budget, the KV heads whose streaming costs
+    the most answer KL (with the prose KL of the same heads)."""
+    if cells is None:
+        return ["streaming cells: not measured (collect --head-cells)"]
+    prov, b = cells.provenance, cells.budgets[0]
+    lines = [
+        f"streaming cells ({cells.pattern}, {cells.sink} sinks, budgets {','.join(map(str, cells.budgets))}): "
+        f"KL(FullKV || only that KV head streams) on {prov.get('evidence_samples', '?')} evidence samples' answers "
+        f"and {prov.get('prose_samples', '?')} prose samples"
+    ]
+    g = cells.budget_index(b)
+    worst = ", ".join(
+        f"L{l} kv{h} {kl:.3f}±{se:.3f} (prose {cells.kl_prose_mean[l, h, g]:.3f})"
+        for l, h, kl, se in cells.costliest(top, b)
+    )
+    lines.append(f"streaming cells: costliest at b={b} (answer KL mean ± SE): {worst}")
     return lines
 
 
@@ -240,8 +260,9 @@ def write_plot(table, path: str) -> None:
     same = table.indistinguishable("dppl", LEVEL) if table.has_uncertainty else None
     height = max(4.0, 0.22 * L + 1.5)
     heads = table.heads
-    ncols = 2 * F + 1 + (heads is not None)
-    width = 3.2 * F + 0.12 * P * G * F + 4.0 + (2.5 if heads is not None else 0.0)
+    panels = 0 if heads is None else 1 + (heads.cells is not None)
+    ncols = 2 * F + 1 + panels
+    width = 3.2 * F + 0.12 * P * G * F + 4.0 + 2.5 * panels
     fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
     axes = axes[0]
     finite = dppl[np.isfinite(dppl)]
@@ -293,6 +314,14 @@ def write_plot(table, path: str) -> None:
         ax.set_title(f"retrieval score per KV head\n({heads.retrieval.n_samples} samples)", fontsize=9)
         ax.set_xlabel("KV head")
         ax.set_ylabel("layer")
+        ax.set_xticks(range(heads.num_kv_heads))
+        ax.set_yticks(range(0, L, max(1, L // 15)))
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if heads is not None and heads.cells is not None:
+        cells, ax = heads.cells, axes[2 * F + 2]
+        im = ax.imshow(cells.kl_answer_mean[:, :, 0], aspect="auto", cmap="magma", vmin=0, interpolation="nearest")
+        ax.set_title(f"answer KL, only this KV head\nstreams at b={cells.budgets[0]}", fontsize=9)
+        ax.set_xlabel("KV head")
         ax.set_xticks(range(heads.num_kv_heads))
         ax.set_yticks(range(0, L, max(1, L // 15)))
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
