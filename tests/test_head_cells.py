@@ -72,8 +72,7 @@ def random_sample(seed: int, n: int, m: int, scored=None):
     return SimpleNamespace(context_ids=ids[:n], continuation_ids=ids[n:], scored=scored or (0, m))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-@pytest.mark.parametrize("scored", [None, (3, 9)])
+@pytest.mark.parametrize(("family", "scored"), [("llama", None), ("qwen3", (3, 9))])
 def test_the_replay_equals_a_full_forward_with_a_per_head_mask(family, scored):
     model = tiny_model(family, layers=3, seed=2)
     sample = random_sample(3, 40, 14, scored)
