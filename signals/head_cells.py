@@ -176,6 +176,16 @@ def check_cell_budgets(budgets: Sequence[int], sink: int) -> tuple[int, ...]:
     return out
 
 
+def cells_per_sample(model, samples: Sequence, budgets, sink: int, *, batch_tokens=BATCH_TOKENS, on_sample=None):
+    """:func:`sample_cells_kl` of each sample, stacked: ``[S, L, Hkv, len(budgets)]``."""
+    rows = []
+    for sample in samples:
+        rows.append(sample_cells_kl(model, sample, budgets, sink, batch_tokens=batch_tokens))
+        if on_sample is not None:
+            on_sample()
+    return np.stack(rows)
+
+
 def measure_head_cells(
     model,
     evidence: Sequence,
@@ -193,14 +203,10 @@ def measure_head_cells(
     if not evidence or not prose:
         raise ValueError("streaming cells need at least one evidence sample and one prose sample")
     started = time.perf_counter()
-    per = {}
-    for name, samples in (("answer", evidence), ("prose", prose)):
-        rows = []
-        for sample in samples:
-            rows.append(sample_cells_kl(model, sample, budgets, sink, batch_tokens=batch_tokens))
-            if on_sample is not None:
-                on_sample()
-        per[name] = np.stack(rows)
+    per = {
+        name: cells_per_sample(model, samples, budgets, sink, batch_tokens=batch_tokens, on_sample=on_sample)
+        for name, samples in (("answer", evidence), ("prose", prose))
+    }
     summary = {name: _summary(v) for name, v in per.items()}
     prov = {
         "definition": DEFINITION,
