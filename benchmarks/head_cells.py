@@ -58,10 +58,19 @@ def correlation(retrieval: np.ndarray, kl: np.ndarray, seed: int, paired: bool, 
     z, half = np.arctanh(rho), 1.96 * np.sqrt(1.06 / (n - 3))  # Fieller et al.'s variance for Spearman
     return {
         "rho": rho,
-        "bootstrap_95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+        "bootstrap_95": [float(np.percentile(boot, q)) if boot.size else float("nan") for q in (2.5, 97.5)],
         "fisher_95": [float(np.tanh(z - half)), float(np.tanh(z + half))],
         "heads": n,
     }
+
+
+def finite(node):
+    """``node`` with every NaN as None (JSON has no NaN)."""
+    if isinstance(node, dict):
+        return {k: finite(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [finite(v) for v in node]
+    return None if isinstance(node, float) and not np.isfinite(node) else node
 
 
 def ranks(values: np.ndarray) -> np.ndarray:
@@ -179,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(retrieval, prose KL) = {pr['rho']:.2f} [{pr['bootstrap_95'][0]:.2f}, {pr['bootstrap_95'][1]:.2f}]"
         )
     if args.json:
-        write_json(args.json, result)
+        write_json(args.json, finite(result))
     return 0
 
 
