@@ -8,7 +8,9 @@ errors only); then the most sensitive layers. The header names the calibration's
 (evidence samples vs prose samples, records per evidence sample; "prose only" for tables collected
 without ``--retrieval-mix`` or before it existed). ``--plot`` draws heatmaps (per phase: mean cosine over
 the grid per layer × pattern, ΔPPL of every cell with a dot on the cells indistinguishable from
-FullKV) and entropy per layer.
+FullKV) and entropy per layer; with per-head signals, the retrieval scores per layer x KV head and, when
+the table has streaming cells, the strongest retrieval heads are followed by the heads whose streaming costs
+the most answer KL (printed, and a heatmap at the smallest budget).
 """
 
 from __future__ import annotations
