@@ -168,3 +168,27 @@ def test_head_cells_alone_measure_the_default_evidence_samples():
     assert head_samples(Namespace(retrieval_heads=0, head_cells=[32])) == DEFAULT_HEAD_SAMPLES == 8
     assert head_samples(Namespace(retrieval_heads=3, head_cells=[32])) == 3
     assert head_samples(Namespace(retrieval_heads=0, head_cells=None)) == 0
+
+
+def test_the_benchmark_script_refuses_bad_input_and_reports_on_a_tiny_model(tmp_path, capsys):
+    from test_retrieval_calibration import char_tokenizer
+
+    from tests.conftest import benchmark_script
+
+    script = benchmark_script("head_cells")
+    assert script.main(["--budgets", "4,8"]) == 2 and script.main(["--samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and err.startswith("error: ")
+    ckpt = tmp_path / "tiny"
+    tiny_model("llama", layers=2).save_pretrained(ckpt)
+    char_tokenizer().save_pretrained(ckpt)
+    corpus = tmp_path / "corpus.txt"
+    lines = [f"The {m} path went on for mile {i}. Nobody said much." for m in "abc" for i in range(40)]
+    corpus.write_text("\n".join(lines))
+    doc_path = tmp_path / "hc.json"
+    argv = ["--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--prose-samples", "1"]
+    argv += ["--context-len", "300", "--continuation-len", "48", "--budgets", "16,32", "--json", str(doc_path)]
+    assert script.main(argv) == 0
+    doc = json.loads(doc_path.read_text())
+    assert doc["budgets"] == [16, 32] and np.array(doc["kl_answer_mean"]).shape == (2, 2, 2)
+    assert [row["budget"] for row in doc["per_budget"]] == [16, 32] and "Spearman" in capsys.readouterr().out
