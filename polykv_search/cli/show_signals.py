@@ -320,9 +320,14 @@ def write_plot(table, path: str) -> None:
         ax.set_yticks(range(0, L, max(1, L // 15)))
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     if heads is not None and heads.cells is not None:
+        from matplotlib.colors import LogNorm
+
         cells, ax = heads.cells, axes[2 * F + 2]
-        im = ax.imshow(cells.kl_answer_mean[:, :, 0], aspect="auto", cmap="magma", vmin=0, interpolation="nearest")
-        ax.set_title(f"answer KL, only this KV head\nstreams at b={cells.budgets[0]}", fontsize=9)
+        kl = cells.kl_answer_mean[:, :, 0]
+        top = max(float(kl.max()), 1e-9)  # log scale: one head's cost can dwarf the rest
+        norm = LogNorm(vmin=max(top * 1e-4, float(kl[kl > 0].min()) if (kl > 0).any() else top * 1e-4), vmax=top)
+        im = ax.imshow(np.maximum(kl, norm.vmin), aspect="auto", cmap="magma", norm=norm, interpolation="nearest")
+        ax.set_title(f"answer KL (log), only this KV\nhead streams at b={cells.budgets[0]}", fontsize=9)
         ax.set_xlabel("KV head")
         ax.set_xticks(range(heads.num_kv_heads))
         ax.set_yticks(range(0, L, max(1, L // 15)))
