@@ -1,14 +1,21 @@
-"""Signals per (layer, KV head), stored in the signal table's ``heads`` block (table version 3).
+"""Signals per (layer, KV head), stored in the signal table's ``heads`` block (table version 3; 4 with cells).
 
-Today one signal: the retrieval score of each KV head (:mod:`signals.retrieval_heads`), its standard
-error over samples and the per-sample values, with the provenance of the evidence samples it was
-measured on. On disk::
+The retrieval score of each KV head (:mod:`signals.retrieval_heads`), its standard error over samples and
+the per-sample values, with the provenance of the evidence samples it was measured on; optionally the
+*streaming cells* (:mod:`signals.head_cells`): per (layer, KV head, budget), KL(FullKV || only that KV head
+keeps sinks + recent tokens) on answer tokens and on prose. On disk::
 
     "heads": null or {
       "num_kv_heads": H,
       "retrieval": {"mean": [L][H], "se": [L][H] (null entries with one sample), "per_sample": [S][L][H]},
       "provenance": {"samples": S, "records": R, "context_len": n, "continuation_len": m, "seed": s,
-                     "definition": "..."}
+                     "definition": "..."},
+      "cells": {                                   # optional; version 4 only
+        "pattern": "streaming_llm", "sink": 4, "budgets": [b1, ...],     # strictly increasing, each > sink
+        "kl_answer": {"mean": [L][H][nb], "se": [L][H][nb] (null with one sample)},
+        "kl_prose": {"mean": [L][H][nb], "se": [L][H][nb]},
+        "provenance": {...}
+      }
     }
 """
 
@@ -20,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from signals.retrieval_heads import RetrievalScores
-from signals.table_codec import SignalTableError, decode, encode, is_int
+from signals.table_codec import SignalTableError, check_budgets, decode, encode, is_int
 
 DEFINITION = (
     "retrieval score (Wu et al. 2404.15574, teacher-forced): share of answer tokens whose predicting query "
@@ -28,12 +35,80 @@ DEFINITION = (
 )
 
 
+#: The pattern of the streaming cells (the only one today).
+CELL_PATTERN = "streaming_llm"
+_CELL_KEYS = ("budgets", "kl_answer", "kl_prose", "pattern", "provenance", "sink")
+
+
+@dataclass(frozen=True)
+class HeadCells:
+    """Streaming cells per (layer, KV head, budget): mean KL(FullKV || cell) over samples and its standard
+    error (NaN with one sample), on answer tokens of evidence samples and on prose (:mod:`signals.head_cells`)."""
+
+    sink: int
+    budgets: tuple[int, ...]
+    kl_answer_mean: np.ndarray  #: [L, H, nb]
+    kl_answer_se: np.ndarray
+    kl_prose_mean: np.ndarray
+    kl_prose_se: np.ndarray
+    provenance: dict[str, Any] = field(default_factory=dict)
+    pattern: str = CELL_PATTERN
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.kl_answer_mean, self.kl_answer_se, self.kl_prose_mean, self.kl_prose_se)
+
+    def budget_index(self, budget: int) -> int:
+        if budget not in self.budgets:
+            raise ValueError(f"budget {budget} is not one of the cells' budgets {list(self.budgets)}")
+        return self.budgets.index(budget)
+
+    def costliest(self, k: int, budget: int, signal: str = "answer") -> list[tuple[int, int, float, float]]:
+        """The ``k`` cells of ``budget`` with the highest mean KL: ``(layer, kv head, mean, se)``; ties
+        towards lower layers and heads."""
+        g = self.budget_index(budget)
+        mean, se = (self.kl_answer_mean, self.kl_answer_se) if signal == "answer" else self.arrays[2:]
+        flat = sorted(np.ndindex(mean.shape[:2]), key=lambda lh: (-mean[lh][g], lh))
+        return [(int(l), int(h), float(mean[l, h, g]), float(se[l, h, g])) for l, h in flat[:k]]
+
+    def to_json(self) -> dict[str, Any]:
+        a, sa, p, sp = self.arrays
+        return {
+            "pattern": self.pattern,
+            "sink": self.sink,
+            "budgets": list(self.budgets),
+            "kl_answer": {"mean": encode(a), "se": encode(sa)},
+            "kl_prose": {"mean": encode(p), "se": encode(sp)},
+            "provenance": self.provenance,
+        }
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HeadCells):
+            return NotImplemented
+        same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(self.arrays, other.arrays))
+        return same and (self.pattern, self.sink, tuple(self.budgets), self.provenance) == (
+            other.pattern,
+            other.sink,
+            tuple(other.budgets),
+            other.provenance,
+        )
+
+
 @dataclass(frozen=True)
 class HeadSignals:
-    """Per-(layer, KV head) signals of a table: the retrieval scores and how they were measured."""
+    """Per-(layer, KV head) signals of a table: the retrieval scores and how they were measured, and
+    optionally the streaming cells."""
 
     retrieval: RetrievalScores
     provenance: dict[str, Any] = field(default_factory=dict)
+    cells: HeadCells | None = None
+
+    def __post_init__(self) -> None:
+        if self.cells is not None and self.cells.kl_answer_mean.shape[:2] != self.retrieval.mean.shape:
+            raise SignalTableError(
+                f"heads.cells: {self.cells.kl_answer_mean.shape[:2]} (layers, KV heads) for retrieval scores of "
+                f"{self.retrieval.mean.shape}"
+            )
 
     @property
     def num_kv_heads(self) -> int:
@@ -45,6 +120,7 @@ class HeadSignals:
             "num_kv_heads": self.num_kv_heads,
             "retrieval": {"mean": encode(r.mean), "se": encode(r.se), "per_sample": encode(r.per_sample)},
             "provenance": self.provenance,
+            **({} if self.cells is None else {"cells": self.cells.to_json()}),
         }
 
     def __eq__(self, other: object) -> bool:
@@ -52,18 +128,21 @@ class HeadSignals:
             return NotImplemented
         a, b = self.retrieval, other.retrieval
         pairs = zip((a.mean, a.se, a.per_sample), (b.mean, b.se, b.per_sample))
-        return all(np.array_equal(x, y, equal_nan=True) for x, y in pairs) and self.provenance == other.provenance
+        same = all(np.array_equal(x, y, equal_nan=True) for x, y in pairs) and self.provenance == other.provenance
+        return same and self.cells == other.cells
 
 
-def heads_from_json(block: Any, num_layers: int) -> HeadSignals | None:
-    """Read and validate a ``heads`` block (None stays None); errors name the field."""
+def heads_from_json(block: Any, num_layers: int, version: int = 4) -> HeadSignals | None:
+    """Read and validate a ``heads`` block (None stays None) of a table of ``version`` (``cells`` from 4 on);
+    errors name the field."""
     if block is None:
         return None
     if not isinstance(block, dict):
         raise SignalTableError("heads: must be an object or null")
-    unknown = sorted(set(block) - {"num_kv_heads", "retrieval", "provenance"})
+    known = {"num_kv_heads", "retrieval", "provenance"} | ({"cells"} if version >= 4 else set())
+    unknown = sorted(set(block) - known)
     if unknown:
-        raise SignalTableError(f"heads: unknown keys {unknown}")
+        raise SignalTableError(f"heads: unknown keys {unknown} for version {version}")
     h = block.get("num_kv_heads")
     if not is_int(h) or h < 1:
         raise SignalTableError(f"heads.num_kv_heads: must be a positive integer, got {h!r}")
@@ -85,4 +164,42 @@ def heads_from_json(block: Any, num_layers: int) -> HeadSignals | None:
     provenance = block.get("provenance") or {}
     if not isinstance(provenance, dict):
         raise SignalTableError("heads.provenance: must be an object")
-    return HeadSignals(RetrievalScores(mean, se, per_sample), dict(provenance))
+    cells = block.get("cells")
+    cells = None if cells is None else cells_from_json(cells, num_layers, int(h))
+    return HeadSignals(RetrievalScores(mean, se, per_sample), dict(provenance), cells)
+
+
+def cells_from_json(block: Any, num_layers: int, num_kv_heads: int) -> HeadCells:
+    """Read and validate a ``heads.cells`` block; errors name the field."""
+    if not isinstance(block, dict) or sorted(block) != sorted(_CELL_KEYS):
+        got = sorted(block) if isinstance(block, dict) else type(block).__name__
+        raise SignalTableError(f"heads.cells: expected an object with the keys {', '.join(_CELL_KEYS)}, got {got}")
+    if block["pattern"] != CELL_PATTERN:
+        raise SignalTableError(f"heads.cells.pattern: must be {CELL_PATTERN!r}, got {block['pattern']!r}")
+    sink = block["sink"]
+    if not is_int(sink) or sink < 0:
+        raise SignalTableError(f"heads.cells.sink: must be a non-negative integer, got {sink!r}")
+    try:
+        budgets = check_budgets(block["budgets"])
+    except SignalTableError as err:
+        raise SignalTableError(f"heads.cells.{err}") from None
+    if budgets[0] <= sink:
+        raise SignalTableError(f"heads.cells.budgets: every budget must exceed the sink ({sink}), got {list(budgets)}")
+    shape = (num_layers, num_kv_heads, len(budgets))
+    arrays = []
+    for signal in ("kl_answer", "kl_prose"):
+        part = block[signal]
+        if not isinstance(part, dict) or sorted(part) != ["mean", "se"]:
+            raise SignalTableError(f"heads.cells.{signal}: expected an object with the keys mean, se")
+        for key in ("mean", "se"):
+            name = f"heads.cells.{signal}.{key}"
+            arr = decode(name, part[key], shape, ("layers", "KV heads", "budgets"))
+            if key == "mean" and np.isnan(arr).any():
+                raise SignalTableError(f"{name}: every cell needs a value (null only in se)")
+            if (arr < 0).any():
+                raise SignalTableError(f"{name}: values must be >= 0")
+            arrays.append(arr)
+    provenance = block["provenance"]
+    if not isinstance(provenance, dict):
+        raise SignalTableError("heads.cells.provenance: must be an object")
+    return HeadCells(int(sink), budgets, *arrays, dict(provenance), pattern=CELL_PATTERN)

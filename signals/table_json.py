@@ -1,4 +1,4 @@
-"""The signal table's JSON document: writing (version 2, or 3 with per-head signals) and reading (versions 1-3).
+"""The signal table's JSON document: writing (version 2, 3 with per-head signals, 4 with head cells) and reading (1-4).
 
 One versioned, self-describing JSON file (``schema: polykv-signals``, ``version: 2``)::
 
@@ -26,8 +26,9 @@ One versioned, self-describing JSON file (``schema: polykv-signals``, ``version:
 Every value is a finite number or ``null`` (missing; ``NaN`` in memory). Non-finite numbers are
 refused with the cell named. Version 3 is version 2 plus a ``heads`` block (per layer and KV head signals,
 :mod:`signals.head_signals`); a table without head signals is still written as version 2, so older
-readers keep reading it. Version-1 files (no ``kl``, no ``uncertainty``) load; any other version is
-refused with a one-line message naming it.
+readers keep reading it. Version 4 adds the optional ``heads.cells`` (streaming cells per KV head); only a
+table that carries them is written as version 4. Version-1 files (no ``kl``, no ``uncertainty``) load; any
+other version is refused with a one-line message naming it.
 """
 
 from __future__ import annotations
@@ -53,14 +54,17 @@ SCHEMA_NAME = "polykv-signals"
 SCHEMA_VERSION = 2
 #: The version of a table that carries per-head signals.
 HEADS_VERSION = 3
+#: The version of a table whose per-head signals carry streaming cells.
+CELLS_VERSION = 4
 #: Versions :func:`table_from_json` (and so :meth:`SignalTable.from_json`) reads.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)
 
 _COMMON = ("num_layers", "phases", "patterns", "budgets", "cosine", "dppl", "entropy", "variance")
 _OPTIONAL = {
     1: ("full_ppl", "provenance"),
     2: ("full_ppl", "provenance", "kl", "uncertainty"),
     3: ("full_ppl", "provenance", "kl", "uncertainty", "heads"),
+    4: ("full_ppl", "provenance", "kl", "uncertainty", "heads"),
 }
 
 
@@ -101,7 +105,7 @@ def table_from_json(cls, data: Any):
         full_ppl=data.get("full_ppl"),
         provenance=data.get("provenance", {}),
         signals=signals,
-        heads=heads_from_json(data.get("heads"), num_layers),
+        heads=heads_from_json(data.get("heads"), num_layers, version),
         **arrays,
         **extra,
     )
@@ -137,7 +141,7 @@ def _uncertainty(block: Any, signals: list[str], cell: tuple[int, ...]) -> dict[
 
 
 def table_to_json(table) -> dict[str, Any]:
-    """The document of ``table`` (see :mod:`signals.table`): version 2, or 3 when it carries head signals."""
+    """The document of ``table`` (see :mod:`signals.table`): version 2, 3 with head signals, 4 with head cells."""
     t = table
     uncertainty = None
     if t.se_dof is not None or t._per_sample is not None or any(np.isfinite(a).any() for a in t._se.values()):
@@ -149,7 +153,7 @@ def table_to_json(table) -> dict[str, Any]:
         }
     return {
         "schema": SCHEMA_NAME,
-        "version": SCHEMA_VERSION if t.heads is None else HEADS_VERSION,
+        "version": _version(t),
         "num_layers": t.num_layers,
         "phases": list(t.phases),
         "patterns": list(t.patterns),
@@ -164,3 +168,10 @@ def table_to_json(table) -> dict[str, Any]:
         "provenance": t.provenance,
         **({} if t.heads is None else {"heads": t.heads.to_json()}),
     }
+
+
+def _version(table) -> int:
+    """The oldest version that holds ``table``, so older readers keep reading what they can."""
+    if table.heads is None:
+        return SCHEMA_VERSION
+    return HEADS_VERSION if table.heads.cells is None else CELLS_VERSION

@@ -82,6 +82,13 @@ def head_cells(table: SignalTable | None) -> HeadCells | None:
         return None
     if isinstance(cells, HeadCells):
         return cells
+    if hasattr(cells, "kl_answer_mean"):  # the collector's cells (signals.head_signals.HeadCells)
+        cells = {
+            "pattern": cells.pattern,
+            "budgets": list(cells.budgets),
+            "kl_answer": {"mean": cells.kl_answer_mean, "se": cells.kl_answer_se},
+            "kl_prose": {"mean": cells.kl_prose_mean, "se": cells.kl_prose_se},
+        }
     pattern, budgets = _get(cells, "pattern"), _get(cells, "budgets")
     if not isinstance(pattern, str):
         raise SolverError("heads.cells.pattern: must be a pattern name")

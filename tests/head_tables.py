@@ -18,10 +18,15 @@ from signals.synthetic import random_signal_table
 
 @dataclass(frozen=True, eq=False)
 class HeadsWithCells(HeadSignals):
+    """Cells as a raw ``heads.cells`` dict (malformed ones included), for the solvers' own reader."""
+
     cells: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        pass
+
     def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "cells": self.cells}
+        return {**HeadSignals(self.retrieval, self.provenance).to_json(), "cells": self.cells}
 
 
 def cells_block(L: int, H: int, budgets, seed: int = 0, se: bool = True, pattern: str = "streaming_llm") -> dict:

@@ -223,3 +223,18 @@ def test_layer_granularity_is_unchanged_by_a_heads_block():
         assert a.to_json()["layers"] == b.to_json()["layers"] and a.version == 1
     for phase in PHASES:
         assert all(isinstance(x, int) for x in a.budgets(phase))
+
+
+def test_the_solvers_read_the_cells_the_collector_stores():
+    from signals.head_signals import HeadCells as CollectedCells
+    from signals.head_signals import HeadSignals
+
+    table = table_with_heads(3, 2, cells=False)
+    rng = np.random.default_rng(0)
+    arrays = [rng.random((3, 2, 2)) for _ in range(4)]
+    collected = CollectedCells(4, (16, 32), *arrays)
+    table.set_heads(HeadSignals(table.heads.retrieval, table.heads.provenance, collected))
+    cells = head_cells(table)
+    assert cells.budgets == (16, 32) and cells.pattern == "streaming_llm"
+    np.testing.assert_array_equal(cells.mean["kl_answer"], arrays[0])
+    np.testing.assert_array_equal(cells.se["kl_prose"], arrays[3])

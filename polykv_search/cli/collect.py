@@ -20,12 +20,16 @@ workers have polykv-search installed and can load the model by the same name.
 codes or names with facts, a query for one of them opening the continuation and its answer after
 it; their signals are computed on the answer tokens only. The mix is recorded in the table's
 provenance (``retrieval``) and in its collection key; solvers read the table as any other.
+
+``--retrieval-heads N`` and ``--head-cells [BUDGETS]`` add per-KV-head signals (retrieval scores, streaming
+cells) to the table's ``heads`` block (:mod:`polykv_search.cli.collect_heads`).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from polykv_search.cli import collect_heads
 from polykv_search.cli.common import (
     CLIError,
     Interrupted,
@@ -97,14 +101,7 @@ def add_parser(sub) -> None:
         metavar="N",
         help="evidence statements per evidence sample, one of them queried (default 4; 1 for --retrieval-heads)",
     )
-    g.add_argument(
-        "--retrieval-heads",
-        type=non_negative_int,
-        default=0,
-        metavar="N",
-        help="also measure each KV head's retrieval score (Wu et al.) on N >= 2 calibration-split evidence samples "
-        "(one statement each, its answer teacher-forced) and store it in the table (default 0: not measured)",
-    )
+    collect_heads.add_args(g)
     add_protocol_arg(
         g,
         "evidence samples of --retrieval-mix put their query at the end of the context, inside the compressed "
@@ -224,21 +221,13 @@ def check(args: argparse.Namespace):
         message = str(err).replace("retrieval mix", "--retrieval-mix", 1)
         message = message.replace("evidence records per sample:", "--evidence-records", 1)
         raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
-    heads = getattr(args, "retrieval_heads", 0)
+    heads = collect_heads.head_samples(args) if hasattr(args, "retrieval_heads") else 0
     if args.question_aware and mix is None:
         raise CLIError("--question-aware moves the query of evidence samples into the prompt; give --retrieval-mix too")
     if args.evidence_records is not None and mix is None and not heads:
         raise CLIError("--evidence-records applies to evidence samples; give --retrieval-mix or --retrieval-heads too")
-    if heads:
-        if heads < 2:
-            raise CLIError(f"--retrieval-heads {heads}: give at least 2 samples (a standard error needs two)")
-        try:
-            parse_retrieval_mix(str(heads), records=args.evidence_records or 1).evidence_samples(
-                heads, args.context_len
-            )
-        except DataError as err:
-            message = str(err).replace("evidence records per sample:", "--evidence-records", 1)
-            raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
+    if hasattr(args, "retrieval_heads"):
+        collect_heads.check(args, mix)
     if args.resume and not journal_path(out).exists():
         raise CLIError(f"--resume: nothing to resume, {journal_path(out)} does not exist")
     check_output_path(journal_path(out), "--out")
@@ -312,8 +301,8 @@ def run(args: argparse.Namespace) -> int:
         raise Interrupted(
             f"finished cells are kept in {journal_path(out)}; rerun the same command to continue"
         ) from None
-    if args.retrieval_heads:
-        measure_heads(args, table, model, tokenizer, corpus, out)
+    if collect_heads.head_samples(args):
+        collect_heads.measure(args, table, model, tokenizer, corpus, out, samples)
     cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())
     t = table.provenance["timings"]
     evidence = table.provenance["retrieval"]["evidence_samples"]
@@ -325,42 +314,3 @@ def run(args: argparse.Namespace) -> int:
         highlight=False,
     )
     return 0
-
-
-def measure_heads(args: argparse.Namespace, table, model, tokenizer, corpus, out) -> None:
-    """Retrieval scores per KV head on ``--retrieval-heads`` evidence samples, stored in the table at ``out``."""
-    from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix
-    from polykv_search.progress import ProgressBar
-    from signals.head_signals import DEFINITION, HeadSignals
-    from signals.retrieval_heads import retrieval_scores
-
-    n, records = args.retrieval_heads, args.evidence_records or 1
-    provenance = {
-        "samples": n,
-        "records": records,
-        "context_len": args.context_len,
-        "continuation_len": args.continuation_len,
-        "seed": args.seed,
-        "split": "calib",
-        "definition": DEFINITION,
-    }
-    if table.heads is not None and table.heads.provenance == provenance:
-        return  # measured already, with these settings
-    samples = make_calibration_samples(
-        tokenizer,
-        corpus,
-        n_samples=n,
-        context_len=args.context_len,
-        continuation_len=args.continuation_len,
-        seed=args.seed,
-        mix=parse_retrieval_mix(str(n), records=records),
-    )
-    bar_console = None if args.no_progress else console
-    with ProgressBar(bar_console, "retrieval heads", n, unit="samples") as bar:
-        scores = retrieval_scores(model, samples, on_sample=bar.advance)
-    table.set_heads(HeadSignals(scores, provenance))
-    table.save(out)
-    (layer, head, score), *_ = scores.top(1)
-    console.print(
-        f"retrieval heads: {n} evidence samples; strongest KV head L{layer} kv{head} ({score:.2f})", highlight=False
-    )

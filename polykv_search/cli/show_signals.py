@@ -8,7 +8,9 @@ errors only); then the most sensitive layers. The header names the calibration's
 (evidence samples vs prose samples, records per evidence sample; "prose only" for tables collected
 without ``--retrieval-mix`` or before it existed). ``--plot`` draws heatmaps (per phase: mean cosine over
 the grid per layer × pattern, ΔPPL of every cell with a dot on the cells indistinguishable from
-FullKV) and entropy per layer.
+FullKV) and entropy per layer; with per-head signals, the retrieval scores per layer x KV head and, when
+the table has streaming cells, the strongest retrieval heads are followed by the heads whose streaming costs
+the most answer KL (printed, and a heatmap at the smallest budget).
 """
 
 from __future__ import annotations
@@ -222,6 +224,26 @@ def describe_heads(heads, top: int = TOP_SENSITIVE) -> list[str]:
     ]
     best = ", ".join(f"L{l} kv{h} {s:.2f}±{r.se[l, h]:.2f}" for l, h, s in r.top(top))
     lines.append(f"retrieval heads: strongest (mean ± SE): {best}")
+    return lines + describe_cells(heads.cells, top)
+
+
+def describe_cells(cells, top: int = TOP_SENSITIVE) -> list[str]:
+    """The streaming cells: what was measured and, at the smallest budget, the KV heads whose streaming costs
+    the most answer KL (with the prose KL of the same heads)."""
+    if cells is None:
+        return ["streaming cells: not measured (collect --head-cells)"]
+    prov, b = cells.provenance, cells.budgets[0]
+    lines = [
+        f"streaming cells ({cells.pattern}, {cells.sink} sinks, budgets {','.join(map(str, cells.budgets))}): "
+        f"KL(FullKV || only that KV head streams) on {prov.get('evidence_samples', '?')} evidence samples' answers "
+        f"and {prov.get('prose_samples', '?')} prose samples"
+    ]
+    g = cells.budget_index(b)
+    worst = ", ".join(
+        f"L{l} kv{h} {kl:.3f}±{se:.3f} (prose {cells.kl_prose_mean[l, h, g]:.3f})"
+        for l, h, kl, se in cells.costliest(top, b)
+    )
+    lines.append(f"streaming cells: costliest at b={b} (answer KL mean ± SE): {worst}")
     return lines
 
 
@@ -240,8 +262,9 @@ def write_plot(table, path: str) -> None:
     same = table.indistinguishable("dppl", LEVEL) if table.has_uncertainty else None
     height = max(4.0, 0.22 * L + 1.5)
     heads = table.heads
-    ncols = 2 * F + 1 + (heads is not None)
-    width = 3.2 * F + 0.12 * P * G * F + 4.0 + (2.5 if heads is not None else 0.0)
+    panels = 0 if heads is None else 1 + (heads.cells is not None)
+    ncols = 2 * F + 1 + panels
+    width = 3.2 * F + 0.12 * P * G * F + 4.0 + 2.5 * panels
     fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
     axes = axes[0]
     finite = dppl[np.isfinite(dppl)]
@@ -293,6 +316,19 @@ def write_plot(table, path: str) -> None:
         ax.set_title(f"retrieval score per KV head\n({heads.retrieval.n_samples} samples)", fontsize=9)
         ax.set_xlabel("KV head")
         ax.set_ylabel("layer")
+        ax.set_xticks(range(heads.num_kv_heads))
+        ax.set_yticks(range(0, L, max(1, L // 15)))
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if heads is not None and heads.cells is not None:
+        from matplotlib.colors import LogNorm
+
+        cells, ax = heads.cells, axes[2 * F + 2]
+        kl = cells.kl_answer_mean[:, :, 0]
+        top = max(float(kl.max()), 1e-9)  # log scale: one head's cost can dwarf the rest
+        norm = LogNorm(vmin=max(top * 1e-4, float(kl[kl > 0].min()) if (kl > 0).any() else top * 1e-4), vmax=top)
+        im = ax.imshow(np.maximum(kl, norm.vmin), aspect="auto", cmap="magma", norm=norm, interpolation="nearest")
+        ax.set_title(f"answer KL (log), only this KV\nhead streams at b={cells.budgets[0]}", fontsize=9)
+        ax.set_xlabel("KV head")
         ax.set_xticks(range(heads.num_kv_heads))
         ax.set_yticks(range(0, L, max(1, L // 15)))
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
