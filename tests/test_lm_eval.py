@@ -303,3 +303,19 @@ def test_polykv_lm_eval_is_lm_evals_cli_with_polykv_registered(work, tmp_path, c
     assert lm_eval_main(["--model", "polykv", "--model_args", bad, *common]) == 2
     err = capsys.readouterr().err
     assert "missing.json" in err and "Traceback" not in err
+
+
+def test_kvzip_runs_through_the_model_type_with_lm_evals_tokenizer(work):
+    # lm-eval loads the model itself: kvzip's repeat prompts come from lm-eval's tokenizer
+    out = lm_eval.simple_evaluate(
+        model="polykv",
+        model_args={"pretrained": str(work["ckpt"]), "strategy": "uniform:kvzip", "budget": 8, "device": "cpu"},
+        tasks=["tiny_mc"],
+        task_manager=work["manager"],
+        limit=N_DOCS,
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+    kv = out["config"]["polykv"]
+    assert kv["strategy"] == "uniform-kvzip" and kv["requests"] == 3 * N_DOCS
+    assert 0 < kv["kv_ratio"] < 1

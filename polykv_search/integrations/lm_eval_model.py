@@ -51,6 +51,7 @@ from polykv_search.evaluation.runner import _Caller, teacher_forced_logits
 from polykv_search.integrations.lm_eval_support import MODEL_NAME, check_model_args
 from polykv_search.models import DEFAULT_MODEL, model_path, resolve_model
 from polykv_search.runtime import apply_strategy, model_spec
+from polykv_search.runtime.reconstruction import ReconstructionInputs
 from strategies import Strategy, StrategyError
 
 PROTOCOL = (
@@ -176,14 +177,20 @@ class PolyKVLM(HFLM):
         #: lm-eval's own tqdm bars
         self.show_progress = True
         self._caller = _Caller(self.model)
+        self._reconstruction = ReconstructionInputs.from_tokenizer(self.tokenizer)
         self._tags: list[tuple] | None = None
         self._window_tag: tuple | None = None
         self._gen_tag: tuple | None = None
 
     # ------------------------------------------------------------------ helpers
     def _runtime(self):
+        # kvzip's repeat prompts from lm-eval's tokenizer (the model was loaded by lm-eval, not load_model)
         return apply_strategy(
-            self.model, self.strategy, decode_interval=self.decode_interval, interval_mode=self.interval_mode
+            self.model,
+            self.strategy,
+            decode_interval=self.decode_interval,
+            interval_mode=self.interval_mode,
+            reconstruction=self._reconstruction,
         )
 
     def _autocast(self) -> AbstractContextManager:
