@@ -66,6 +66,13 @@ class LayerView(Protocol):
         """Bool ``[B, Hkv, n]``: real tokens (False: padding, never kept ahead of a real token)."""
 
     @property
+    def positions(self) -> torch.Tensor:
+        """Long ``[B, Hkv, n]``: the sequence position each slot holds (ascending in every row and head)."""
+
+    #: Tokens seen so far (the positions ``0 .. seen - 1``; this call's included).
+    seen: int
+
+    @property
     def all_valid(self) -> bool:
         """True when no slot is padding (fast paths may then skip the masks)."""
 
@@ -123,6 +130,12 @@ class Pattern:
         super().__init_subclass__(**kwargs)
         if "cache_update" in cls.__dict__ and "cache_update_rows" not in cls.__dict__:
             cls.cache_update_rows = Pattern._rows_by_cache_update
+
+    #: True for a pattern whose prefill eviction needs a pass of the whole model over the cached prompt
+    #: first (``kvzip``): the runtime then defers every layer's prefill eviction and calls
+    #: ``reconstruct(layer, state, query, prompt_len)`` for each attention call of that pass
+    #: (:mod:`polykv_search.runtime.reconstruction`).
+    model_level: ClassVar[bool] = False
 
     # -------------------------------------------------------------- hook points
     def pre_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
