@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from polykv_search.patterns import make_pattern
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import PhasePlan
 from polykv_search.runtime.layer import EvictingLayer
@@ -153,7 +154,6 @@ def choice_head_groups(prefill, decoding, num_kv_heads: int) -> list[HeadGroupPl
     layer. A choice's ``head_groups`` (each with ``heads``, ``pattern``, ``params``, ``budget``) split the
     layer's KV heads; both phases must split them the same way, or one phase not at all (its choice then
     applies to every group)."""
-    from polykv_search.patterns import make_pattern
 
     def plans(choice):
         groups = choice.head_groups
