@@ -46,6 +46,7 @@ from kvpress_venv import DEFAULT_KVPRESS, DEFAULT_TORCH, DEFAULT_VENV, ensure_ve
 
 def build_strategies(num_layers: int, prompt_len: int):
     """Strategies that exercise every kvpress mapping, with budgets below the prompt length."""
+    import polykv_search  # noqa: F401  (registers the pattern catalog that strategies validate against)
     from strategies import LayerChoice, Strategy
 
     pre_cycle = [
