@@ -10,7 +10,9 @@ interleaved order (A B C … then … C B A, ``--repeats`` times), so that machi
 * ``unmodified``: the model's own SDPA path and ``DynamicCache``;
 * ``FullKV``: the runtime applying the FullKV strategy (target: >= 0.98x unmodified);
 * ``B<budget> k<k> <mode>``: uniform ``--pattern`` at ``--budget`` for each ``--intervals`` value;
-  ``within`` holds at most the budget between steps, ``over`` up to ``budget + k - 1``;
+  ``within`` holds at most the budget between steps, ``over`` up to ``budget + k - 1``. ``--pattern``
+  may name several patterns (``snapkv,keydiff,expected_attention``): each gets its own configurations,
+  named ``<pattern> B<budget> k<k> <mode>``, interleaved with the others;
 * ``ceiling``: the unmodified model after a prompt of only ``--budget`` tokens: the same weights and a
   budget-sized cache with no eviction work, i.e. the fastest decode any eviction to the budget can
   reach on this machine (its prefill is of ``--budget`` tokens, so its prefill ratio means nothing).
@@ -81,16 +83,19 @@ def run_once(model, ids: torch.Tensor, steps: int, strategy: Strategy | None, in
         )
 
 
-def configurations(layers: int, pattern: str, budget: int, intervals: list[int]) -> list[tuple]:
-    """(name, strategy, interval, mode) of every measured configuration."""
-    budgeted = Strategy.uniform(layers, pattern, budget)
+def configurations(layers: int, patterns: list[str], budget: int, intervals: list[int]) -> list[tuple]:
+    """(name, strategy, interval, mode) of every measured configuration; with one pattern its
+    configurations are named ``B<budget> k<k>``, with several ``<pattern> B<budget> k<k>``."""
     configs = [("unmodified", None, 1, "within"), ("FullKV", Strategy.full(layers), 1, "within")]
     # the ceiling: the unmodified model decoding after only a budget-long prompt (the same weights and a
     # budget-sized cache, no eviction work), i.e. the fastest any eviction to the budget can decode
     configs.append((CEILING.format(budget=budget), None, 1, "within"))
-    for k in intervals:
-        for mode in ("within", "over") if k > 1 else ("within",):
-            configs.append((f"B{budget} k{k}" + (f" {mode}" if k > 1 else ""), budgeted, k, mode))
+    for pattern in patterns:
+        budgeted = Strategy.uniform(layers, pattern, budget)
+        prefix = f"{pattern} " if len(patterns) > 1 else ""
+        for k in intervals:
+            for mode in ("within", "over") if k > 1 else ("within",):
+                configs.append((f"{prefix}B{budget} k{k}" + (f" {mode}" if k > 1 else ""), budgeted, k, mode))
     return configs
 
 
@@ -126,7 +131,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--contexts", default="2048,4096,8192", help="prompt lengths (comma separated)")
     ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--pattern", default="snapkv")
+    ap.add_argument("--pattern", default="snapkv", help="pattern(s) to run uniform, comma separated (default snapkv)")
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="interleaved passes over all configurations")
     ap.add_argument("--intervals", default="1,8,16", help="decode_interval values to measure (comma separated)")
@@ -134,10 +139,11 @@ def main() -> None:
     args = ap.parse_args()
     contexts = [int(x) for x in args.contexts.split(",")]
     intervals = [int(x) for x in args.intervals.split(",")]
+    patterns = [p.strip() for p in args.pattern.split(",") if p.strip()]
     console = Console()
     torch.set_grad_enabled(False)
     model, tok = load_model(args.model, device=args.device, attn_implementation="sdpa")
-    configs = configurations(model.config.num_hidden_layers, args.pattern, args.budget, intervals)
+    configs = configurations(model.config.num_hidden_layers, patterns, args.budget, intervals)
     results = {}
     with console.status("") as status:
         for ctx in contexts:
