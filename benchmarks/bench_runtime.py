@@ -2,7 +2,7 @@
 
     python benchmarks/bench_runtime.py [--model smollm2-135m] [--contexts 2048,4096,8192] [--budget 256]
                                        [--pattern snapkv] [--decode-steps 32] [--repeats 2]
-                                       [--intervals 1,8,16] [--also kvzip,keydiff] [--strategy S.json ...]
+                                       [--intervals 1,8,16] [--strategy S.json ...]
                                        [--out bench_runtime.json]
 
 For every context length, on the same model and the same Austen text, these configurations run in
@@ -11,12 +11,13 @@ interleaved order (A B C … then … C B A, ``--repeats`` times), so that machi
 * ``unmodified``: the model's own SDPA path and ``DynamicCache``;
 * ``FullKV``: the runtime applying the FullKV strategy (target: >= 0.98x unmodified);
 * ``B<budget> k<k> <mode>``: uniform ``--pattern`` at ``--budget`` for each ``--intervals`` value;
-  ``within`` holds at most the budget between steps, ``over`` up to ``budget + k - 1``;
+  ``within`` holds at most the budget between steps, ``over`` up to ``budget + k - 1``. ``--pattern``
+  may name several patterns (``snapkv,keydiff,expected_attention``): each gets its own configurations,
+  named ``<pattern> B<budget> k<k> <mode>``, interleaved with the others;
 * ``ceiling``: the unmodified model after a prompt of only ``--budget`` tokens: the same weights and a
   budget-sized cache with no eviction work, i.e. the fastest decode any eviction to the budget can
   reach on this machine (its prefill is of ``--budget`` tokens, so its prefill ratio means nothing);
-* ``<pattern> B<budget> k1`` for every ``--also`` pattern, and every ``--strategy`` file by its name
-  (e.g. a head-group strategy beside uniform snapkv), each at k = 1.
+* every ``--strategy`` file by its name (e.g. a head-group strategy beside uniform snapkv), at k = 1.
 
 Each run prefills the prompt (timed: prefill; logits of the last token only, as ``generate`` does),
 then greedy-decodes ``--decode-steps`` tokens (timed:
@@ -85,18 +86,20 @@ def run_once(model, ids: torch.Tensor, steps: int, strategy: Strategy | None, in
         )
 
 
-def configurations(layers: int, pattern: str, budget: int, intervals: list[int], also=(), strategies=()) -> list[tuple]:
-    """(name, strategy, interval, mode) of every measured configuration; ``also``: more uniform patterns
-    and ``strategies``: ``(name, Strategy)`` pairs, each at k = 1 beside ``pattern``'s."""
-    budgeted = Strategy.uniform(layers, pattern, budget)
+def configurations(layers: int, patterns: list[str], budget: int, intervals: list[int], strategies=()) -> list[tuple]:
+    """(name, strategy, interval, mode) of every measured configuration; with one pattern its
+    configurations are named ``B<budget> k<k>``, with several ``<pattern> B<budget> k<k>``; ``strategies``:
+    ``(name, Strategy)`` pairs, each at k = 1."""
     configs = [("unmodified", None, 1, "within"), ("FullKV", Strategy.full(layers), 1, "within")]
     # the ceiling: the unmodified model decoding after only a budget-long prompt (the same weights and a
     # budget-sized cache, no eviction work), i.e. the fastest any eviction to the budget can decode
     configs.append((CEILING.format(budget=budget), None, 1, "within"))
-    for k in intervals:
-        for mode in ("within", "over") if k > 1 else ("within",):
-            configs.append((f"B{budget} k{k}" + (f" {mode}" if k > 1 else ""), budgeted, k, mode))
-    configs += [(f"{p} B{budget} k1", Strategy.uniform(layers, p, budget), 1, "within") for p in also]
+    for pattern in patterns:
+        budgeted = Strategy.uniform(layers, pattern, budget)
+        prefix = f"{pattern} " if len(patterns) > 1 else ""
+        for k in intervals:
+            for mode in ("within", "over") if k > 1 else ("within",):
+                configs.append((f"{prefix}B{budget} k{k}" + (f" {mode}" if k > 1 else ""), budgeted, k, mode))
     configs += [(name, strategy, 1, "within") for name, strategy in strategies]
     return configs
 
@@ -133,22 +136,21 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--contexts", default="2048,4096,8192", help="prompt lengths (comma separated)")
     ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--pattern", default="snapkv")
+    ap.add_argument("--pattern", default="snapkv", help="pattern(s) to run uniform, comma separated (default snapkv)")
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="interleaved passes over all configurations")
     ap.add_argument("--intervals", default="1,8,16", help="decode_interval values to measure (comma separated)")
-    ap.add_argument("--also", default="", help="more uniform patterns, each at k = 1 beside --pattern (comma list)")
     ap.add_argument("--strategy", nargs="*", default=[], help="strategy files (e.g. head groups), each at k = 1")
     ap.add_argument("--out", default="bench_runtime.json")
     args = ap.parse_args()
     contexts = [int(x) for x in args.contexts.split(",")]
     intervals = [int(x) for x in args.intervals.split(",")]
+    patterns = [p.strip() for p in args.pattern.split(",") if p.strip()]
     console = Console()
     torch.set_grad_enabled(False)
     model, tok = load_model(args.model, device=args.device, attn_implementation="sdpa")
-    also = [p for p in args.also.split(",") if p]
     strategies = [(Path(f).stem, Strategy.load(f)) for f in args.strategy]
-    configs = configurations(model.config.num_hidden_layers, args.pattern, args.budget, intervals, also, strategies)
+    configs = configurations(model.config.num_hidden_layers, patterns, args.budget, intervals, strategies)
     results = {}
     with console.status("") as status:
         for ctx in contexts:

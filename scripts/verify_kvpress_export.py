@@ -33,21 +33,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-DEFAULT_VENV = Path(os.environ.get("POLYKV_CACHE", Path.home() / ".cache" / "polykv-search")) / "kvpress-venv"
+from kvpress_venv import DEFAULT_KVPRESS, DEFAULT_TORCH, DEFAULT_VENV, ensure_venv, run_in_venv  # noqa: E402
 
 
 def build_strategies(num_layers: int, prompt_len: int):
     """Strategies that exercise every kvpress mapping, with budgets below the prompt length."""
+    import polykv_search  # noqa: F401  (registers the pattern catalog that strategies validate against)
     from strategies import LayerChoice, Strategy
 
     pre_cycle = [
@@ -220,18 +219,6 @@ sys.exit(0 if all(results.values()) else 1)
 """
 
 
-def ensure_venv(venv: Path, kvpress_spec: str, torch_spec: str) -> Path:
-    python = venv / "bin" / "python"
-    if not python.exists():
-        print(f"creating virtualenv {venv}", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    probe = subprocess.run([str(python), "-c", "import kvpress, torch"], capture_output=True)
-    if probe.returncode != 0:
-        print(f"installing {torch_spec} and {kvpress_spec} into {venv} (minutes)", flush=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", torch_spec, kvpress_spec], check=True)
-    return python
-
-
 def num_layers_of(model: str) -> int:
     if model == "tiny":
         return 8
@@ -247,8 +234,8 @@ def main(argv=None) -> int:
         "--model", default="tiny", help="'tiny' (random-init Llama, default) or a local HF checkpoint directory"
     )
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV, help=f"virtualenv for kvpress (default {DEFAULT_VENV})")
-    ap.add_argument("--kvpress", default="kvpress>=0.5,<0.6", help="pip requirement for kvpress")
-    ap.add_argument("--torch", default="torch==2.13.0", help="pip requirement for torch in the virtualenv")
+    ap.add_argument("--kvpress", default=DEFAULT_KVPRESS, help="pip requirement for kvpress")
+    ap.add_argument("--torch", default=DEFAULT_TORCH, help="pip requirement for torch in the virtualenv")
     ap.add_argument("--prompt-len", type=int, default=160)
     ap.add_argument("--decode-steps", type=int, default=6)
     ap.add_argument("--workdir", type=Path, help="where the exported files go (default: a temporary directory)")
@@ -277,10 +264,7 @@ def main(argv=None) -> int:
     print(f"exported {len(checks)} presses to {work}", flush=True)
     python = ensure_venv(args.venv, args.kvpress, args.torch)
     spec = {"model": args.model, "num_layers": num_layers, "prompt_len": args.prompt_len, "checks": checks}
-    child = work / "check_in_kvpress_env.py"
-    child.write_text(textwrap.dedent(CHILD))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([str(python), str(child), json.dumps(spec)], env=env).returncode
+    return run_in_venv(python, CHILD, work / "check_in_kvpress_env.py", json.dumps(spec))
 
 
 if __name__ == "__main__":

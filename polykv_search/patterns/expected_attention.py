@@ -62,6 +62,13 @@ class ExpectedAttention(Pattern):
     * Cost: ``O(n Hq D^2)`` per eviction for the covariance term (as kvpress's), ``O(q Hq D^2)`` per
       call for the running sums; the scores rotate the keys back (``R^T k``) instead of rotating the
       statistics ahead, which is the same number.
+    * Checked against kvpress 0.5.5's ``ExpectedAttentionPress`` on SmolLM2
+      (``scripts/verify_kvpress_patterns.py``): after prefill, 1,619 of 1,620 (layer, KV head) kept sets
+      are identical (3 prompts of 512 tokens, compression ratios 0.1 to 0.97); the other swaps one
+      token whose kvpress score lies 7e-8 of the head's score range from kvpress's cut-off, a float
+      rounding tie (the statistics here are float64 running sums of un-rotated queries, kvpress's are
+      float32 from ``q_proj``). kvpress compresses the prompt only; the decoding phase here is this
+      project's (see the statistics note above).
     """
 
     name: ClassVar[str] = "expected_attention"

@@ -37,6 +37,10 @@ class KeyDiff(Pattern):
     * In decoding, each eviction rescoring the whole cache is the paper's block-wise iterative
       eviction with a block of ``decode_interval`` tokens (1 by default); in prefill, the whole
       prompt is one block (kvpress's ``KeyDiffPress`` without ``BlockPress``).
+    * Checked against kvpress 0.5.5's ``KeyDiffPress`` on SmolLM2 (``scripts/verify_kvpress_patterns.py``):
+      the same kept set in every (layer, KV head) after prefill, 1,620 of 1,620 (3 prompts of 512
+      tokens, 30 layers, 3 KV heads, compression ratios 0.1 to 0.97). Both select per KV head; kvpress's
+      ``topk`` and the stable top-``b`` here could order exact ties differently, which did not occur.
     """
 
     name: ClassVar[str] = "keydiff"
