@@ -73,8 +73,9 @@ def mixed_groups():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_head_groups_match_the_per_head_oracle(family):
-    model = tiny_model(family, layers=3, seed=5)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_head_groups_match_the_per_head_oracle(family, attn):
+    model = tiny_model(family, attn=attn, layers=3, seed=5)
     strategy = Strategy.uniform(3, "h2o", 10)  # layer 1 stays layer-level
     fast, ref, cache, oracle, mask, report = run_both(model, strategy, mixed_groups())
     assert close(fast[0], ref[0], mask)
