@@ -181,3 +181,15 @@ def test_paths_quote_keys_that_are_not_plain_words():
         cmp.CompareError, match=re.escape('r.json: provenance.tasks."a b.c".suite: expected a string or null, got 1')
     ):
         cmp.check_results(doc, "r.json")
+
+
+def test_an_entry_whose_strategy_has_head_groups_is_read_and_compared():
+    groups = {
+        "head_groups": [{"heads": [0], "pattern": "full", "budget": 64}, {"heads": [1], "pattern": "tova", "budget": 8}]
+    }
+    doc = mutated("v1", [*E2, "strategy", "layers", 0, "prefill"], groups)
+    cmp.check_results(doc, "r.json")
+    assert cmp.compare([doc], resamples=50).rows
+    bad = mutated("v1", [*E2, "strategy", "layers", 0, "prefill"], {"head_groups": [{"heads": [0], "budget": 8}]})
+    with pytest.raises(cmp.CompareError, match=r"head_groups\[0\]\.pattern"):
+        cmp.check_results(bad, "r.json")

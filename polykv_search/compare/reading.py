@@ -281,6 +281,13 @@ class _Checker:
             for phase in PHASES:
                 choice_path = _at(layer_path, phase)
                 choice = self.obj(layer.get(phase), choice_path, null=False)
+                if "head_groups" in choice:  # a layer split into head groups (strategy version 2)
+                    groups_path = _at(choice_path, "head_groups")
+                    for g, group in enumerate(self.array(choice.get("head_groups"), groups_path)):
+                        group = self.obj(group, _at(groups_path, g), null=False)
+                        self.string(group.get("pattern"), _at(_at(groups_path, g), "pattern"), null=False)
+                        self.number(group.get("budget"), _at(_at(groups_path, g), "budget"))
+                    continue
                 self.string(choice.get("pattern"), _at(choice_path, "pattern"), null=False)
                 self.number(choice.get("budget"), _at(choice_path, "budget"))
         prov_path = _at(path, "provenance")
