@@ -107,9 +107,6 @@ class HeadGroupLayer(RuntimeLayer):
         for part in self.parts:
             part.finish_deferred()
 
-    def cut_to(self, n: int) -> None:
-        self.seen = n
-
     # ----------------------------------------------------------------- attention
     def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
         """Each group's ``attend(part, query_of_its_heads)`` (an ``attention_call`` of the group's own
