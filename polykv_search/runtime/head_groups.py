@@ -67,6 +67,11 @@ class HeadGroupLayer(RuntimeLayer):
     keys = property(lambda self: self.parts[0].keys if self.parts else None, lambda self, t: None)
     values = property(lambda self: self.parts[0].values if self.parts else None, lambda self, t: None)
 
+    @property
+    def query_heads(self) -> list[torch.Tensor]:
+        """Per group, the indices of its query heads (those of its KV heads, GQA)."""
+        return self._q_index
+
     def reset(self) -> None:
         super().reset()
         for part in getattr(self, "parts", []):

@@ -143,22 +143,30 @@ class StackedLayer(RuntimeLayer):
 class _SharedDispatch:
     """The one observer a :class:`FanoutLayer` shows the runtime: each distinct pattern's hooks run
     once, on the first row that observes with it; the other rows observing with that pattern get a
-    deep copy of its state (every row holds the same prompt, so the statistics are the same)."""
+    deep copy of its state (every row holds the same prompt, so the statistics are the same). A head
+    group of a row is a row of its own KV heads, keyed by pattern and heads, and sees their queries."""
 
     def __init__(self, fanout: FanoutLayer):
         self.fanout = fanout
 
     def pre_kernel(self, layer, state, query) -> None:
-        for pattern, members in self.fanout.pattern_groups.items():
+        for (pattern, heads), members in self.fanout.pattern_groups.items():
             row, st = members[0]
-            pattern.pre_kernel(row, st, query)
+            pattern.pre_kernel(row, st, _heads_of(query, heads))
 
     def post_kernel(self, layer, state, query) -> None:
-        for pattern, members in self.fanout.pattern_groups.items():
+        for (pattern, heads), members in self.fanout.pattern_groups.items():
             row, st = members[0]
-            pattern.post_kernel(row, st, query)
+            pattern.post_kernel(row, st, _heads_of(query, heads))
             for _, other in members[1:]:
                 other.replace_with(st)
+
+
+def _heads_of(query: torch.Tensor, heads: tuple[int, ...] | None) -> torch.Tensor:
+    """The query heads ``heads`` (None: all) of ``query`` ``[B, Hq, q, D]``."""
+    if heads is None:
+        return query
+    return query.index_select(1, torch.tensor(heads, device=query.device))
 
 
 class _SharedPass:
@@ -174,7 +182,7 @@ class _SharedPass:
 
     def post_kernel(self, layer, state, query) -> None:
         fanout = self.fanout
-        for pattern, members in fanout.pattern_groups.items():
+        for (pattern, _), members in fanout.pattern_groups.items():
             st = members[0][1]
             pattern.reconstruct(fanout, st, query, fanout.pass_prompt)
             for _, other in members[1:]:
@@ -213,14 +221,26 @@ class FanoutLayer(EvictingLayer):
         self.pattern_groups = {}
         if self.pass_prompt is not None:
             for row in self.rows:
-                if row.deferred:
+                if row.awaits_pass():
                     for pattern, state in row.model_level_states():
-                        self.pattern_groups.setdefault(pattern, []).append((row, state))
+                        self.pattern_groups.setdefault((pattern, None), []).append((row, state))
             return
+        for layer, heads in self._members():
+            layer.begin_call(q_len, padding_mask)
+            for pattern, state in layer.observers():
+                self.pattern_groups.setdefault((pattern, heads), []).append((layer, state))
+
+    def _members(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
+        """Every row's layer, a row split into head groups (``parts``) as one layer per group with its
+        query heads."""
+        out = []
         for row in self.rows:
-            row.begin_call(q_len, padding_mask)
-            for pattern, state in row.observers():
-                self.pattern_groups.setdefault(pattern, []).append((row, state))
+            parts = getattr(row, "parts", None)
+            if parts is None:
+                out.append((row, None))
+            else:
+                out += [(part, tuple(idx.tolist())) for part, idx in zip(parts, row.query_heads)]
+        return out
 
     def observers(self):
         if not self.pattern_groups:
@@ -230,13 +250,16 @@ class FanoutLayer(EvictingLayer):
     def end_call(self) -> None:
         if self.pass_prompt is None:
             with small_ops():
+                for layer, _ in self._members():
+                    layer.end_call()
                 for row in self.rows:
-                    row.end_call()
+                    if getattr(row, "parts", None) is not None:
+                        row.calls += 1
         self.pattern_groups = {}
         super().end_call()
 
     def awaits_pass(self) -> bool:
-        return any(row.deferred for row in self.rows)
+        return any(row.awaits_pass() for row in self.rows)
 
     def pass_plans(self) -> list:
         return [pair for row in self.rows for pair in row.pass_plans()]

@@ -19,6 +19,7 @@ from polykv_search.evaluation.runner import (
 from polykv_search.evaluation.samples import encode_prompt
 from polykv_search.protocol import AGNOSTIC, AWARE, check_protocol, split_prompt
 from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
+from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.runtime.runtime import strategy_head_groups
 from polykv_search.scoring import per_entry
 from polykv_search.scoring.checkpoint import Checkpoint
@@ -92,11 +93,11 @@ def score_entries(
     for entry in entries:
         entry.strategy.check_model(num_layers, num_kv_heads)
     if engine == "shared":
-        split = [e.name for e in entries if strategy_head_groups(e.strategy, num_kv_heads)]
+        split = [e.name for e in entries if _model_level_in_head_groups(e.strategy, num_kv_heads)]
         if split:
             raise ScoreError(
-                f"{', '.join(split)}: strategies with head groups are scored by the per-entry path only; "
-                "add --no-shared-prefill"
+                f"{', '.join(split)}: head groups with a model-level pattern (kvzip) are scored by the per-entry "
+                "path only; add --no-shared-prefill"
             )
     try:
         check_protocol(protocol)
@@ -205,7 +206,8 @@ class SampleRunner:
             )
             runtime = self._context.__enter__()
             plans = [strategy_plans(e.strategy) for e in self.entries]
-            self.scorer = SharedScorer(self.model, runtime, plans, batch_entries=s.batch_entries)
+            groups = [strategy_head_groups(e.strategy, runtime.spec.num_kv_heads) for e in self.entries]
+            self.scorer = SharedScorer(self.model, runtime, plans, batch_entries=s.batch_entries, head_groups=groups)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -302,3 +304,12 @@ def score_entry(
         fidelity=fidelity,
         progress=(lambda n: progress()) if progress else None,
     )[0]
+
+
+def _model_level_in_head_groups(strategy: Strategy, num_kv_heads: int) -> bool:
+    """True when ``strategy`` splits a layer into head groups and uses a model-level pattern (kvzip)."""
+    groups = strategy_head_groups(strategy, num_kv_heads)
+    if not groups:
+        return False
+    plans = [(g.prefill, g.decoding) for layer in groups.values() for g in layer]
+    return needs_pass(plans + strategy_plans(strategy))

@@ -66,7 +66,9 @@ def _run_trajectory(model, entries: Sequence[Entry], job: SampleJob, caller, **s
         full = rt.report()
     outcomes = []
     for entry in entries:
-        if all(not p.evicts and not d.evicts for p, d in strategy_plans(entry.strategy)):
+        if not entry.strategy.has_head_groups and all(
+            not p.evicts and not d.evicts for p, d in strategy_plans(entry.strategy)
+        ):  # FullKV (a layer split into head groups has a FULL_PLAN in strategy_plans)
             pred, new = TrajectoryMeter.exact(trajectory), list(trajectory.answer_ids)
             outcomes.append(SampleOutcome(pred, trajectory.timing, full.kv_bytes, full.full_kv_bytes, new))
             continue

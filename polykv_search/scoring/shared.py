@@ -30,6 +30,7 @@ from polykv_search.runtime import (
     RowBatchLayer,
     cache_report,
 )
+from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan
 from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.scoring.job import SampleJob, SampleOutcome
 
@@ -78,38 +79,75 @@ class SharedScorer:
         Per entry, the ``(prefill, decoding)`` plan of every layer (:func:`~polykv_search.runtime.strategy_plans`).
     batch_entries
         Rows per decoding batch at most (memory cap).
+    head_groups
+        Per entry, its layers split into head groups (:func:`~polykv_search.runtime.runtime.strategy_head_groups`;
+        none by default). Such an entry shares the context call (each group of a row observes with its own
+        query heads) and then decodes as a batch of its own, on its own layers.
     """
 
-    def __init__(self, model, runtime, plans: Sequence[Plans], *, batch_entries: int = 16):
+    def __init__(
+        self,
+        model,
+        runtime,
+        plans: Sequence[Plans],
+        *,
+        batch_entries: int = 16,
+        head_groups: Sequence[dict[int, list[HeadGroupPlan]]] | None = None,
+    ):
         self.model = model
         self.runtime = runtime
         self.plans = [list(p) for p in plans]
+        self.head_groups = [dict(g) for g in head_groups] if head_groups is not None else [{} for _ in self.plans]
+        if len(self.head_groups) != len(self.plans):
+            raise ValueError(f"{len(self.head_groups)} head-group maps for {len(self.plans)} entries")
         self.batch_entries = batch_entries
         self.caller = _Caller(model)
         self.num_layers = runtime.spec.num_layers
-        self.full_rows = [all(not p.evicts and not d.evicts for p, d in plan) for plan in self.plans]
+        self.full_rows = [
+            not groups and all(not p.evicts and not d.evicts for p, d in plan)
+            for plan, groups in zip(self.plans, self.head_groups)
+        ]
         param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         dtype_bytes = next(model.parameters()).element_size()
         self.fixed_cost = param_bytes / runtime.spec.bytes_per_token(dtype_bytes)
 
-    def _row(self, plan: Plans) -> list[EvictingLayer]:
+    def _row(self, plan: Plans, groups: dict[int, list[HeadGroupPlan]] | None = None) -> list[EvictingLayer]:
         # an entry with a model-level pattern (kvzip) keeps its prompt until the runtime's reconstruction
         # pass, which runs once per context call for every such entry (FanoutLayer)
         defer = needs_pass(plan)
+        groups = groups or {}
+        detached = [{**self.runtime.layer_kwargs(l), "on_update": None} for l in range(len(plan))]
         return [
-            EvictingLayer(l, p, d, defer_prefill=defer, **{**self.runtime.layer_kwargs(l), "on_update": None})
+            HeadGroupLayer(l, groups[l], defer_prefill=defer, **detached[l])
+            if l in groups
+            else EvictingLayer(l, p, d, defer_prefill=defer, **detached[l])
             for l, (p, d) in enumerate(plan)
         ]
 
     def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:
+        if any(_split(row) for row in rows):  # a row with head groups decodes alone, on its own layers
+            if len(rows) != 1:
+                raise ValueError("a row with head groups is decoded as a batch of its own")
+            for l, layer in enumerate(rows[0]):
+                layer._on_update = self.runtime.layer_kwargs(l)["on_update"]
+            return PolyKVCache(list(rows[0]))
         return PolyKVCache(
             [RowBatchLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
         )
 
+    def _groups(self, rows: Sequence[list[EvictingLayer]]) -> list[list[int]]:
+        """Decoding batches: :func:`plan_groups` over the layer-level rows, each row with head groups alone."""
+        plain = [i for i, row in enumerate(rows) if not _split(row)]
+        batches = plan_groups([[layer.length for layer in rows[i]] for i in plain], self.batch_entries, self.fixed_cost)
+        return [[plain[j] for j in batch] for batch in batches] + [[i] for i, row in enumerate(rows) if _split(row)]
+
     @staticmethod
     def _write_back(cache: PolyKVCache) -> None:
         for layer in cache.layers:
-            layer.write_back()
+            if isinstance(layer, RowBatchLayer):
+                layer.write_back()
+            else:  # a row's own layer, decoded alone: detach it again
+                layer._on_update = None
 
     @torch.inference_mode()
     def run(self, job: SampleJob, *, fidelity: bool = True) -> list[SampleOutcome]:
@@ -121,14 +159,13 @@ class SharedScorer:
         if job.teacher_forced and fidelity and ref is None:  # a hidden FullKV row for the reference
             plans.append([(FULL_PLAN, FULL_PLAN)] * self.num_layers)
             ref = len(plans) - 1
-        rows = [self._row(plan) for plan in plans]
+        rows = [self._row(plan, groups) for plan, groups in zip(plans, self.head_groups + [{}])]
         dev = self.caller.device
         t0 = time.perf_counter()
         first = self._context_call(job.context_ids, rows)
         _sync(dev)
         context_s = time.perf_counter() - t0
-        lengths = [[layer.length for layer in row] for row in rows]
-        groups = plan_groups(lengths, self.batch_entries, self.fixed_cost)
+        groups = self._groups(rows)
         timings: list[dict[str, float]] = [{} for _ in rows]
         results: list = [None] * len(rows)
         for group in groups:
@@ -188,7 +225,7 @@ class SharedScorer:
         )
         full = cache_report(trajectory.cache.layers)
         evicting = [i for i, is_full in enumerate(self.full_rows) if not is_full]
-        rows = [self._row(self.plans[i]) for i in evicting]
+        rows = [self._row(self.plans[i], self.head_groups[i]) for i in evicting]
         outcomes: list = [
             SampleOutcome(
                 TrajectoryMeter.exact(trajectory),
@@ -208,8 +245,7 @@ class SharedScorer:
         first = self._context_call(job.context_ids, rows)
         _sync(dev)
         context_s = time.perf_counter() - t0
-        groups = plan_groups([[layer.length for layer in row] for row in rows], self.batch_entries, self.fixed_cost)
-        for group in groups:
+        for group in self._groups(rows):
             t1 = time.perf_counter()
             members = [rows[i] for i in group]
             meter = TrajectoryMeter(trajectory, len(group), job.eos)
@@ -265,3 +301,8 @@ class SharedScorer:
         self._write_back(cache)
         _sync(self.caller.device)
         return new, {"question_s": t1 - t0, "decode_s": time.perf_counter() - t1}
+
+
+def _split(row: Sequence) -> bool:
+    """True for a row with a layer split into head groups."""
+    return any(isinstance(layer, HeadGroupLayer) for layer in row)
