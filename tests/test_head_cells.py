@@ -149,10 +149,15 @@ def test_bad_budgets_are_refused(budgets, sink):
     [
         ("snapkv", {"window": 4}),
         ("h2o", {}),
-        ("knorm", {}),
-        ("keydiff", {}),
-        ("expected_attention", {}),
-        ("pyramidkv", {"window": 4}),
+        *(  # the same code path; slow only to keep the default suite short
+            pytest.param(name, params, marks=pytest.mark.slow)
+            for name, params in (
+                ("knorm", {}),
+                ("keydiff", {}),
+                ("expected_attention", {}),
+                ("pyramidkv", {"window": 4}),
+            )
+        ),
     ],
 )
 def test_prefill_cells_of_scored_patterns_equal_the_runtime_with_one_head_in_its_own_group(pattern, params):
