@@ -45,7 +45,7 @@ from signals import model_parts
 from signals.fullkv import FullKVRecord, full_kv_pass
 from signals.head_signals import CELL_PATTERN, HeadCells
 from signals.ppl import token_kl
-from signals.replay import SharedPromptLayer, shared_prompt_layer
+from signals.replay import SharedPromptLayer, cell_layers, shared_prompt_layer
 from strategies import Strategy
 
 DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128)
@@ -108,6 +108,25 @@ def scored_kl(model, hidden: torch.Tensor, record: FullKVRecord, span: tuple[int
     return torch.cat(parts, dim=1)
 
 
+def _rows_kl(model, runtime, record: FullKVRecord, layer_idx: int, make_layer, rows: int, span) -> torch.Tensor:
+    """KL per row: layer ``layer_idx`` = ``make_layer()`` (``rows`` rows), then layers above over the
+    recorded prompt caches; ``[rows, end - start]``."""
+    num_layers = len(record.keys)
+    layers: list[Any] = [_placeholder(runtime, j) for j in range(num_layers)]
+    layers[layer_idx] = make_layer()
+    cache = PolyKVCache(layers)
+    pos = record.position_ids(record.hidden[0].device)
+    hidden = record.hidden[layer_idx].expand(rows, -1, -1)
+    pe = model_parts.rotary(model, hidden, pos)
+    hidden = model_parts.run_layer(model, layer_idx, hidden, pe, pos, cache)
+    cache.layers[layer_idx] = _placeholder(runtime, layer_idx)  # free its K/V copy
+    for j in range(layer_idx + 1, num_layers):
+        cache.layers[j] = shared_prompt_layer(runtime, record, j, rows)
+        hidden = model_parts.run_layer(model, j, hidden, pe, pos, cache)
+        cache.layers[j] = layers[j]  # free the expanded prompt cache
+    return scored_kl(model, hidden, record, span)
+
+
 @torch.no_grad()
 def layer_cells_kl(
     model,
@@ -122,29 +141,18 @@ def layer_cells_kl(
 ) -> torch.Tensor:
     """Per-token KL of every (KV head, budget) cell of layer ``layer_idx`` on one sample:
     ``[Hkv, len(budgets), end - start]`` float64 (``runtime``: an applied Full strategy)."""
-    num_layers, hkv = len(record.keys), record.keys[layer_idx].shape[1]
+    hkv = record.keys[layer_idx].shape[1]
     cells = [(h, b) for h in range(hkv) for b in budgets]
-    m = record.continuation_len
-    per_chunk = max(1, batch_tokens // max(m, 1))
+    per_chunk = max(1, batch_tokens // max(record.continuation_len, 1))
     out = []
     for at in range(0, len(cells), per_chunk):
         chunk = cells[at : at + per_chunk]
-        c = len(chunk)
-        layers: list[Any] = [_placeholder(runtime, j) for j in range(num_layers)]
-        layers[layer_idx] = streaming_heads_layer(
-            runtime, record, layer_idx, [h for h, _ in chunk], [b for _, b in chunk], sink
-        )
-        cache = PolyKVCache(layers)
-        pos = record.position_ids(record.hidden[0].device)
-        hidden = record.hidden[layer_idx].expand(c, -1, -1)
-        pe = model_parts.rotary(model, hidden, pos)
-        hidden = model_parts.run_layer(model, layer_idx, hidden, pe, pos, cache)
-        cache.layers[layer_idx] = _placeholder(runtime, layer_idx)  # free its K/V copy
-        for j in range(layer_idx + 1, num_layers):
-            cache.layers[j] = shared_prompt_layer(runtime, record, j, c)
-            hidden = model_parts.run_layer(model, j, hidden, pe, pos, cache)
-            cache.layers[j] = layers[j]  # free the expanded prompt cache
-        out.append(scored_kl(model, hidden, record, span))
+        heads, widths = [h for h, _ in chunk], [b for _, b in chunk]
+
+        def make(heads=heads, widths=widths):
+            return streaming_heads_layer(runtime, record, layer_idx, heads, widths, sink)
+
+        out.append(_rows_kl(model, runtime, record, layer_idx, make, len(chunk), span))
     return torch.cat(out).reshape(hkv, len(budgets), -1)
 
 
@@ -223,3 +231,83 @@ def _summary(per_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if per_sample.shape[0] < 2:
         return mean, np.full(mean.shape, np.nan)
     return mean, np.asarray(stats.sem(per_sample, axis=0))
+
+
+# ----------------------------------------------------------------- prefill cells of scored patterns
+#: Patterns whose prefill selection is made per KV head, so that a head in a group of its own keeps what
+#: the layer-level pattern keeps in that head (tova is not: one selection shared by the layer's heads).
+PREFILL_CELL_PATTERNS = ("snapkv", "pyramidkv", "h2o", "knorm", "keydiff", "expected_attention", "streaming_llm")
+
+
+class KeptPromptHeadsLayer(SharedPromptLayer):
+    """Layer ``l``'s cache for prefill head cells: row ``r`` lets KV head ``heads[r]`` see, of the prompt,
+    only ``kept[r]`` (its pattern's prefill selection), and every continuation token (causally)."""
+
+    def set_cells(self, heads: Sequence[int], kept: torch.Tensor) -> None:
+        self.cell_heads = torch.as_tensor(heads, device=self.device)
+        self.cell_kept = kept.to(self.device)  # [rows, prompt_len] bool
+
+    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
+        causal = super().allowed(query_positions)  # [1, 1, q, n]
+        n, prompt = causal.shape[-1], self.cell_kept.shape[-1]
+        keep = torch.ones((len(self.cell_heads), n), dtype=torch.bool, device=self.device)
+        keep[:, :prompt] = self.cell_kept
+        mine = torch.arange(self.keys.shape[1], device=self.device)[None, :] == self.cell_heads[:, None]
+        return causal & (keep[:, None, None, :] | ~mine[:, :, None, None])  # [rows, Hkv, q, n]
+
+
+def prefill_kept(runtime, record: FullKVRecord, layer_idx: int, pattern, budgets: Sequence[int]) -> torch.Tensor:
+    """``[len(budgets), Hkv, prompt_len]`` bool: the prompt tokens layer ``layer_idx`` keeps in each KV head
+    when ``pattern`` compresses it to each budget (the collector's replay, :func:`signals.replay.cell_layers`)."""
+    rows = cell_layers(runtime, record, layer_idx, "prefill", [pattern], budgets)
+    n = record.keys[layer_idx].shape[2]
+    kept = torch.zeros((len(budgets), record.keys[layer_idx].shape[1], n), dtype=torch.bool)
+    for g, row in enumerate(rows):
+        kept[g].scatter_(-1, row.positions[0].cpu(), True)
+    return kept
+
+
+@torch.no_grad()
+def layer_prefill_cells_kl(
+    model, runtime, record: FullKVRecord, layer_idx: int, pattern, budgets, span, *, batch_tokens=BATCH_TOKENS
+) -> torch.Tensor:
+    """Per-token KL of every (KV head, budget) prefill cell of ``pattern`` in layer ``layer_idx``: only that
+    head compresses its prompt with the pattern (every other head and layer FullKV) and keeps every
+    continuation token; ``[Hkv, len(budgets), end - start]`` float64."""
+    if pattern.name not in PREFILL_CELL_PATTERNS:
+        raise ValueError(f"prefill head cells: {pattern.name!r} does not select per KV head")
+    kept = prefill_kept(runtime, record, layer_idx, pattern, budgets)  # [nb, H, n]
+    hkv = kept.shape[1]
+    cells = [(h, g) for h in range(hkv) for g in range(len(budgets))]
+    per_chunk = max(1, batch_tokens // max(record.continuation_len, 1))
+    out = []
+    for at in range(0, len(cells), per_chunk):
+        chunk = cells[at : at + per_chunk]
+
+        def make(chunk=chunk):
+            shared = shared_prompt_layer(runtime, record, layer_idx, len(chunk))
+            layer = KeptPromptHeadsLayer(layer_idx, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(layer_idx))
+            for name in ("device", "keys", "values", "positions", "valid", "is_initialized", "seen", "calls"):
+                setattr(layer, name, getattr(shared, name))
+            layer.set_cells([h for h, _ in chunk], torch.stack([kept[g, h] for h, g in chunk]))
+            return layer
+
+        out.append(_rows_kl(model, runtime, record, layer_idx, make, len(chunk), span))
+    return torch.cat(out).reshape(hkv, len(budgets), -1)
+
+
+@torch.no_grad()
+def sample_prefill_cells_kl(model, sample, pattern, budgets: Sequence[int], *, batch_tokens=BATCH_TOKENS) -> np.ndarray:
+    """Mean KL over ``sample``'s scored tokens of every prefill cell of ``pattern``: ``[L, Hkv, len(budgets)]``."""
+    spec = model_spec(model)
+    start, end = scored_span(sample)
+    continuation = list(sample.continuation_ids)[:end]
+    result = np.full((spec.num_layers, spec.num_kv_heads, len(budgets)), np.nan)
+    with apply_strategy(model, Strategy.full(spec.num_layers)) as rt:
+        record = full_kv_pass(model, rt, sample.context_ids, continuation, stats=False)
+        for layer in range(spec.num_layers):
+            kl = layer_prefill_cells_kl(
+                model, rt, record, layer, pattern, budgets, (start, end), batch_tokens=batch_tokens
+            )
+            result[layer] = kl.mean(dim=-1).numpy()
+    return result

@@ -17,7 +17,10 @@ Phases that are not optimized
     Every other phase gets the **uniform default**: ``problem.default_pattern`` (``snapkv``) at
     ``floor(B)`` tokens in every layer (capped at ``max_budget``). This is what a runtime without
     layer-wise decoding support does, and it keeps the two phases independent: a phase's choices
-    never depend on whether the other phase was optimized.
+    never depend on whether the other phase was optimized. Exception: a head-level plan names, in
+    ``Plan.follows``, phases that copy an optimized phase's head groups (:mod:`solvers.heads`: the head
+    signals do not depend on the phase); the strategy's provenance lists them in ``phases_following``
+    and the result's message says so.
 
 Budgets and rounding
     Per optimized phase the total is ``T = floor(L·B)``; every solver returns integer budgets with
@@ -55,6 +58,9 @@ from solvers.problem import UNOPTIMIZED_RULE, Problem
 from solvers.result import Choice, Plan, SolveResult, jsonable
 from solvers.settings import SettingInfo, Settings, SolverError, setting
 from strategies.strategy import PHASES, LayerChoice, Strategy, StrategyError
+
+#: What the phases a head-level plan does not optimize get (``Plan.follows``; :mod:`solvers.heads`).
+FOLLOW_RULE = "head-level: the phases not optimized copy the optimized phase's head groups (phases_following)"
 
 #: Kept for old imports; use :func:`solvers.result.jsonable`.
 _jsonable = jsonable
@@ -106,6 +112,8 @@ class Solver(ABC):
                 if chosen is None or len(chosen) != L:
                     raise SolverError(f"{self.name}: internal error, no choice for every layer in {phase}")
                 per_phase[phase] = _phase_choices(self.name, problem, plan, chosen)
+            elif phase in plan.follows:
+                per_phase[phase] = list(per_phase[plan.follows[phase]])
             else:
                 per_phase[phase] = [LayerChoice(problem.default_pattern, problem.uniform_budget)] * L
         table = problem.table
@@ -115,7 +123,8 @@ class Solver(ABC):
             "global_budget": problem.global_budget,
             "b_min": problem.b_min,
             "phases_optimized": list(problem.phases),
-            "unoptimized_phases": UNOPTIMIZED_RULE,
+            "unoptimized_phases": FOLLOW_RULE if plan.follows else UNOPTIMIZED_RULE,
+            **({"phases_following": dict(plan.follows)} if plan.follows else {}),
             "default_pattern": problem.default_pattern,
             "budgets": list(problem.budgets) if problem.budgets is not None else None,
             "patterns": list(problem.patterns) if problem.patterns is not None else None,
@@ -153,6 +162,10 @@ class Solver(ABC):
             for phase in PHASES
             for layer, c in enumerate(strategy.phase(phase))
         ]
+        message = plan.message
+        for phase, source in plan.follows.items():
+            why = "not in the signal table" if table is not None and phase not in table.phases else "not optimized"
+            message += f"; {phase} follows {source}'s head groups ({phase} {why})"
         return SolveResult(
             solver=self.name,
             strategy=strategy,
@@ -161,7 +174,7 @@ class Solver(ABC):
             choices=choices,
             settings=self.settings.to_json(),
             timing={"solve_s": solve_s, "total_s": time.perf_counter() - start},
-            message=plan.message,
+            message=message.lstrip("; "),
             success=plan.success,
             info=plan.info,
             unused_budget=unused,

@@ -17,7 +17,8 @@ so k is as large as B allows and the streaming heads get everything left (at mos
 ``full_heads=K`` fixes k instead (refused when the streaming heads would get less than f). When
 ``N·n <= T`` every head keeps everything. DuoAttention's own split (25 % / 50 % of heads full) comes
 from training gates at long contexts; here k follows from B, and B decides how many heads can be full.
-Both phases get the same heads (decoding follows prefill's: a full head keeps its generated tokens).
+Both phases get the same heads (decoding follows prefill's: a full head keeps its generated tokens),
+also when the table has prefill only (:mod:`solvers.heads`, "Phases the table lacks").
 """
 
 from __future__ import annotations

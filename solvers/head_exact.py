@@ -24,8 +24,9 @@ answer tokens, on prose, or their sum (standard errors combined as if independen
 :mod:`solvers.exact` with a normal quantile: ``clip`` max(KL, 0), ``interval`` 0 when KL ± z·SE
 contains 0, ``upper`` max(KL + z·SE, 0), ``auto`` = ``upper`` when the cells have standard errors.
 
-The chosen heads are the same in every optimized phase (decoding follows prefill's heads); keep-all
-heads get pattern ``full`` with budget n, the others the cells' pattern and params.
+The chosen heads are the same in both phases (decoding follows prefill's heads, also when the table has
+prefill only: :mod:`solvers.heads`, "Phases the table lacks"); keep-all heads get pattern ``full`` with
+budget n, the others the cells' pattern and params (``n_sink`` = the cells' sink).
 """
 
 from __future__ import annotations

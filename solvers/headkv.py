@@ -12,7 +12,8 @@ what a cap cuts off goes to the uncapped heads by the same shares (a water level
 largest-remainder rounding to integers summing to T exactly (ties to the lower (layer, head) index;
 :func:`solvers.allocation.allocate`). All scores 0: an even split. Every head uses one ``pattern``
 (default snapkv; streaming_llm is the other natural choice); a head at n keeps everything. Heads of a
-layer with equal budgets share a group; both phases get the same heads.
+layer with equal budgets share a group; both phases get the same heads, also when the table has
+prefill only (:mod:`solvers.heads`, "Phases the table lacks").
 """
 
 from __future__ import annotations

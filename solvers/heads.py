@@ -4,7 +4,8 @@ Reading: the signal table's ``heads`` block (:mod:`signals.head_signals`): the p
 score (``heads.retrieval.mean``, ``[L][H]``) and, when ``collect --head-cells`` measured them, the
 streaming cells::
 
-    "cells": {"pattern": "streaming_llm", "budgets": [b1, ...], "params": {...} (optional),
+    "cells": {"pattern": "streaming_llm", "budgets": [b1, ...], "sink": s (optional),
+              "params": {...} (optional; default {"n_sink": sink} for streaming_llm cells),
               "kl_answer": {"mean": [L][H][nb], "se": [L][H][nb]},
               "kl_prose": {"mean": [L][H][nb], "se": [L][H][nb]}}
 
@@ -16,6 +17,14 @@ Building: :func:`grouped_plan` turns one ``(pattern, budget, params)`` per (laye
 :class:`~strategies.LayerChoice` with head groups per layer (heads with equal choices share a group),
 the same for every optimized phase: decoding follows prefill's heads (a head that keeps the whole
 context in prefill keeps its generated tokens too; a streaming head keeps streaming).
+
+Phases the table lacks. The head signals (retrieval scores, streaming cells) do not depend on the table's
+layer-level phases, and a streaming cell is measured with the head streaming in both phases. So a phase
+that is not optimized (the default ``collect`` writes a prefill-only table, so ``--phases`` defaults to
+prefill) gets the optimized phase's head groups too (:attr:`Plan.follows`), **not** the uniform default
+of layer-level solvers: a keep-all head followed in decoding by a layer-level ``snapkv`` at B would evict
+what it kept at the first step. The strategy's provenance records it (``phases_following``) and the
+solver's summary line says it ("decoding follows prefill's head groups").
 
 The context length a head-level strategy is built for (a keep-all head's budget) is, in order: the
 solver's ``target_context_len`` setting (``--target-context-len``), the problem's ``max_budget``
@@ -35,7 +44,7 @@ from solvers.problem import Problem
 from solvers.result import Plan
 from solvers.settings import SolverError
 from strategies.head_groups import group_heads
-from strategies.strategy import LayerChoice
+from strategies.strategy import PHASES, LayerChoice
 
 CELLS_OPTION = "--head-cells"
 RETRIEVAL_OPTION = "--retrieval-heads"
@@ -88,6 +97,7 @@ def head_cells(table: SignalTable | None) -> HeadCells | None:
             "budgets": list(cells.budgets),
             "kl_answer": {"mean": cells.kl_answer_mean, "se": cells.kl_answer_se},
             "kl_prose": {"mean": cells.kl_prose_mean, "se": cells.kl_prose_se},
+            "sink": cells.sink,
         }
     pattern, budgets = _get(cells, "pattern"), _get(cells, "budgets")
     if not isinstance(pattern, str):
@@ -108,7 +118,10 @@ def head_cells(table: SignalTable | None) -> HeadCells | None:
         mean[name] = _array(f"heads.cells.{name}.mean", _get(block, "mean"), shape, allow_null=False)
         s = _get(block, "se")
         se[name] = np.full(shape, np.nan) if s is None else _array(f"heads.cells.{name}.se", s, shape, True)
-    params = _get(cells, "params") or {}
+    params = _get(cells, "params")
+    if params is None:  # the collector stores the sinks it measured with as ``sink``
+        sink = _get(cells, "sink")
+        params = {"n_sink": int(sink)} if pattern == "streaming_llm" and sink is not None else {}
     return HeadCells(pattern, grid, mean, se, dict(params))
 
 
@@ -145,12 +158,16 @@ def grouped_plan(
     **plan: Any,
 ) -> Plan:
     """A :class:`Plan` whose every optimized phase gets, per layer, the head groups of ``per_head``
-    (``[L][H]`` of ``(pattern, budget, params)``); ``plan`` are the other Plan fields."""
+    (``[L][H]`` of ``(pattern, budget, params)``), and every other phase follows the first optimized one
+    (module docstring); ``plan`` are the other Plan fields."""
     choices = [LayerChoice.grouped(group_heads(row)) for row in per_head]
+    optimized = list(problem.phases)  # type: ignore[arg-type]
+    follows = {phase: optimized[0] for phase in PHASES if phase not in optimized}
     return Plan(
-        {phase: list(choices) for phase in problem.phases},  # type: ignore[union-attr]
+        {phase: list(choices) for phase in optimized},
         context_len=context_len,
         num_kv_heads=len(per_head[0]),
+        follows=follows,
         **plan,
     )
 

@@ -27,6 +27,9 @@ class Plan:
     #: head-level plans: the context length the strategy is built for, and KV heads per layer
     context_len: int | None = None
     num_kv_heads: int | None = None
+    #: head-level plans: ``{phase not optimized: optimized phase whose choices it copies}`` (the head cells
+    #: are measured in both phases, so a phase the table lacks follows the other, not the uniform default)
+    follows: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

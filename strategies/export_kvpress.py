@@ -24,12 +24,12 @@ RandomPress(seed); keydiff -> KeyDiffPress; expected_attention -> ExpectedAttent
 parameters; prefill only); kvzip -> KVzipPress(layerwise=True) (prefill only; not checked against
 kvpress). Where kvpress's press differs from the pattern, the difference is listed per layer.
 
-Head groups (schema version 2) are refused: kvpress's ``DuoAttentionPress`` (0.5.x) is the only press
-with per-head streaming and full heads, and it cannot be told which heads: it sets its streaming mask
-itself from DuoAttention's published patterns (a handful of checkpoints) or its own on-the-fly
-scoring (``head_compression_ratio`` picks how many), uses one ``sink_size``/``recent_size`` for every
-streaming head, acts in prefill only, and masks the middle keys instead of evicting them (no memory is
-freed). Nothing else in kvpress gives heads of one layer different patterns or budgets exactly.
+Head groups (schema version 2): a layer with head groups is routed to per-KV-head key masks (kvpress's
+own mechanism for DuoAttentionPress and AdaKVPress), which keep exactly polykv-search's keys for
+``full`` and ``streaming_llm`` groups in both phases and a scored pattern's per-head budget in prefill;
+no memory is freed. What is refused, approximated with ``--approximate`` and noted is listed in
+:mod:`strategies.kvpress_heads`; a duo-shaped strategy also gets ``duo_attention_press()``, kvpress's
+DuoAttentionPress with the strategy's streaming heads and sink/recent sizes (prefill only).
 
 The module and its sidecar are written as one set and both record the strategy digest; the
 module's ``sidecar()`` and :func:`strategies.kvpress_sidecar.read_export` refuse a pair from two
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from strategies.exporters import Export, ExportOptions, describe, header_lines
+from strategies.kvpress_heads import HeadPlan, head_notes, head_plan, module_parts
 from strategies.kvpress_presses import (  # noqa: F401  (re-exported: the press mapping lives there)
     DECODING_INTERVAL,
     KVPRESS_REQUIREMENT,
@@ -61,31 +62,35 @@ class KVPressExporter:
         "a Python module defining a kvpress press (per-layer presses and budgets) plus its JSON sidecar"
     )
     suffix: ClassVar[str | None] = ".py"
-    uses: ClassVar[frozenset[str]] = frozenset()
-    head_groups_refusal: ClassVar[str | None] = (
-        "kvpress's DuoAttentionPress chooses its streaming heads itself (published patterns or its own scoring), "
-        "with one sink/recent size for all and masked rather than evicted keys"
-    )
+    uses: ClassVar[frozenset[str]] = frozenset({"approximate"})
+    head_groups_refusal: ClassVar[str | None] = None  # strategies.kvpress_heads: key masks per KV head
 
     def render(self, strategy: Strategy, out: Path, options: ExportOptions) -> Export:
         module = out.stem
         sidecar = out.with_suffix(".json")
-        pre = [prefill_press(c) for c in strategy.prefill]
-        dec = [decoding_press(c) for c in strategy.decoding]
-        differences = _differences(strategy, pre, dec)
-        notes = _general_notes(strategy, pre)
+        heads = head_plan(strategy, options.approximate)
+        grouped = [x is not None for x in heads.layers]
+        pre = [None if g else prefill_press(c) for g, c in zip(grouped, strategy.prefill)]
+        dec = [(None, None) if g else decoding_press(c) for g, c in zip(grouped, strategy.decoding)]
+        differences = _differences(strategy, pre, dec, heads)
+        notes = _general_notes(strategy, pre, dec, heads)
         lines = [f"{_ranges(layers)} {what}" for what, layers in differences.items()]
-        text = _module_text(strategy, module, sidecar.name, pre, dec, notes, lines)
-        side = render_sidecar(strategy, out.name, pre, dec, notes)
+        parts = module_parts(strategy, heads)
+        text = _module_text(strategy, module, sidecar.name, pre, dec, notes, lines, parts)
+        side = render_sidecar(strategy, out.name, pre, dec, notes, heads)
         printed = [f"kvpress differs: {line}" for line in lines] + notes
-        return Export({out: text, sidecar: side}, notes=printed)
+        return Export({out: text, sidecar: side}, notes=printed, warnings=list(heads.warnings))
 
 
 # ----------------------------------------------------------------------------- rendering
-def _differences(strategy: Strategy, pre, dec) -> dict[str, list[int]]:
+def _differences(strategy: Strategy, pre, dec, heads: HeadPlan) -> dict[str, list[int]]:
     """'prefill (snapkv): max pooling -> ...' -> layers, in first-seen order."""
     groups: dict[str, list[int]] = {}
     for i in range(strategy.num_layers):
+        for phase, rules in (heads.layers[i] or {}).items():
+            for r in rules:
+                for d in r.differences:
+                    groups.setdefault(f"{phase} KV heads {list(r.heads)} ({r.source}): {d}", []).append(i)
         if pre[i] is not None:
             for d in pre[i].differences:
                 groups.setdefault(f"prefill ({strategy.prefill[i].pattern}): {d}", []).append(i)
@@ -98,8 +103,11 @@ def _differences(strategy: Strategy, pre, dec) -> dict[str, list[int]]:
     return groups
 
 
-def _general_notes(strategy: Strategy, pre) -> list[str]:
-    notes = [
+def _general_notes(strategy: Strategy, pre, dec, heads: HeadPlan) -> list[str]:
+    notes = head_notes() if heads.any else []
+    if heads.any and all(p is None for p in pre) and all(d[0] is None for d in dec):
+        return notes  # every layer holds every token: no lengths differ
+    notes += [
         "layers hold different numbers of tokens, which transformers' one attention mask per forward does "
         "not allow for: run with attn_implementation='flash_attention_2', or 'sdpa' with batch size 1, "
         "no padding and one token per decoding step; kvpress's pipeline feeds the question as one "
@@ -136,12 +144,16 @@ def _entry(press: Press | None, budget: int | None) -> str:
     return f"({press.cls!r}, {press.params!r}, {budget})"
 
 
-def _module_text(strategy, module, sidecar, pre, dec, notes, diff_lines) -> str:
+def _module_text(strategy, module, sidecar, pre, dec, notes, diff_lines, parts) -> str:
     L = strategy.num_layers
     prefill_rows = []
     decoding_rows = []
     for i in range(L):
         p, d = strategy.prefill[i], strategy.decoding[i]
+        if p.has_head_groups or d.has_head_groups:
+            prefill_rows.append(f"    None,  # layer {i}: head groups (HEAD_GROUPS)")
+            decoding_rows.append(f"    None,  # layer {i}: head groups (HEAD_GROUPS)")
+            continue
         prefill_rows.append(f"    {_entry(pre[i], p.budget)},  # layer {i}: {describe(p)}")
         press, dropped = dec[i]
         tail = " (dropped, see above)" if dropped else ""
@@ -173,7 +185,7 @@ stay; n <= b keeps all). None: the layer keeps every token.
 Decoding: DECODING[l] is wrapped in a kvpress DecodingPress that compresses the layer back to its
 decoding budget b whenever it is over it, every DECODING_INTERVAL steps (1: every step, as
 polykv-search does). None: no eviction while decoding.
-
+{parts["doc"]}
 Notes:
 {wrapped_notes}
 
@@ -187,7 +199,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import kvpress
+import kvpress{parts["imports"]}
 
 NUM_LAYERS = {L}
 #: digest of the strategy this module was exported from; its sidecar records the same one
@@ -203,7 +215,7 @@ PREFILL = [
 #: per layer: (kvpress scorer press for DecodingPress, its parameters, token budget), or None
 DECODING = [
 {chr(10).join(decoding_rows)}
-]
+]{parts["tables"]}
 
 
 def ratio_for(budget: int, length: int) -> float:
@@ -224,7 +236,7 @@ class PolyKVPress(kvpress.PrefillDecodingPress):
 
     decoding_interval: int = DECODING_INTERVAL
     prefill_presses: list = field(default_factory=list, init=False, repr=False)
-    decoding_presses: list = field(default_factory=list, init=False, repr=False)
+    decoding_presses: list = field(default_factory=list, init=False, repr=False){parts["fields"]}
 
     def __post_init__(self):
         self.prefill_presses = [
@@ -240,7 +252,7 @@ class PolyKVPress(kvpress.PrefillDecodingPress):
                 hidden_states_buffer_size=0,
             )
             for e in DECODING
-        ]
+        ]{parts["post_init"]}
 
     def post_init_from_model(self, model):
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -253,10 +265,10 @@ class PolyKVPress(kvpress.PrefillDecodingPress):
                 entry[0].post_init_from_model(model)
         for press in self.decoding_presses:
             if press is not None:
-                press.post_init_from_model(model)
+                press.post_init_from_model(model){parts["post_init_model"]}
 
     def forward_hook(self, module, input, kwargs, output):
-        i = module.layer_idx
+        i = module.layer_idx{parts["route"]}
         if is_prefill(kwargs):
             entry = self.prefill_presses[i]
             if entry is None:
@@ -268,7 +280,7 @@ class PolyKVPress(kvpress.PrefillDecodingPress):
             finally:
                 press.compression_ratio = 0.0
         press = self.decoding_presses[i]
-        return output if press is None else press.forward_hook(module, input, kwargs, output)
+        return output if press is None else press.forward_hook(module, input, kwargs, output){parts["method"]}
 
     def reset(self):
         for press in self.decoding_presses:
@@ -296,7 +308,7 @@ def sidecar() -> dict:
             f"{{SIDECAR}} was exported from strategy {{doc.get('strategy_digest')}}, this module from {{STRATEGY_DIGEST}}; "
             "export them again together"
         )
-    return doc
+    return doc{parts["tail"]}
 '''  # noqa: E501 - the generated module's text (long lines are its own), tested byte for byte
 
 

@@ -21,10 +21,11 @@ change; with it, it changes those layers and lists every change in ``Export.warn
 ``Export.notes`` are true of the target whatever the strategy (what it applies in which phase).
 
 Head groups (schema version 2): an exporter that can express them sets ``head_groups_refusal`` to
-``None`` (only ``json`` today); every other one names, in that class attribute, why its target cannot,
-and :func:`render_export` refuses a strategy with head groups with that one line, ``--approximate`` or
-not (no approximation of head groups is offered: merging a retrieval head into its streaming
-neighbours would drop exactly what the strategy keeps).
+``None`` (``json``, and ``kvpress`` through per-head key masks, :mod:`strategies.kvpress_heads`, which
+refuses what it cannot express itself); every other one names, in that class attribute, why its target
+cannot, and :func:`render_export` refuses a strategy with head groups with that one line,
+``--approximate`` or not (the window exporters offer no approximation of head groups: merging a
+retrieval head into its streaming neighbours would drop exactly what the strategy keeps).
 
 The helpers at the end (:func:`window_plan`) are shared by the exporters whose targets only know
 full attention and sliding windows (TensorRT-LLM, vLLM).
@@ -114,7 +115,7 @@ def render_export(strategy: Strategy, fmt: str, out: str | Path, options: Export
     if options.approximate and "approximate" not in exporter.uses:
         raise ExportError(
             f"--approximate does not apply to --format {fmt}: it expresses every strategy exactly "
-            "(--approximate is for trtllm and vllm)"
+            "(--approximate is for kvpress, trtllm and vllm)"
         )
     if options.max_seq_len is not None and (isinstance(options.max_seq_len, bool) or options.max_seq_len < 1):
         raise ExportError(f"--max-seq-len must be a positive integer, got {options.max_seq_len!r}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from strategies.exporters import ExportError
+from strategies.kvpress_heads import HeadPlan, sidecar_layer
 from strategies.kvpress_presses import (
     DECODING_INTERVAL,
     KVPRESS_REQUIREMENT,
@@ -53,10 +54,14 @@ def _press_json(press: Press | None) -> dict[str, Any] | None:
     return None if press is None else {"class": press.cls, "params": press.params}
 
 
-def render_sidecar(strategy: Strategy, module_name: str, pre, dec, notes) -> str:
-    """The sidecar JSON: per layer, the strategy's choice, its kvpress press and what differs."""
+def render_sidecar(strategy: Strategy, module_name: str, pre, dec, notes, heads: HeadPlan | None = None) -> str:
+    """The sidecar JSON: per layer, the strategy's choice, its kvpress press and what differs (head-group
+    layers: each group's key-mask rule, :mod:`strategies.kvpress_heads`)."""
     layers = []
     for i in range(strategy.num_layers):
+        if heads is not None and heads.layers[i] is not None:
+            layers.append(sidecar_layer(strategy, i, heads.layers[i]))
+            continue
         p, d = strategy.prefill[i], strategy.decoding[i]
         press, dropped = dec[i]
         dec_json: dict[str, Any] = {"pattern": d.pattern, "params": _params_or_empty(d), "budget": d.budget}
@@ -101,6 +106,10 @@ def render_sidecar(strategy: Strategy, module_name: str, pre, dec, notes) -> str
         "notes": notes,
         "provenance": strategy.provenance,
     }
+    if heads is not None and heads.any:
+        body["head_groups"] = "per KV head, kvpress key masks updated after every attention call (module docstring)"
+        body["warnings"] = list(heads.warnings)
+        body["duo_attention"] = heads.duo
     return json.dumps(body, indent=2) + "\n"
 
 

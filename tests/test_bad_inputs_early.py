@@ -102,7 +102,12 @@ CASES = [
         S,
         id="export-json-approx",
     ),
-    row("export s.json --format kvpress --approximate --out p.py", "--format kvpress", S, id="export-kvpress-approx"),
+    row(  # kvpress reads --approximate (head groups) but not --max-seq-len
+        "export s.json --format kvpress --max-seq-len 64 --out p.py",
+        "--max-seq-len does not apply to --format kvpress",
+        S,
+        id="export-kvpress-max-seq-len",
+    ),
     # ---- show: the file is named
     row(
         "show bad.json",

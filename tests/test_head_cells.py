@@ -142,3 +142,56 @@ def test_measure_aggregates_per_sample_means_with_standard_errors():
 def test_bad_budgets_are_refused(budgets, sink):
     with pytest.raises(ValueError, match="budgets|sink"):
         check_cell_budgets(budgets, sink)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "params"),
+    [
+        ("snapkv", {"window": 4}),
+        ("h2o", {}),
+        *(  # the same code path; slow only to keep the default suite short
+            pytest.param(name, params, marks=pytest.mark.slow)
+            for name, params in (
+                ("knorm", {}),
+                ("keydiff", {}),
+                ("expected_attention", {}),
+                ("pyramidkv", {"window": 4}),
+            )
+        ),
+    ],
+)
+def test_prefill_cells_of_scored_patterns_equal_the_runtime_with_one_head_in_its_own_group(pattern, params):
+    """A prefill cell (l, h, pattern, b) is the runtime with KV head h of layer l in a group of its own that
+    compresses the prompt with the pattern to b and keeps every continuation token (fed in one call)."""
+    from polykv_search.patterns import make_pattern
+    from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan
+    from polykv_search.runtime.head_groups import HeadGroupPlan
+    from signals.head_cells import sample_prefill_cells_kl
+
+    model = tiny_model("llama", layers=3, seed=7)
+    sample = random_sample(8, 40, 10, (2, 10))
+    budgets, n = (8, 20), 40
+    got = sample_prefill_cells_kl(model, sample, make_pattern(pattern, **params), budgets)
+    ids = torch.tensor([sample.context_ids + sample.continuation_ids])
+
+    def logprobs(**extra):
+        with torch.no_grad(), apply_strategy(model, Strategy.full(3), **extra):
+            out = model(ids[:, :n], use_cache=True)
+            cont = model(ids[:, n:], cache=out.cache, use_cache=True).logits[0]
+        return torch.log_softmax(torch.cat([out.logits[0, -1:], cont]).float(), -1)  # row t predicts token n + t
+
+    full = logprobs()
+    for layer in range(3):
+        for head in range(2):
+            for g, b in enumerate(budgets):
+                groups = {
+                    layer: [
+                        HeadGroupPlan((head,), PhasePlan(make_pattern(pattern, **params), b), FULL_PLAN),
+                        HeadGroupPlan((1 - head,), FULL_PLAN, FULL_PLAN),
+                    ]
+                }
+                cell = logprobs(head_groups=groups)
+                kl = (full.exp() * (full - cell)).sum(-1).clamp_min(0)
+                want = np.mean([0.0 if t == 0 else float(kl[t]) for t in range(2, 10)])
+                assert abs(got[layer, head, g] - want) < TOL, (layer, head, b)
+    assert (got[..., 0] > 1e-4).all() and (got[..., 0] >= got[..., 1] - TOL).any()

@@ -132,3 +132,48 @@ def test_generate_with_head_groups_equals_step_by_step_decoding():
             full_mask = torch.cat([full_mask, torch.ones_like(nxt)], 1)
             nxt = model(nxt, attention_mask=full_mask, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
     assert torch.equal(gen[:, 20:], torch.cat(steps, 1))
+
+
+def streaming_everywhere(layers: int = 2, budget: int = 7):
+    """A layer-level streaming_llm strategy, and the same split into one head group per KV head (streaming
+    keeps the same positions in every head, so both must generate the same tokens)."""
+    strategy = Strategy.uniform(layers, "streaming_llm", budget)
+    groups = {
+        layer: [HeadGroupPlan((h,), plan("streaming_llm", budget), plan("streaming_llm", budget)) for h in range(2)]
+        for layer in range(layers)
+    }
+    return strategy, groups
+
+
+def test_beam_search_with_head_groups_equals_the_layer_level_strategy():
+    model = tiny_model("llama", layers=2, seed=11)
+    strategy, groups = streaming_everywhere()
+    ids, mask = batch(seed=12, n=16, pad=2)
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=3, num_return_sequences=3)
+    with torch.no_grad():
+        with apply_strategy(model, strategy):
+            ref = model.generate(ids, **kwargs)
+        with apply_strategy(model, strategy, head_groups=groups) as rt:
+            got = model.generate(ids, **kwargs)
+            assert isinstance(rt.new_cache().layers[0], HeadGroupLayer)
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("move", ["reorder_cache", "batch_select_indices", "batch_repeat_interleave"])
+def test_batch_moves_move_every_group_like_a_layer_level_layer(move):
+    model = tiny_model("llama", layers=2, seed=13)
+    strategy, groups = streaming_everywhere(budget=9)
+    ids, mask = batch(seed=14, n=20, pad=3)
+    arg = {"reorder_cache": torch.tensor([1, 0]), "batch_select_indices": torch.tensor([1])}.get(move, 2)
+    caches = []
+    with torch.no_grad():
+        for extra in ({}, {"head_groups": groups}):
+            with apply_strategy(model, strategy, **extra):
+                cache = model(ids, attention_mask=mask, use_cache=True).cache
+                getattr(cache, move)(arg)
+                caches.append(cache)
+    plain, grouped = caches
+    for layer, split in zip(plain.layers, grouped.layers):
+        for h, part in enumerate(split.parts):
+            for name in ("keys", "values", "positions", "valid"):
+                assert torch.equal(getattr(part, name), getattr(layer, name)[:, h : h + 1]), (move, name)

@@ -238,3 +238,79 @@ def test_the_solvers_read_the_cells_the_collector_stores():
     assert cells.budgets == (16, 32) and cells.pattern == "streaming_llm"
     np.testing.assert_array_equal(cells.mean["kl_answer"], arrays[0])
     np.testing.assert_array_equal(cells.se["kl_prose"], arrays[3])
+
+
+# ------------------------------------------------------------------- phases the table lacks
+HEAD_METHODS = (
+    ("duo", {"min_recent": 12}),
+    ("headkv", {}),
+    ("ilp", {"granularity": "head"}),
+    ("dp", {"granularity": "head"}),
+)
+
+
+def prefill_only_table(L: int = 4, H: int = 3, seed: int = 3):
+    """A table collected for prefill only (the default ``collect``), with retrieval scores and head cells."""
+    table = random_signal_table(L, phases=("prefill",), budgets=(8, 16, 32, 64), seed=seed)
+    both = table_with_heads(L, H, seed=seed)
+    table.set_heads(both.heads)
+    return table, both
+
+
+@pytest.mark.parametrize("method,settings", HEAD_METHODS)
+def test_with_a_prefill_only_table_decoding_gets_prefills_head_groups(method, settings):
+    table, both = prefill_only_table()
+    result = get_solver(method, **settings).solve(Problem(global_budget=48, table=table, b_min=8))
+    s = result.strategy
+    assert Strategy.from_json(s.to_json()).to_json() == s.to_json()
+    assert list(s.decoding) == list(s.prefill) and labels(s, "decoding") == labels(s, "prefill")
+    assert any(c.head_groups for c in s.decoding)  # not the uniform layer-level default
+    assert s.provenance["phases_optimized"] == ["prefill"] and s.provenance["phases_following"] == {
+        "decoding": "prefill"
+    }
+    assert result.message.endswith("decoding follows prefill's head groups (decoding not in the signal table)")
+    assert [c.optimized for c in result.choices if c.phase == "decoding"] == [False] * 4
+    # the same heads as when the table has both phases (the head signals do not depend on the phase)
+    full = get_solver(method, **settings).solve(Problem(global_budget=48, table=both, b_min=8)).strategy
+    assert list(full.prefill) == list(s.prefill) == list(full.decoding)
+    assert "phases_following" not in full.provenance
+
+
+def test_layer_level_solvers_keep_the_uniform_default_for_a_phase_the_table_lacks():
+    table, _ = prefill_only_table()
+    s = get_solver("ilp").solve(Problem(global_budget=24, table=table)).strategy
+    assert [(c.pattern, c.budget) for c in s.decoding] == [("snapkv", 24)] * 4
+    assert "phases_following" not in s.provenance
+
+
+def test_solve_cli_prints_that_decoding_follows_prefill(tmp_path, capsys):
+    from signals.head_signals import HeadCells as CollectedCells
+    from signals.head_signals import HeadSignals
+
+    table, _ = prefill_only_table()
+    block = cells_block(4, 3, (16, 32, 64), seed=3)
+    arrays = [np.asarray(block[k][part]) for k in ("kl_answer", "kl_prose") for part in ("mean", "se")]
+    table.set_heads(
+        HeadSignals(table.heads.retrieval, table.heads.provenance, CollectedCells(4, (16, 32, 64), *arrays))
+    )
+    path = table.save(tmp_path / "t.json")
+    out = tmp_path / "s.json"
+    argv = ["solve", "--method", "ilp", "--granularity", "head", "--signals", str(path), "--budget", "48"]
+    assert main(argv + ["--out", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().err.split())  # the console (stderr) wraps lines
+    assert "decoding follows prefill's head groups (decoding not in the signal table)" in printed
+    s = Strategy.load(out)
+    assert list(s.decoding) == list(s.prefill)
+
+
+def test_streaming_cells_keep_the_collectors_sink():
+    from signals.head_signals import HeadCells as CollectedCells
+    from signals.head_signals import HeadSignals
+
+    table = table_with_heads(3, 2, cells=False)
+    arrays = [np.random.default_rng(1).random((3, 2, 2)) for _ in range(4)]
+    table.set_heads(HeadSignals(table.heads.retrieval, table.heads.provenance, CollectedCells(2, (16, 32), *arrays)))
+    assert head_cells(table).params == {"n_sink": 2}
+    s = get_solver("ilp", granularity="head").solve(Problem(global_budget=40, table=table, b_min=8)).strategy
+    streaming = [g for layer in range(3) for g in s.head_groups(layer, "prefill") if g.pattern == "streaming_llm"]
+    assert streaming and all(g.params == {"n_sink": 2} for g in streaming)

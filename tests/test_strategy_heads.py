@@ -192,15 +192,15 @@ def test_check_model_needs_and_checks_the_kv_heads():
     Strategy.uniform(2, "tova", 8).check_model(2)  # layer-level strategies are unaffected
 
 
-@pytest.mark.parametrize("fmt, out", [("kvpress", "x.py"), ("trtllm", "x.yaml"), ("vllm", "x.json")])
-def test_exporters_other_than_json_refuse_head_groups(fmt, out, tmp_path):
+@pytest.mark.parametrize("fmt, out", [("trtllm", "x.yaml"), ("vllm", "x.json")])
+def test_window_exporters_refuse_head_groups(fmt, out, tmp_path):  # kvpress: tests/test_export_kvpress_heads.py
     with pytest.raises(
         ExportError, match=rf"^{fmt} cannot express head groups \(layers\[0\]\.prefill\): .*--format json$"
     ):
         render_export(duo_like(), fmt, tmp_path / out)
     path = duo_like().save(tmp_path / "s.json")
     argv = ["export", str(path), "--format", fmt, "--out", str(tmp_path / out)]
-    assert main(argv + (["--approximate"] if fmt != "kvpress" else [])) == 2
+    assert main(argv + ["--approximate"]) == 2
     assert not (tmp_path / out).exists()
 
 

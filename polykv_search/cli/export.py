@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
         "--approximate",
         action="store_true",
         help="trtllm, vllm: change what the target cannot express (other patterns become sliding windows of "
-        "the same budget, the prefill choice serves both phases, ...) and print every change",
+        "the same budget, the prefill choice serves both phases, ...); kvpress: let head groups with a scored "
+        "pattern keep every generated token while decoding; prints every change",
     )
     p.add_argument(
         "--max-seq-len",

@@ -86,6 +86,21 @@ class HeadGroupLayer(RuntimeLayer):
         self._notify_update()
         return self.keys, self.values
 
+    # Batch moves (beam search, contrastive search, ``Cache.batch_select_indices``): each group's own
+    # layer moves its store, positions, validity and pattern states (the mixin's default would only
+    # reassign ``keys``/``values``, which this layer does not own).
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        for part in self.parts:
+            part.reorder_cache(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        for part in self.parts:
+            part.batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        for part in self.parts:
+            part.batch_select_indices(indices)
+
     @property
     def length(self) -> int:
         """The longest group's slots (each group holds its own number of tokens)."""
