@@ -46,3 +46,27 @@ def test_shared_engine_equals_per_entry_path_on_smollm2(protocol):
                 assert got.pred["kl"] == pytest.approx(ref.pred["kl"], abs=1e-5)
             else:
                 assert got.new_ids == ref.new_ids
+
+
+def test_head_group_strategies_score_alike_on_both_engines_on_smollm2():
+    """The study's duo and head-level ilp strategies (head groups in every layer) beside uniform snapkv."""
+    from pathlib import Path
+
+    from polykv_search import scoring
+    from polykv_search.cli.baselines import baseline
+    from polykv_search.models import load_model
+    from strategies import Strategy
+
+    model, tok = load_model()
+    study = Path(__file__).resolve().parents[1] / "docs" / "study_kvzip"
+    entries = [baseline("uniform:snapkv", model.config.num_hidden_layers, 256)]
+    entries += [scoring.Entry(n, Strategy.load(study / f"{n}.json"), "strategy", n) for n in ("duo", "ilp-head")]
+    texts, _ = scoring.eval_texts("austen")
+    tasks = scoring.resolve_tasks("broad/continuation,ruler/niah_multikey")
+    samples = scoring.make_task_samples(tok, tasks, texts, n_samples=1, context_len=1024, seed=0)
+    shared = scoring.score_entries(model, tok, entries, samples, engine="shared")
+    per = scoring.score_entries(model, tok, entries, samples, engine="per-entry")
+    for a, b in zip(shared, per):
+        assert a["scores"] == b["scores"] and a["kv_bytes"] == b["kv_bytes"]
+        kl_a, kl_b = a["extra"]["broad/continuation"]["kl"], b["extra"]["broad/continuation"]["kl"]
+        assert kl_a == pytest.approx(kl_b, abs=1e-5)
