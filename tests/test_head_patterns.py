@@ -249,6 +249,11 @@ def test_collect_head_patterns_show_solve_and_score_on_a_tiny_model(tmp_path, ca
     shown = capsys.readouterr().out
     assert "h2o (prefill)" in shown and "streaming_llm (both)" in shown and "cheapest pattern per KV head" in shown
     assert all(len(line) <= 80 for line in shown.splitlines() if line.startswith(("  ", "head cells")))
+    collected = SignalTable.load(out)
+    for method in ("ilp", "dp"):
+        s = get_solver(method, granularity="head").solve(Problem(global_budget=40, table=collected, b_min=8)).strategy
+        assert s.context_len == 300 and Strategy.from_json(s.to_json()).to_json() == s.to_json()
+        assert {g.pattern for layer in range(2) for g in s.head_groups(layer, "decoding")} <= {"full", *PATTERNS}
     # rerun: nothing measured; fewer patterns: the others are dropped without measuring
     assert run_cli([*argv, "--head-patterns", "streaming_llm,snapkv,h2o", "--out", str(out)]) == 0
     assert "cells: budgets" not in capsys.readouterr().err and SignalTable.load(out).heads == heads
