@@ -13,7 +13,7 @@ h2o, ... and keeps every continuation token. On disk::
       "retrieval": {"mean": [L][H], "se": [L][H] (null entries with one sample), "per_sample": [S][L][H]},
       "provenance": {"samples": S, "records": R, "context_len": n, "continuation_len": m, "seed": s,
                      "definition": "..."},
-      "cells": {                                   # optional; version 4 only
+      "cells": {                                   # optional; version 4 on
         "pattern": "streaming_llm", "sink": 4, "budgets": [b1, ...],     # strictly increasing, each > sink
         "kl_answer": {"mean": [L][H][nb], "se": [L][H][nb] (null with one sample)},
         "kl_prose": {"mean": [L][H][nb], "se": [L][H][nb]},
