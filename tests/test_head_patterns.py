@@ -218,7 +218,7 @@ def test_solve_cli_chooses_among_patterns_and_prints_the_choice(tmp_path, capsys
 
 
 # -------------------------------------------------------------------------- collect, show, score
-def test_collect_head_patterns_show_solve_and_score_on_a_tiny_model(tmp_path, capsys):
+def test_collect_head_patterns_then_show_and_solve_on_a_tiny_model(tmp_path, capsys):
     from test_collect_cli import run_cli
     from test_retrieval_calibration import char_tokenizer
 
