@@ -40,9 +40,11 @@ import torch
 from scipy import stats
 
 from polykv_search.data.evidence import scored_span
+from polykv_search.patterns import make_pattern
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PolyKVCache, apply_strategy, model_spec
 from signals import model_parts
 from signals.fullkv import FullKVRecord, full_kv_pass
+from signals.head_prefill_cells import PREFILL_CELL_PATTERNS, PrefillCells
 from signals.head_signals import CELL_PATTERN, HeadCells
 from signals.ppl import token_kl
 from signals.replay import SharedPromptLayer, cell_layers, shared_prompt_layer
@@ -59,6 +61,12 @@ DEFINITION = (
     "evicting every step; prompt queries unmasked); answer: mean over the answer tokens of each evidence "
     "sample; prose: mean over every continuation token of each prose sample (0 at the first); mean over "
     "samples, se = standard error over samples"
+)
+
+PREFILL_DEFINITION = (
+    "KL(FullKV || cell), cell = only KV head h of layer l compresses its prompt to budget b with the pattern "
+    "(its own per-head selection, as in a head group of its own) and keeps every continuation token; other "
+    "heads and layers FullKV; answer and prose means and se as for the streaming cells"
 )
 
 
@@ -234,9 +242,6 @@ def _summary(per_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------- prefill cells of scored patterns
-#: Patterns whose prefill selection is made per KV head, so that a head in a group of its own keeps what
-#: the layer-level pattern keeps in that head (tova is not: one selection shared by the layer's heads).
-PREFILL_CELL_PATTERNS = ("snapkv", "pyramidkv", "h2o", "knorm", "keydiff", "expected_attention", "streaming_llm")
 
 
 class KeptPromptHeadsLayer(SharedPromptLayer):
@@ -299,15 +304,75 @@ def layer_prefill_cells_kl(
 @torch.no_grad()
 def sample_prefill_cells_kl(model, sample, pattern, budgets: Sequence[int], *, batch_tokens=BATCH_TOKENS) -> np.ndarray:
     """Mean KL over ``sample``'s scored tokens of every prefill cell of ``pattern``: ``[L, Hkv, len(budgets)]``."""
+    return samples_prefill_cells_kl(model, sample, [pattern], budgets, batch_tokens=batch_tokens)[0]
+
+
+@torch.no_grad()
+def samples_prefill_cells_kl(
+    model, sample, patterns: Sequence, budgets: Sequence[int], *, batch_tokens=BATCH_TOKENS, seconds=None
+) -> list[np.ndarray]:
+    """:func:`sample_prefill_cells_kl` of each pattern, sharing one FullKV pass; ``seconds`` (a list, one
+    entry per pattern) accumulates each pattern's time (its share of the pass included)."""
     spec = model_spec(model)
     start, end = scored_span(sample)
     continuation = list(sample.continuation_ids)[:end]
-    result = np.full((spec.num_layers, spec.num_kv_heads, len(budgets)), np.nan)
+    results = [np.full((spec.num_layers, spec.num_kv_heads, len(budgets)), np.nan) for _ in patterns]
     with apply_strategy(model, Strategy.full(spec.num_layers)) as rt:
+        began = time.perf_counter()
         record = full_kv_pass(model, rt, sample.context_ids, continuation, stats=False)
-        for layer in range(spec.num_layers):
-            kl = layer_prefill_cells_kl(
-                model, rt, record, layer, pattern, budgets, (start, end), batch_tokens=batch_tokens
+        shared = (time.perf_counter() - began) / max(len(patterns), 1)
+        for i, pattern in enumerate(patterns):
+            began = time.perf_counter()
+            for layer in range(spec.num_layers):
+                kl = layer_prefill_cells_kl(
+                    model, rt, record, layer, pattern, budgets, (start, end), batch_tokens=batch_tokens
+                )
+                results[i][layer] = kl.mean(dim=-1).numpy()
+            if seconds is not None:
+                seconds[i] += shared + time.perf_counter() - began
+    return results
+
+
+def measure_prefill_cells(
+    model,
+    evidence: Sequence,
+    prose: Sequence,
+    patterns: Sequence[str],
+    *,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    batch_tokens: int = BATCH_TOKENS,
+    on_sample: Callable[[], None] | None = None,
+    provenance: dict[str, Any] | None = None,
+) -> tuple[PrefillCells, ...]:
+    """The prefill cells of every scored pattern in ``patterns`` (default parameters) per (layer, KV head,
+    budget): answer KL on ``evidence``, prose KL on ``prose`` (as :func:`measure_head_cells`); each block's
+    provenance records its own ``seconds``. ``on_sample`` is called once per sample (all patterns)."""
+    budgets = tuple(sorted({int(b) for b in budgets}))
+    bad = [p for p in patterns if p not in PREFILL_CELL_PATTERNS or p == CELL_PATTERN]
+    if bad or not patterns or not budgets or budgets[0] < 1:
+        raise ValueError(f"prefill cells: scored patterns of {list(PREFILL_CELL_PATTERNS[:-1])}, got {list(patterns)}")
+    if not evidence or not prose:
+        raise ValueError("prefill cells need at least one evidence sample and one prose sample")
+    made = [make_pattern(p) for p in patterns]
+    seconds = [0.0] * len(made)
+    per: dict[str, list[list[np.ndarray]]] = {"answer": [], "prose": []}
+    for name, samples in (("answer", evidence), ("prose", prose)):
+        for sample in samples:
+            per[name].append(
+                samples_prefill_cells_kl(model, sample, made, budgets, batch_tokens=batch_tokens, seconds=seconds)
             )
-            result[layer] = kl.mean(dim=-1).numpy()
-    return result
+            if on_sample is not None:
+                on_sample()
+    out = []
+    for i, pattern in enumerate(patterns):
+        answer = _summary(np.stack([row[i] for row in per["answer"]]))
+        prose_kl = _summary(np.stack([row[i] for row in per["prose"]]))
+        prov = {
+            "definition": PREFILL_DEFINITION,
+            "evidence_samples": len(evidence),
+            "prose_samples": len(prose),
+            "seconds": round(seconds[i], 3),
+            **(provenance or {}),
+        }
+        out.append(PrefillCells(pattern, budgets, *answer, *prose_kl, {}, prov))
+    return tuple(out)

@@ -1,21 +1,26 @@
-"""Signals per (layer, KV head), stored in the signal table's ``heads`` block (table version 3; 4 with cells).
+"""Signals per (layer, KV head), stored in the signal table's ``heads`` block (table version 3; 4 with cells;
+5 with prefill cells of scored patterns).
 
 The retrieval score of each KV head (:mod:`signals.retrieval_heads`), its standard error over samples and
 the per-sample values, with the provenance of the evidence samples it was measured on; optionally the
 *streaming cells* (:mod:`signals.head_cells`): per (layer, KV head, budget), KL(FullKV || only that KV head
-keeps sinks + recent tokens) on answer tokens and on prose. On disk::
+keeps sinks + recent tokens) on answer tokens and on prose; optionally the *prefill cells* of scored patterns
+(:mod:`signals.head_prefill_cells`): the same KL when only that KV head compresses its prompt with snapkv,
+h2o, ... and keeps every continuation token. On disk::
 
     "heads": null or {
       "num_kv_heads": H,
       "retrieval": {"mean": [L][H], "se": [L][H] (null entries with one sample), "per_sample": [S][L][H]},
       "provenance": {"samples": S, "records": R, "context_len": n, "continuation_len": m, "seed": s,
                      "definition": "..."},
-      "cells": {                                   # optional; version 4 only
+      "cells": {                                   # optional; version 4 on
         "pattern": "streaming_llm", "sink": 4, "budgets": [b1, ...],     # strictly increasing, each > sink
         "kl_answer": {"mean": [L][H][nb], "se": [L][H][nb] (null with one sample)},
         "kl_prose": {"mean": [L][H][nb], "se": [L][H][nb]},
         "provenance": {...}
-      }
+      },
+      "prefill_cells": [{"pattern": "snapkv", "params": {}, "budgets": [...],   # optional; version 5 only
+                         "kl_answer": ..., "kl_prose": ..., "provenance": {...}}, ...]
     }
 """
 
@@ -26,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from signals.head_prefill_cells import CellArrays, PrefillCells, decode_kl, prefill_cells_from_json
 from signals.retrieval_heads import RetrievalScores
 from signals.table_codec import SignalTableError, check_budgets, decode, encode, is_int
 
@@ -35,13 +41,13 @@ DEFINITION = (
 )
 
 
-#: The pattern of the streaming cells (the only one today).
+#: The pattern of the streaming cells.
 CELL_PATTERN = "streaming_llm"
 _CELL_KEYS = ("budgets", "kl_answer", "kl_prose", "pattern", "provenance", "sink")
 
 
 @dataclass(frozen=True)
-class HeadCells:
+class HeadCells(CellArrays):
     """Streaming cells per (layer, KV head, budget): mean KL(FullKV || cell) over samples and its standard
     error (NaN with one sample), on answer tokens of evidence samples and on prose (:mod:`signals.head_cells`)."""
 
@@ -53,23 +59,8 @@ class HeadCells:
     kl_prose_se: np.ndarray
     provenance: dict[str, Any] = field(default_factory=dict)
     pattern: str = CELL_PATTERN
-
-    @property
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.kl_answer_mean, self.kl_answer_se, self.kl_prose_mean, self.kl_prose_se)
-
-    def budget_index(self, budget: int) -> int:
-        if budget not in self.budgets:
-            raise ValueError(f"budget {budget} is not one of the cells' budgets {list(self.budgets)}")
-        return self.budgets.index(budget)
-
-    def costliest(self, k: int, budget: int, signal: str = "answer") -> list[tuple[int, int, float, float]]:
-        """The ``k`` cells of ``budget`` with the highest mean KL: ``(layer, kv head, mean, se)``; ties
-        towards lower layers and heads."""
-        g = self.budget_index(budget)
-        mean, se = (self.kl_answer_mean, self.kl_answer_se) if signal == "answer" else self.arrays[2:]
-        flat = sorted(np.ndindex(mean.shape[:2]), key=lambda lh: (-mean[lh][g], lh))
-        return [(int(l), int(h), float(mean[l, h, g]), float(se[l, h, g])) for l, h in flat[:k]]
+    #: The phases the cells measure the pattern in (the head streams while the continuation is decoded).
+    phases = ("prefill", "decoding")
 
     def to_json(self) -> dict[str, Any]:
         a, sa, p, sp = self.arrays
@@ -85,8 +76,7 @@ class HeadCells:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, HeadCells):
             return NotImplemented
-        same = all(np.array_equal(x, y, equal_nan=True) for x, y in zip(self.arrays, other.arrays))
-        return same and (self.pattern, self.sink, tuple(self.budgets), self.provenance) == (
+        return self._same_arrays(other) and (self.pattern, self.sink, tuple(self.budgets), self.provenance) == (
             other.pattern,
             other.sink,
             tuple(other.budgets),
@@ -97,18 +87,31 @@ class HeadCells:
 @dataclass(frozen=True)
 class HeadSignals:
     """Per-(layer, KV head) signals of a table: the retrieval scores and how they were measured, and
-    optionally the streaming cells."""
+    optionally the streaming cells and the prefill cells of scored patterns (one per pattern)."""
 
     retrieval: RetrievalScores
     provenance: dict[str, Any] = field(default_factory=dict)
     cells: HeadCells | None = None
+    prefill_cells: tuple[PrefillCells, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.cells is not None and self.cells.kl_answer_mean.shape[:2] != self.retrieval.mean.shape:
-            raise SignalTableError(
-                f"heads.cells: {self.cells.kl_answer_mean.shape[:2]} (layers, KV heads) for retrieval scores of "
-                f"{self.retrieval.mean.shape}"
-            )
+        object.__setattr__(self, "prefill_cells", tuple(self.prefill_cells))
+        named = [("heads.cells", self.cells)] if self.cells is not None else []
+        named += [(f"heads.prefill_cells[{i}]", c) for i, c in enumerate(self.prefill_cells)]
+        for where, cells in named:
+            if cells.kl_answer_mean.shape[:2] != self.retrieval.mean.shape:
+                raise SignalTableError(
+                    f"{where}: {cells.kl_answer_mean.shape[:2]} (layers, KV heads) for retrieval scores of "
+                    f"{self.retrieval.mean.shape}"
+                )
+        patterns = [c.pattern for c in self.prefill_cells]
+        if len(set(patterns)) != len(patterns):
+            raise SignalTableError(f"heads.prefill_cells: one block per pattern, got {patterns}")
+
+    @property
+    def cell_sets(self) -> tuple[HeadCells | PrefillCells, ...]:
+        """Every kind of head cells the table holds: the streaming cells first, then the prefill cells."""
+        return ((self.cells,) if self.cells is not None else ()) + self.prefill_cells
 
     @property
     def num_kv_heads(self) -> int:
@@ -121,6 +124,7 @@ class HeadSignals:
             "retrieval": {"mean": encode(r.mean), "se": encode(r.se), "per_sample": encode(r.per_sample)},
             "provenance": self.provenance,
             **({} if self.cells is None else {"cells": self.cells.to_json()}),
+            **({"prefill_cells": [c.to_json() for c in self.prefill_cells]} if self.prefill_cells else {}),
         }
 
     def __eq__(self, other: object) -> bool:
@@ -129,17 +133,18 @@ class HeadSignals:
         a, b = self.retrieval, other.retrieval
         pairs = zip((a.mean, a.se, a.per_sample), (b.mean, b.se, b.per_sample))
         same = all(np.array_equal(x, y, equal_nan=True) for x, y in pairs) and self.provenance == other.provenance
-        return same and self.cells == other.cells
+        return same and self.cells == other.cells and self.prefill_cells == other.prefill_cells
 
 
 def heads_from_json(block: Any, num_layers: int, version: int = 4) -> HeadSignals | None:
-    """Read and validate a ``heads`` block (None stays None) of a table of ``version`` (``cells`` from 4 on);
-    errors name the field."""
+    """Read and validate a ``heads`` block (None stays None) of a table of ``version`` (``cells`` from 4 on,
+    ``prefill_cells`` from 5 on); errors name the field."""
     if block is None:
         return None
     if not isinstance(block, dict):
         raise SignalTableError("heads: must be an object or null")
     known = {"num_kv_heads", "retrieval", "provenance"} | ({"cells"} if version >= 4 else set())
+    known |= {"prefill_cells"} if version >= 5 else set()
     unknown = sorted(set(block) - known)
     if unknown:
         raise SignalTableError(f"heads: unknown keys {unknown} for version {version}")
@@ -166,7 +171,9 @@ def heads_from_json(block: Any, num_layers: int, version: int = 4) -> HeadSignal
         raise SignalTableError("heads.provenance: must be an object")
     cells = block.get("cells")
     cells = None if cells is None else cells_from_json(cells, num_layers, int(h))
-    return HeadSignals(RetrievalScores(mean, se, per_sample), dict(provenance), cells)
+    scored = block.get("prefill_cells")
+    scored = () if scored is None else prefill_cells_from_json(scored, num_layers, int(h))
+    return HeadSignals(RetrievalScores(mean, se, per_sample), dict(provenance), cells, scored)
 
 
 def cells_from_json(block: Any, num_layers: int, num_kv_heads: int) -> HeadCells:
@@ -185,20 +192,7 @@ def cells_from_json(block: Any, num_layers: int, num_kv_heads: int) -> HeadCells
         raise SignalTableError(f"heads.cells.{err}") from None
     if budgets[0] <= sink:
         raise SignalTableError(f"heads.cells.budgets: every budget must exceed the sink ({sink}), got {list(budgets)}")
-    shape = (num_layers, num_kv_heads, len(budgets))
-    arrays = []
-    for signal in ("kl_answer", "kl_prose"):
-        part = block[signal]
-        if not isinstance(part, dict) or sorted(part) != ["mean", "se"]:
-            raise SignalTableError(f"heads.cells.{signal}: expected an object with the keys mean, se")
-        for key in ("mean", "se"):
-            name = f"heads.cells.{signal}.{key}"
-            arr = decode(name, part[key], shape, ("layers", "KV heads", "budgets"))
-            if key == "mean" and np.isnan(arr).any():
-                raise SignalTableError(f"{name}: every cell needs a value (null only in se)")
-            if (arr < 0).any():
-                raise SignalTableError(f"{name}: values must be >= 0")
-            arrays.append(arr)
+    arrays = decode_kl("heads.cells", block, (num_layers, num_kv_heads, len(budgets)))
     provenance = block["provenance"]
     if not isinstance(provenance, dict):
         raise SignalTableError("heads.cells.provenance: must be an object")

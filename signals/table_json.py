@@ -1,4 +1,5 @@
-"""The signal table's JSON document: writing (version 2, 3 with per-head signals, 4 with head cells) and reading (1-4).
+"""The signal table's JSON document: writing (version 2; 3 with per-head signals, 4 with head cells, 5 with
+prefill cells of scored patterns) and reading (1-5).
 
 One versioned, self-describing JSON file (``schema: polykv-signals``, ``version: 2``)::
 
@@ -27,7 +28,9 @@ Every value is a finite number or ``null`` (missing; ``NaN`` in memory). Non-fin
 refused with the cell named. Version 3 is version 2 plus a ``heads`` block (per layer and KV head signals,
 :mod:`signals.head_signals`); a table without head signals is still written as version 2, so older
 readers keep reading it. Version 4 adds the optional ``heads.cells`` (streaming cells per KV head); only a
-table that carries them is written as version 4. Version-1 files (no ``kl``, no ``uncertainty``) load; any
+table that carries them is written as version 4. Version 5 adds the optional ``heads.prefill_cells`` (prefill
+cells of scored patterns per KV head, :mod:`signals.head_prefill_cells`); only a table that carries them is
+written as version 5. Version-1 files (no ``kl``, no ``uncertainty``) load; any
 other version is refused with a one-line message naming it.
 """
 
@@ -56,8 +59,10 @@ SCHEMA_VERSION = 2
 HEADS_VERSION = 3
 #: The version of a table whose per-head signals carry streaming cells.
 CELLS_VERSION = 4
+#: The version of a table whose per-head signals carry prefill cells of scored patterns.
+PREFILL_CELLS_VERSION = 5
 #: Versions :func:`table_from_json` (and so :meth:`SignalTable.from_json`) reads.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5)
 
 _COMMON = ("num_layers", "phases", "patterns", "budgets", "cosine", "dppl", "entropy", "variance")
 _OPTIONAL = {
@@ -65,6 +70,7 @@ _OPTIONAL = {
     2: ("full_ppl", "provenance", "kl", "uncertainty"),
     3: ("full_ppl", "provenance", "kl", "uncertainty", "heads"),
     4: ("full_ppl", "provenance", "kl", "uncertainty", "heads"),
+    5: ("full_ppl", "provenance", "kl", "uncertainty", "heads"),
 }
 
 
@@ -141,7 +147,8 @@ def _uncertainty(block: Any, signals: list[str], cell: tuple[int, ...]) -> dict[
 
 
 def table_to_json(table) -> dict[str, Any]:
-    """The document of ``table`` (see :mod:`signals.table`): version 2, 3 with head signals, 4 with head cells."""
+    """The document of ``table`` (see :mod:`signals.table`): version 2, 3 with head signals, 4 with head cells,
+    5 with prefill cells of scored patterns."""
     t = table
     uncertainty = None
     if t.se_dof is not None or t._per_sample is not None or any(np.isfinite(a).any() for a in t._se.values()):
@@ -174,4 +181,6 @@ def _version(table) -> int:
     """The oldest version that holds ``table``, so older readers keep reading what they can."""
     if table.heads is None:
         return SCHEMA_VERSION
+    if table.heads.prefill_cells:
+        return PREFILL_CELLS_VERSION
     return HEADS_VERSION if table.heads.cells is None else CELLS_VERSION

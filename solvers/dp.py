@@ -17,7 +17,7 @@ the smaller budget per layer).
 running the DP on every k-subset of the usable grid (a restriction to fewer values is covered by a
 superset) and keeping the best; ``C(G, k)`` DPs, refused above ``max_subsets`` (use ``ilp``).
 ``granularity="head"`` (``--granularity head``) runs the same knapsack with one item per (layer, KV
-head): keep-all or a streaming cell from the table's head cells (:mod:`solvers.head_exact`).
+head): keep-all or a (pattern, budget) cell from the table's head cells (:mod:`solvers.head_exact`).
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ class DPSolver(Solver):
                 problem,
                 s,
                 self.name,
-                lambda cost, grid, total: solve_phase_dp(
-                    cost, ["cell"], grid, total, s.max_distinct_budgets, s.max_subsets, s.tie_break, s.tie_tolerance
+                lambda cost, patterns, grid, total: solve_phase_dp(
+                    cost, patterns, grid, total, s.max_distinct_budgets, s.max_subsets, s.tie_break, s.tie_tolerance
                 ),
             )
         choices, info, objective, unused = {}, {}, 0.0, {}

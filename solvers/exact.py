@@ -65,9 +65,14 @@ class ExactSettings(Settings):
     max_distinct_budgets: int | None = setting(None, "at most k distinct budget values per phase (memory pools)")
     granularity: str = setting(
         "layer",
-        "layer: a (pattern, budget) cell per layer; head: keep-all or a streaming cell per (layer, KV head), "
-        "from the table's head cells (collect --head-cells)",
+        "layer: a (pattern, budget) cell per layer; head: keep-all or a (pattern, budget) head cell per (layer, "
+        "KV head), from the table's head cells (collect --head-cells [--head-patterns])",
         ("layer", "head"),
+    )
+    head_patterns: str | None = setting(
+        None,
+        "granularity head: the cell patterns to choose among, comma separated (default: every pattern with head "
+        "cells in the table: streaming cells and prefill cells of collect --head-patterns)",
     )
     head_signal: str = setting(
         "sum", "granularity head: the cells' KL to minimize (answer tokens, prose, or their sum)", HEAD_SIGNALS

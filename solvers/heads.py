@@ -9,9 +9,12 @@ streaming cells::
               "kl_answer": {"mean": [L][H][nb], "se": [L][H][nb]},
               "kl_prose": {"mean": [L][H][nb], "se": [L][H][nb]}}
 
-KL(FullKV ‖ cell) when only head (l, h) keeps ``pattern`` at budget b (every other head keeps all).
-:func:`head_cells` accepts them as a parsed attribute ``heads.cells`` (an object with those fields or
-that dict) and is tolerant of their absence (None). ``se`` entries may be null (one sample).
+KL(FullKV ‖ cell) when only head (l, h) keeps ``pattern`` at budget b (every other head keeps all),
+and, when ``collect --head-patterns`` measured them, the prefill cells of scored patterns
+(``heads.prefill_cells``: a list of such blocks, one per pattern, with ``params``; only the head's prompt is
+compressed, it keeps every continuation token). :func:`head_cells` reads the streaming cells and
+:func:`head_cell_sets` every kind (streaming first), as parsed attributes (objects with those fields or those
+dicts); both are tolerant of their absence. ``se`` entries may be null (one sample).
 
 Building: :func:`grouped_plan` turns one ``(pattern, budget, params)`` per (layer, KV head) into one
 :class:`~strategies.LayerChoice` with head groups per layer (heads with equal choices share a group),
@@ -53,13 +56,15 @@ CELL_SIGNALS = ("kl_answer", "kl_prose")
 
 @dataclass(frozen=True)
 class HeadCells:
-    """Streaming cells per (layer, KV head, budget): KL means and standard errors (NaN: unknown)."""
+    """One pattern's cells per (layer, KV head, budget): KL means and standard errors (NaN: unknown), the
+    pattern's params and the phases the cells measured it in (streaming cells: both; prefill cells: prefill)."""
 
     pattern: str
     budgets: tuple[int, ...]
     mean: Mapping[str, np.ndarray]  #: signal -> [L, H, nb]
     se: Mapping[str, np.ndarray]  #: signal -> [L, H, nb], NaN where unknown
     params: Mapping[str, Any] = field(default_factory=dict)
+    phases: tuple[str, ...] = PHASES
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -87,42 +92,65 @@ def head_cells(table: SignalTable | None) -> HeadCells | None:
     """The table's streaming cells, or None when it has none (no ``heads`` block or no ``cells``)."""
     heads = getattr(table, "heads", None)
     cells = getattr(heads, "cells", None) if heads is not None else None
-    if cells is None:
-        return None
+    return None if cells is None else _read_cells(table, heads, cells, "heads.cells", PHASES)
+
+
+def head_cell_sets(table: SignalTable | None) -> list[HeadCells]:
+    """Every kind of cells the table holds, one per pattern: the streaming cells first, then the prefill cells
+    of scored patterns (``heads.prefill_cells``) in the table's order; [] when it has none."""
+    heads = getattr(table, "heads", None)
+    if heads is None:
+        return []
+    out = [] if (streaming := head_cells(table)) is None else [streaming]
+    scored = getattr(heads, "prefill_cells", None) or ()
+    if isinstance(scored, Mapping) or isinstance(scored, str):
+        raise SolverError("heads.prefill_cells: must be a list of pattern blocks")
+    for i, block in enumerate(scored):
+        out.append(_read_cells(table, heads, block, f"heads.prefill_cells[{i}]", ("prefill",)))
+    patterns = [c.pattern for c in out]
+    if len(set(patterns)) != len(patterns):
+        raise SolverError(f"heads: one kind of cells per pattern, got {patterns}")
+    return out
+
+
+def _read_cells(table, heads, cells, where: str, phases: tuple[str, ...]) -> HeadCells:
     if isinstance(cells, HeadCells):
         return cells
-    if hasattr(cells, "kl_answer_mean"):  # the collector's cells (signals.head_signals.HeadCells)
+    if hasattr(cells, "kl_answer_mean"):  # the collector's cells (signals.head_signals / head_prefill_cells)
         cells = {
             "pattern": cells.pattern,
             "budgets": list(cells.budgets),
             "kl_answer": {"mean": cells.kl_answer_mean, "se": cells.kl_answer_se},
             "kl_prose": {"mean": cells.kl_prose_mean, "se": cells.kl_prose_se},
-            "sink": cells.sink,
+            "sink": getattr(cells, "sink", None),
+            "params": getattr(cells, "params", None),
         }
     pattern, budgets = _get(cells, "pattern"), _get(cells, "budgets")
     if not isinstance(pattern, str):
-        raise SolverError("heads.cells.pattern: must be a pattern name")
+        raise SolverError(f"{where}.pattern: must be a pattern name")
     try:
         grid = tuple(int(b) for b in budgets)
     except (TypeError, ValueError):
-        raise SolverError("heads.cells.budgets: must be a list of integers") from None
+        raise SolverError(f"{where}.budgets: must be a list of integers") from None
     if not grid or list(grid) != sorted(set(grid)) or grid[0] < 1:
-        raise SolverError(f"heads.cells.budgets: must be increasing positive integers, got {list(grid)}")
+        raise SolverError(f"{where}.budgets: must be increasing positive integers, got {list(grid)}")
     L, H = table.num_layers, int(_get(heads, "num_kv_heads"))  # type: ignore[union-attr]
     shape = (L, H, len(grid))
     mean, se = {}, {}
     for name in CELL_SIGNALS:
         block = _get(cells, name)
         if block is None:
-            raise SolverError(f"heads.cells.{name}: missing")
-        mean[name] = _array(f"heads.cells.{name}.mean", _get(block, "mean"), shape, allow_null=False)
+            raise SolverError(f"{where}.{name}: missing")
+        mean[name] = _array(f"{where}.{name}.mean", _get(block, "mean"), shape, allow_null=False)
         s = _get(block, "se")
-        se[name] = np.full(shape, np.nan) if s is None else _array(f"heads.cells.{name}.se", s, shape, True)
+        se[name] = np.full(shape, np.nan) if s is None else _array(f"{where}.{name}.se", s, shape, True)
     params = _get(cells, "params")
     if params is None:  # the collector stores the sinks it measured with as ``sink``
         sink = _get(cells, "sink")
         params = {"n_sink": int(sink)} if pattern == "streaming_llm" and sink is not None else {}
-    return HeadCells(pattern, grid, mean, se, dict(params))
+    if not isinstance(params, Mapping):
+        raise SolverError(f"{where}.params: must be an object")
+    return HeadCells(pattern, grid, mean, se, dict(params), phases)
 
 
 def retrieval_scores(table: SignalTable | None, solver: str) -> np.ndarray:
@@ -183,6 +211,7 @@ __all__ = [
     "HeadCells",
     "context_length",
     "grouped_plan",
+    "head_cell_sets",
     "head_cells",
     "head_total",
     "retrieval_scores",

@@ -28,8 +28,8 @@ variable), see :func:`reduce_cells`:
    incumbent's own cells always stay, so the reduced MILP keeps the optimum. A cutoff row
    ``Σ c·x <= Z`` is added.
 ``granularity="head"`` (``--granularity head``) solves the head-level problem instead: one item per
-(layer, KV head), keep-all or a streaming cell from the table's head cells (:mod:`solvers.head_exact`,
-the same MILP with one "pattern").
+(layer, KV head), keep-all or a (pattern, budget) cell from the table's head cells (:mod:`solvers.head_exact`,
+the same MILP with keep-all as one more "pattern").
 """
 
 from __future__ import annotations
@@ -293,9 +293,9 @@ class ILPSolver(Solver):
                 problem,
                 s,
                 self.name,
-                lambda cost, grid, total: solve_phase_ilp(
+                lambda cost, patterns, grid, total: solve_phase_ilp(
                     cost,
-                    ["cell"],
+                    patterns,
                     grid,
                     total,
                     s.max_distinct_budgets,

@@ -128,10 +128,12 @@ def test_solve_cli_writes_head_level_baselines(tmp_path):
 
 # ------------------------------------------------------------------------------- head-level ilp/dp
 def brute_force(cost: np.ndarray, grid, total: int) -> float:
+    """The optimum over every (pattern, budget) per item, by enumeration."""
     best = np.inf
-    for pick in itertools.product(range(len(grid)), repeat=cost.shape[0]):
-        if sum(grid[j] for j in pick) <= total:
-            best = min(best, sum(cost[i, 0, j] for i, j in enumerate(pick)))
+    options = [(p, g) for p in range(cost.shape[1]) for g in range(len(grid))]
+    for pick in itertools.product(options, repeat=cost.shape[0]):
+        if sum(grid[g] for _, g in pick) <= total:
+            best = min(best, sum(cost[i, p, g] for i, (p, g) in enumerate(pick)))
     return best
 
 
@@ -143,7 +145,8 @@ def test_head_level_ilp_and_dp_find_the_brute_force_optimum(seed):
     B = float(rng.integers(8, 48))
     problem = Problem(global_budget=B, table=table, b_min=8)
     results = {m: get_solver(m, granularity="head").solve(problem) for m in ("ilp", "dp")}
-    cost, grid, _ = cell_costs(problem, get_solver("dp", granularity="head").settings, "dp")
+    cost, patterns, grid, _ = cell_costs(problem, get_solver("dp", granularity="head").settings, "dp")
+    assert patterns == ["full", "streaming_llm"]
     optimum = brute_force(cost, grid, H * problem.total)
     for r in results.values():
         assert r.objective == pytest.approx(optimum, abs=1e-9)
@@ -186,10 +189,11 @@ def test_head_level_costs_follow_the_noise_rule_by_hand():
         ("interval", [[0.5, 0.0], [0.0, 0.0]]),
     ):
         settings = get_solver("dp", granularity="head", head_signal="answer", noise=noise).settings
-        cost, grid, facts = cell_costs(problem, settings, "dp")
-        assert grid == (8, 16, 64) and facts["noise"] == noise
-        np.testing.assert_allclose(cost[:, 0, :2], want, atol=1e-9)
-        assert np.all(cost[:, 0, 2] == 0)  # keep-all
+        cost, patterns, grid, facts = cell_costs(problem, settings, "dp")
+        assert grid == (8, 16, 64) and facts["noise"] == noise and patterns == ["full", "streaming_llm"]
+        np.testing.assert_allclose(cost[:, 1, :2], want, atol=1e-9)
+        assert np.all(cost[:, 0, 2] == 0) and np.all(cost[:, 0, :2] == np.inf)  # keep-all, only at n
+        assert np.all(cost[:, 1, 2] == np.inf)
 
 
 def test_head_granularity_without_cells_names_the_collect_option(tmp_path, capsys):

@@ -4,9 +4,13 @@
 calibration-split evidence samples (one statement each by default). ``--head-cells 32,64,128`` adds the
 streaming cells (:mod:`signals.head_cells`): per (layer, KV head, budget), KL(FullKV || only that KV head
 keeps 4 sinks + recent tokens) on the answer tokens of the same evidence samples and on every continuation
-token of the collection's prose samples. Both go into the table's ``heads`` block (written as version 4
-when it has cells); ``--head-cells`` without ``--retrieval-heads`` uses :data:`DEFAULT_HEAD_SAMPLES`
-evidence samples and stores their retrieval scores too.
+token of the collection's prose samples. ``--head-patterns streaming_llm,snapkv,h2o`` (default
+``streaming_llm``) chooses the patterns of the cells: ``streaming_llm`` gives the streaming cells, a scored
+pattern its prefill cells (:mod:`signals.head_prefill_cells`: only that KV head compresses its prompt with the
+pattern at the budget, default parameters, and keeps every continuation token), on the same samples and
+budgets. All go into the table's ``heads`` block (written as version 4 when it has streaming cells, 5 with
+prefill cells); ``--head-cells`` without ``--retrieval-heads`` uses :data:`DEFAULT_HEAD_SAMPLES` evidence
+samples and stores their retrieval scores too. A rerun measures only what the table lacks.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from polykv_search.cli.common import CLIError, comma_list, console, non_negative
 DEFAULT_HEAD_SAMPLES = 8
 DEFAULT_CELL_BUDGETS = "32,64,128"
 CELL_SINK = 4
+STREAMING = "streaming_llm"
+#: Patterns with head cells (signals.head_prefill_cells.PREFILL_CELL_PATTERNS, not imported at start-up).
+PREFILL_CELL_PATTERNS = ("snapkv", "pyramidkv", "h2o", "knorm", "keydiff", "expected_attention", STREAMING)
 
 
 def add_args(g) -> None:
@@ -41,6 +48,16 @@ def add_args(g) -> None:
         f"{CELL_SINK} sinks + recent tokens) at these budgets (default {DEFAULT_CELL_BUDGETS}), on the answers of "
         f"the --retrieval-heads evidence samples ({DEFAULT_HEAD_SAMPLES} if not given) and on the prose samples",
     )
+    g.add_argument(
+        "--head-patterns",
+        type=comma_list(str, "pattern"),
+        default=STREAMING,
+        metavar="PATTERNS",
+        help="with --head-cells: the patterns of the cells, comma separated (default streaming_llm): streaming_llm "
+        "gives the streaming cells; snapkv, pyramidkv, h2o, knorm, keydiff or expected_attention the prefill cells, "
+        "KL(FullKV || only that KV head compresses its prompt with the pattern at the budget); "
+        "solve --granularity head chooses among them per KV head",
+    )
 
 
 def head_samples(args: argparse.Namespace) -> int:
@@ -48,6 +65,12 @@ def head_samples(args: argparse.Namespace) -> int:
     if args.retrieval_heads:
         return args.retrieval_heads
     return DEFAULT_HEAD_SAMPLES if getattr(args, "head_cells", None) else 0
+
+
+def head_patterns(args: argparse.Namespace) -> list[str]:
+    """The patterns of the head cells (``--head-patterns``; streaming_llm alone when absent)."""
+    patterns = getattr(args, "head_patterns", None) or STREAMING
+    return patterns.split(",") if isinstance(patterns, str) else list(patterns)
 
 
 def check(args: argparse.Namespace, mix) -> None:
@@ -59,6 +82,15 @@ def check(args: argparse.Namespace, mix) -> None:
     cells = getattr(args, "head_cells", None)
     if heads and heads < 2:
         raise CLIError(f"--retrieval-heads {heads}: give at least 2 samples (a standard error needs two)")
+    patterns = head_patterns(args)
+    if patterns != [STREAMING] and not cells:
+        raise CLIError("--head-patterns: give --head-cells BUDGETS too (the budgets of the cells)")
+    bad = [p for p in patterns if p not in PREFILL_CELL_PATTERNS]
+    if bad:
+        raise CLIError(
+            f"--head-patterns: {bad[0]!r} has no head cells (patterns that select per KV head: "
+            f"{','.join(PREFILL_CELL_PATTERNS)})"
+        )
     if cells:
         low = [b for b in cells if b <= CELL_SINK]
         if low:
@@ -78,16 +110,18 @@ def check(args: argparse.Namespace, mix) -> None:
 
 
 def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samples) -> None:
-    """Retrieval scores (and with ``--head-cells`` the streaming cells) per KV head, stored in the table at
-    ``out``; ``samples``: the collection's calibration samples (its prose ones give the prose KL)."""
+    """Retrieval scores (and with ``--head-cells`` the cells of every ``--head-patterns`` pattern) per KV head,
+    stored in the table at ``out``; ``samples``: the collection's calibration samples (its prose ones give the
+    prose KL). What the table already holds with the same settings is kept, not measured again."""
     from polykv_search.data.evidence import EvidenceSample, make_calibration_samples, parse_retrieval_mix
     from polykv_search.progress import ProgressBar
-    from signals.head_cells import measure_head_cells
+    from signals.head_cells import measure_head_cells, measure_prefill_cells
     from signals.head_signals import DEFINITION, HeadSignals
     from signals.retrieval_heads import retrieval_scores
 
     n, records = head_samples(args), args.evidence_records or 1
     budgets = getattr(args, "head_cells", None)
+    patterns = head_patterns(args) if budgets else []
     provenance = {
         "samples": n,
         "records": records,
@@ -104,8 +138,21 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
         "calibration": table.provenance.get("calibration"),
     }
     done = table.heads is not None and table.heads.provenance == provenance
-    if done and (not budgets or _same_cells(table.heads.cells, budgets, cells_key)):
-        return  # measured already, with these settings
+    old = table.heads if done else None
+    cells = old.cells if old is not None and _same_cells(old.cells, budgets, cells_key, CELL_SINK) else None
+    kept = {c.pattern: c for c in (old.prefill_cells if old is not None else ()) if _same_cells(c, budgets, cells_key)}
+    scored = [p for p in patterns if p != STREAMING and p not in kept]
+    streaming = STREAMING in patterns and cells is None
+    if STREAMING not in patterns:
+        cells = None
+    if old is not None and not budgets:
+        return  # measured already; no cells asked for
+    if old is not None and not (streaming or scored):  # nothing to measure: keep what was asked for
+        heads = HeadSignals(old.retrieval, provenance, cells, tuple(kept[p] for p in patterns if p in kept))
+        if heads != old:
+            table.set_heads(heads)
+            table.save(out)
+        return
     evidence = make_calibration_samples(
         tokenizer,
         corpus,
@@ -121,29 +168,39 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
     else:
         with ProgressBar(bar_console, "retrieval heads", n, unit="samples") as bar:
             scores = retrieval_scores(model, evidence, on_sample=bar.advance)
-    cells = None
-    if budgets:
+    if streaming:
         with ProgressBar(bar_console, "streaming cells", n + len(prose), unit="samples") as bar:
             cells = measure_head_cells(
                 model, evidence, prose, budgets=budgets, sink=CELL_SINK, on_sample=bar.advance, provenance=cells_key
             )
-    table.set_heads(HeadSignals(scores, provenance, cells))
+    if scored:
+        with ProgressBar(bar_console, f"{','.join(scored)} cells", n + len(prose), unit="samples") as bar:
+            new = measure_prefill_cells(
+                model, evidence, prose, scored, budgets=budgets, on_sample=bar.advance, provenance=cells_key
+            )
+        kept.update({c.pattern: c for c in new})
+    prefill = tuple(kept[p] for p in patterns if p in kept)
+    table.set_heads(HeadSignals(scores, provenance, cells, prefill))
     table.save(out)
     (layer, head, score), *_ = scores.top(1)
     console.print(
         f"retrieval heads: {n} evidence samples; strongest KV head L{layer} kv{head} ({score:.2f})", highlight=False
     )
-    if cells is not None:
-        (layer, head, kl, _), *_ = cells.costliest(1, cells.budgets[0])
+    for c in ((cells,) if streaming else ()) + tuple(kept[p] for p in scored):
+        (layer, head, kl, _), *_ = c.costliest(1, c.budgets[0])
+        kind = "streaming" if c is cells else f"{c.pattern} prefill"
         console.print(
-            f"streaming cells: budgets {','.join(map(str, cells.budgets))} on {n} evidence + {len(prose)} prose "
-            f"samples in {cells.provenance['seconds']:.1f}s; costliest at b={cells.budgets[0]}: L{layer} kv{head} "
+            f"{kind} cells: budgets {','.join(map(str, c.budgets))} on {n} evidence + {len(prose)} prose "
+            f"samples in {c.provenance['seconds']:.1f}s; costliest at b={c.budgets[0]}: L{layer} kv{head} "
             f"(answer KL {kl:.3f})",
             highlight=False,
         )
 
 
-def _same_cells(cells, budgets, key) -> bool:
-    if cells is None or list(cells.budgets) != sorted(budgets) or cells.sink != CELL_SINK:
+def _same_cells(cells, budgets, key, sink=None) -> bool:
+    """Whether ``cells`` were measured at ``budgets`` (and ``sink``) on the samples ``key`` describes."""
+    if cells is None or not budgets or list(cells.budgets) != sorted(budgets):
+        return False
+    if sink is not None and cells.sink != sink:
         return False
     return all(cells.provenance.get(k) == v for k, v in key.items())

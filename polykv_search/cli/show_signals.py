@@ -10,7 +10,8 @@ without ``--retrieval-mix`` or before it existed). ``--plot`` draws heatmaps (pe
 the grid per layer × pattern, ΔPPL of every cell with a dot on the cells indistinguishable from
 FullKV) and entropy per layer; with per-head signals, the retrieval scores per layer x KV head and, when
 the table has streaming cells, the strongest retrieval heads are followed by the heads whose streaming costs
-the most answer KL (printed, and a heatmap at the smallest budget).
+the most answer KL (printed, and a heatmap at the smallest budget); with prefill cells of scored patterns,
+one line per (pattern, budget) and which pattern is cheapest per KV head (:mod:`polykv_search.cli.show_heads`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import numpy as np
 from rich.table import Table
 
 from polykv_search.cli.common import CLIError, out
+from polykv_search.cli.show_heads import TOP_SENSITIVE, describe_cells, describe_heads
 
-TOP_SENSITIVE = 5
+__all__ = ["TOP_SENSITIVE", "describe_cells", "describe_heads", "show_signals", "write_plot"]
 
 
 def _nanmean(a: np.ndarray, axis: int) -> np.ndarray:
@@ -210,41 +212,6 @@ def show_signals(path: str, plot: str | None = None) -> int:
         write_plot(table, plot)
         out.print(f"wrote {plot}", highlight=False)
     return 0
-
-
-def describe_heads(heads, top: int = TOP_SENSITIVE) -> list[str]:
-    """What the table's per-head signals say: the strongest retrieval heads with their standard errors."""
-    if heads is None:
-        return ["retrieval heads: not measured (collect --retrieval-heads N)"]
-    r, prov = heads.retrieval, heads.provenance
-    lines = [
-        f"retrieval heads: {r.n_samples} evidence samples of {prov.get('context_len', '?')}+"
-        f"{prov.get('continuation_len', '?')} tokens ({prov.get('records', '?')} statement(s) each), "
-        f"{r.mean.shape[0]} layers x {heads.num_kv_heads} KV heads; mean score {float(r.mean.mean()):.3f}"
-    ]
-    best = ", ".join(f"L{l} kv{h} {s:.2f}±{r.se[l, h]:.2f}" for l, h, s in r.top(top))
-    lines.append(f"retrieval heads: strongest (mean ± SE): {best}")
-    return lines + describe_cells(heads.cells, top)
-
-
-def describe_cells(cells, top: int = TOP_SENSITIVE) -> list[str]:
-    """The streaming cells: what was measured and, at the smallest budget, the KV heads whose streaming costs
-    the most answer KL (with the prose KL of the same heads)."""
-    if cells is None:
-        return ["streaming cells: not measured (collect --head-cells)"]
-    prov, b = cells.provenance, cells.budgets[0]
-    lines = [
-        f"streaming cells ({cells.pattern}, {cells.sink} sinks, budgets {','.join(map(str, cells.budgets))}): "
-        f"KL(FullKV || only that KV head streams) on {prov.get('evidence_samples', '?')} evidence samples' answers "
-        f"and {prov.get('prose_samples', '?')} prose samples"
-    ]
-    g = cells.budget_index(b)
-    worst = ", ".join(
-        f"L{l} kv{h} {kl:.3f}±{se:.3f} (prose {cells.kl_prose_mean[l, h, g]:.3f})"
-        for l, h, kl, se in cells.costliest(top, b)
-    )
-    lines.append(f"streaming cells: costliest at b={b} (answer KL mean ± SE): {worst}")
-    return lines
 
 
 def write_plot(table, path: str) -> None:
