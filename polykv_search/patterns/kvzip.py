@@ -72,6 +72,10 @@ class KVzip(Pattern):
       budget cannot hold them all (kvpress never evicts appended tokens at all). The pass runs for
       a strategy that uses kvzip in either phase.
     * kvpress also scores the chat template's prefix as kept; here the prompt is repeated whole.
+    * A query's attention to a key is ``exp(logit - lse)``: where the pass's kernel hands over its
+      log-sum-exp ``lse`` (SDPA on CPU, :func:`note_kernel_lse`), only the prompt's logits are computed
+      and the maximum is taken before the exponential; elsewhere the probabilities are recomputed. The
+      two agree to float rounding, with the same kept sets (``tests/test_kvzip_fast.py``).
     """
 
     name: ClassVar[str] = "kvzip"

@@ -9,7 +9,11 @@ and that chunk's tokens, teacher-forced over the cache; each layer appends these
 kernel, hands the call to the model-level patterns' ``reconstruct(layer, state, query, prompt_len)``
 (no other pattern observes the pass) and cuts itself back to the prompt. Then every deferred layer
 evicts as its prefill plan says. Positions and ``seen`` are those of a run without the pass, so
-``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the repeat prompts).
+``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the repeat prompts),
+whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
+attention), plus kvzip's scores: one product of the pass's queries with the prompt's keys per call,
+normalised by the log-sum-exp the kernel itself computed (:func:`flash_with_lse`, CPU SDPA) instead of a
+second softmax over the whole cache.
 
 The repeat prompts (:class:`ReconstructionInputs`) are token ids; ``load_model`` attaches them to the
 model it loads (``model.polykv_reconstruction``), built from its tokenizer as KVzip builds them.
