@@ -6,6 +6,7 @@ https://arxiv.org/abs/2505.23416
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -13,6 +14,30 @@ import torch
 
 from polykv_search.patterns.base import LayerView, Pattern, protected_ends
 from polykv_search.patterns.state import PatternState, fit_tokens
+
+
+class _KernelLse(threading.local):
+    """The log-sum-exp ``[B, Hq, q]`` of the latest reconstruction-pass kernel call on this thread, with
+    the query and keys tensors it belongs to (matched by identity, so it never serves another call)."""
+
+    query: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+
+_KERNEL_LSE = _KernelLse()
+
+
+def note_kernel_lse(query: torch.Tensor | None, keys: torch.Tensor | None, lse: torch.Tensor | None) -> None:
+    """Record the kernel's log-sum-exp of a reconstruction call (all None: forget it); the runtime's pass
+    kernel calls this (:mod:`polykv_search.runtime.reconstruction`)."""
+    _KERNEL_LSE.query, _KERNEL_LSE.keys, _KERNEL_LSE.lse = query, keys, lse
+
+
+def kernel_lse(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+    """The noted log-sum-exp when it is of this very ``query`` over these very ``keys``, else None."""
+    note = _KERNEL_LSE
+    return note.lse if note.query is query and note.keys is keys else None
 
 
 @dataclass(frozen=True)
@@ -35,7 +60,7 @@ class KVzip(Pattern):
         prompt; the queries' softmax runs over the whole cache (kvpress: sinks + the chunk + the repeat
         tokens only), so the two agree for prompts of at most one chunk.
     query_chunk : int
-        Reconstruction queries scored at once (memory, not results).
+        Reconstruction queries scored at once, at most (memory and speed, not results).
 
     Notes
     -----
@@ -47,6 +72,10 @@ class KVzip(Pattern):
       budget cannot hold them all (kvpress never evicts appended tokens at all). The pass runs for
       a strategy that uses kvzip in either phase.
     * kvpress also scores the chat template's prefix as kept; here the prompt is repeated whole.
+    * A query's attention to a key is ``exp(logit - lse)``: where the pass's kernel hands over its
+      log-sum-exp ``lse`` (SDPA on CPU, :func:`note_kernel_lse`), only the prompt's logits are computed
+      and the maximum is taken before the exponential; elsewhere the probabilities are recomputed. The
+      two agree to float rounding, with the same kept sets (``tests/test_kvzip_fast.py``).
     """
 
     name: ClassVar[str] = "kvzip"
@@ -68,6 +97,46 @@ class KVzip(Pattern):
         best = state.token.get("kvzip")
         if best is None:
             best = torch.zeros(layer.valid.shape[:2] + (prompt_len,), dtype=torch.float32, device=layer.keys.device)
+        lse = kernel_lse(query, layer.keys)
+        if lse is None or not hasattr(layer, "allowed"):
+            best = self._from_probs(layer, query, prompt_len, best)
+        else:
+            best = self._from_lse(layer, query, prompt_len, best, lse)
+        state.token["kvzip"] = best
+        state.token["scored"] = layer.valid[..., :prompt_len].float()
+
+    def _from_lse(self, layer, query: torch.Tensor, prompt_len: int, best: torch.Tensor, lse: torch.Tensor):
+        """The maximum from the kernel's log-sum-exp ``lse`` ``[B, Hq, q]``: a query's attention to a key is
+        ``exp(logit - lse)``, so only the prompt's logits are needed, and the maximum is taken before the
+        exponential (one ``[B, Hkv, prompt_len]`` exp per call instead of a softmax over the whole cache)."""
+        b, hq, q, d = query.shape
+        h = layer.num_kv_heads
+        g = hq // h
+        keys_t = layer.keys[..., :prompt_len, :].float().transpose(-1, -2)
+        scaled = query.float() * layer.scaling  # as attention_probs: the scale goes on the queries
+        lse = lse.float().view(b, h, g, q)
+        # every pass query comes after the whole prompt: a mask only for padding or a sliding window
+        plain = layer.all_valid and getattr(layer, "sliding_window", None) is None
+        mask = None if plain else layer.allowed(layer.query_range)[..., :prompt_len]
+        qvalid = layer.query_valid(q)
+        top = torch.full_like(best, float("-inf"))
+        # about 2**20 logits per KV head at a time (a few MiB, which stay in the CPU caches): the
+        # maximum, unlike a softmax, can be taken in any number of pieces
+        chunk = max(1, min(self.query_chunk, (1 << 20) // (g * prompt_len)))
+        for start in range(0, q, chunk):
+            stop = min(start + chunk, q)
+            c = stop - start
+            logits = torch.matmul(scaled[..., start:stop, :].reshape(b, h, g * c, d), keys_t).view(b, h, g, c, -1)
+            logits.sub_(lse[..., start:stop, None])
+            if mask is not None:
+                logits.masked_fill_(~mask[..., start:stop, :][:, :, None], float("-inf"))
+            if qvalid is not None:
+                logits.masked_fill_(~qvalid[:, None, None, start:stop, None], float("-inf"))
+            top = torch.maximum(top, logits.amax(dim=(2, 3)))
+        return torch.maximum(best, top.exp_())
+
+    def _from_probs(self, layer, query: torch.Tensor, prompt_len: int, best: torch.Tensor) -> torch.Tensor:
+        """The maximum from the probabilities themselves (a call whose kernel gave no log-sum-exp)."""
         qpos = layer.query_range
         qvalid = layer.query_valid(query.shape[-2])
         b, hq, q, _ = query.shape
@@ -78,8 +147,7 @@ class KVzip(Pattern):
                 probs = probs * qvalid[:, None, start:stop, None]
             per_kv = probs.amax(dim=-2).view(b, layer.num_kv_heads, hq // layer.num_kv_heads, prompt_len)
             best = torch.maximum(best, per_kv.amax(dim=2))
-        state.token["kvzip"] = best
-        state.token["scored"] = layer.valid[..., :prompt_len].float()
+        return best
 
     def post_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
         if "kvzip" in state.token:  # a decoding call: the appended tokens have no pass score

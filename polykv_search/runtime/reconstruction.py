@@ -9,7 +9,11 @@ and that chunk's tokens, teacher-forced over the cache; each layer appends these
 kernel, hands the call to the model-level patterns' ``reconstruct(layer, state, query, prompt_len)``
 (no other pattern observes the pass) and cuts itself back to the prompt. Then every deferred layer
 evicts as its prefill plan says. Positions and ``seen`` are those of a run without the pass, so
-``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the repeat prompts).
+``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the repeat prompts),
+whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
+attention), plus kvzip's scores: one product of the pass's queries with the prompt's keys per call,
+normalised by the log-sum-exp the kernel itself computed (:func:`flash_with_lse`, CPU SDPA) instead of a
+second softmax over the whole cache.
 
 The repeat prompts (:class:`ReconstructionInputs`) are token ids; ``load_model`` attaches them to the
 model it loads (``model.polykv_reconstruction``), built from its tokenizer as KVzip builds them.
@@ -17,10 +21,15 @@ model it loads (``model.polykv_reconstruction``), built from its tokenizer as KV
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend
+
+from polykv_search.patterns.kvzip import note_kernel_lse
+from polykv_search.runtime.attention import ACTIVE
 
 FIRST_PROMPT = "\n\nRepeat the previous context exactly."
 LATER_PROMPT = "\n\nRepeat the part of the previous context exactly, starting with"
@@ -91,20 +100,91 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     for layer in layers:
         layer.begin_pass(n)
     try:
-        for start in range(0, n, size):
-            stop = min(start + size, n)
-            # a row's real tokens in this slice of the (left-padded) prompt
-            rows = [inputs.chunk_ids(row, max(0, start - pad), max(0, stop - pad)) for row, pad in zip(real, pads)]
-            width = max(len(row) for row in rows)
-            ids = torch.zeros(b, width, dtype=torch.long, device=device)
-            mask = torch.zeros(b, n + width, dtype=torch.long, device=device)
-            mask[:, :n] = 1 if prompt_mask is None else prompt_mask
-            for r, row in enumerate(rows):
-                ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long, device=device)
-                mask[r, n + width - len(row) :] = 1
-            decoder(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+        with _kernel_lse_noted(model):
+            for start in range(0, n, size):
+                stop = min(start + size, n)
+                # a row's real tokens in this slice of the (left-padded) prompt
+                rows = [inputs.chunk_ids(row, max(0, start - pad), max(0, stop - pad)) for row, pad in zip(real, pads)]
+                width = max(len(row) for row in rows)
+                ids = torch.zeros(b, width, dtype=torch.long, device=device)
+                mask = torch.zeros(b, n + width, dtype=torch.long, device=device)
+                mask[:, :n] = 1 if prompt_mask is None else prompt_mask
+                for r, row in enumerate(rows):
+                    ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long, device=device)
+                    mask[r, n + width - len(row) :] = 1
+                decoder(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
     finally:
         for layer in layers:
             layer.end_pass()
     for layer in layers:
         layer.finish_deferred()
+
+
+@contextmanager
+def _kernel_lse_noted(model) -> Iterator[None]:
+    """While the pass runs, the active runtime's SDPA kernel also hands its log-sum-exp to the model-level
+    patterns (:func:`~polykv_search.patterns.kvzip.note_kernel_lse`), so that kvzip scores a call without
+    computing its softmax a second time. The kernel's output is the one ``F.scaled_dot_product_attention``
+    gives (the same CPU flash kernel, called directly); where that kernel would not be the one SDPA picks
+    (another device, the eager implementation) the call runs as always and notes nothing."""
+    runtime = ACTIVE.get(id(model.config))
+    if runtime is None or getattr(runtime, "kernel_impl", None) != "sdpa":
+        yield
+        return
+    plain = runtime.kernel
+    masks: dict = {}  # the last mask converted: every layer of a pass call has the same one
+
+    def kernel(query, key, value, mask, scaling, *, is_causal=False):
+        got = None if is_causal else flash_with_lse(query, key, value, mask, scaling, masks)
+        if got is None:
+            note_kernel_lse(None, None, None)
+            return plain(query, key, value, mask, scaling, is_causal=is_causal)
+        out, lse = got
+        note_kernel_lse(query, key, lse)
+        return out
+
+    runtime.kernel = kernel
+    try:
+        yield
+    finally:
+        del runtime.kernel  # the class's own method again
+        note_kernel_lse(None, None, None)
+
+
+def flash_with_lse(
+    query, key, value, mask, scaling, masks: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``polykv_search.runtime.attention.kernel("sdpa", ...)`` of a masked call (bool ``mask``
+    ``[B, Hkv or 1, q, n]``), output ``[B, q, Hq, D]``, and its log-sum-exp ``[B, Hq, q]``, from the CPU
+    flash kernel SDPA itself runs; None where SDPA would run another kernel. ``masks``: a dict that
+    remembers the last mask's additive form (SDPA's conversion of a bool mask) for the next call."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None or mask is None or mask.dtype != torch.bool or query.device.type != "cpu":
+        return None
+    b, hq, q, d = query.shape
+    h, n = key.shape[1], key.shape[-2]
+    groups = hq // h
+    if groups > 1 and mask.shape[1] > 1:  # as attention._grouped_sdpa: query heads folded per KV head
+        query = query.reshape(b, h, groups * q, d)
+        mask = mask[:, :, None].expand(b, h, groups, q, n).reshape(b, h, groups * q, n)
+        gqa = False
+    else:
+        gqa = groups > 1
+    choice = torch._fused_sdp_choice(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    if choice != SDPBackend.FLASH_ATTENTION.value:
+        return None
+    masks = {} if masks is None else masks
+    seen = masks.get("bool")
+    if (
+        seen is None
+        or seen.shape != mask.shape
+        or masks["additive"].dtype != query.dtype
+        or not torch.equal(seen, mask)
+    ):
+        masks["bool"] = mask
+        masks["additive"] = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+            ~mask, float("-inf")
+        )
+    additive = masks["additive"]
+    out, lse = op(query, key, value, 0.0, False, attn_mask=additive, scale=scaling)
+    return out.reshape(b, hq, q, -1).transpose(1, 2).contiguous(), lse.reshape(b, hq, q)
