@@ -149,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
     if not args.no_shared_prefill:  # before the model loads
+        from polykv_search.scoring.engine import shared_engine_refuses
+
         for path, strategy in strategies:
-            if strategy.has_head_groups and _uses_model_level(strategy):
+            if shared_engine_refuses(strategy):
                 raise CLIError(
                     f"{path}: head groups with a model-level pattern (kvzip) are scored by the per-entry path "
                     "only; add --no-shared-prefill"
@@ -337,16 +339,3 @@ def _list_tasks() -> int:
         table.add_row(row["name"], row["suite"], row["metric"], "yes" if row["default"] else "", row["description"])
     out.print(table)
     return 0
-
-
-def _uses_model_level(strategy) -> bool:
-    """True when any choice or head group of ``strategy`` names a model-level pattern (kvzip)."""
-    from polykv_search.patterns import PATTERNS
-    from strategies import PHASES
-
-    names = set()
-    for phase in PHASES:
-        for choice in strategy.phase(phase):
-            names.add(choice.pattern)
-            names.update(g.pattern for g in choice.head_groups or ())
-    return any(getattr(PATTERNS.get(n), "model_level", False) for n in names if n)

@@ -17,9 +17,9 @@ from polykv_search.evaluation.runner import (
     sample_record,
 )
 from polykv_search.evaluation.samples import encode_prompt
+from polykv_search.patterns import PATTERNS
 from polykv_search.protocol import AGNOSTIC, AWARE, check_protocol, split_prompt
 from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
-from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.runtime.runtime import strategy_head_groups
 from polykv_search.scoring import per_entry
 from polykv_search.scoring.checkpoint import Checkpoint
@@ -27,7 +27,7 @@ from polykv_search.scoring.document import entry_record
 from polykv_search.scoring.entries import Entry, ScoreError
 from polykv_search.scoring.job import SampleJob
 from polykv_search.scoring.shared import SharedScorer
-from strategies import Strategy
+from strategies import PHASES, Strategy
 
 ENGINES = ("shared", "per-entry")
 
@@ -93,7 +93,7 @@ def score_entries(
     for entry in entries:
         entry.strategy.check_model(num_layers, num_kv_heads)
     if engine == "shared":
-        split = [e.name for e in entries if _model_level_in_head_groups(e.strategy, num_kv_heads)]
+        split = [e.name for e in entries if shared_engine_refuses(e.strategy)]
         if split:
             raise ScoreError(
                 f"{', '.join(split)}: head groups with a model-level pattern (kvzip) are scored by the per-entry "
@@ -306,10 +306,11 @@ def score_entry(
     )[0]
 
 
-def _model_level_in_head_groups(strategy: Strategy, num_kv_heads: int) -> bool:
-    """True when ``strategy`` splits a layer into head groups and uses a model-level pattern (kvzip)."""
-    groups = strategy_head_groups(strategy, num_kv_heads)
-    if not groups:
+def shared_engine_refuses(strategy: Strategy) -> bool:
+    """True when the shared engine cannot score ``strategy``: head groups beside a model-level pattern
+    (kvzip) anywhere in it. Decided from the pattern names, so it runs before any model loads."""
+    if not strategy.has_head_groups:
         return False
-    plans = [(g.prefill, g.decoding) for layer in groups.values() for g in layer]
-    return needs_pass(plans + strategy_plans(strategy))
+    names = {choice.pattern for phase in PHASES for choice in strategy.phase(phase)}
+    names |= {g.pattern for phase in PHASES for c in strategy.phase(phase) for g in c.head_groups or ()}
+    return any(getattr(PATTERNS.get(name), "model_level", False) for name in names)
