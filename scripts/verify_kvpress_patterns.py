@@ -1,30 +1,35 @@
 #!/usr/bin/env python
 """Check polykv-search's query-agnostic patterns against kvpress's presses: the same kept token sets.
 
-For each pattern (``--patterns``, default all in :data:`PRESSES`), each compression ratio
-(``--ratios``) and each prompt (``--prompts`` windows of ``--prompt-len`` tokens from the ``austen``
-corpus), this script (run with the project's Python):
+For each check (:data:`PRESSES`; ``--patterns`` picks checks by name or by pattern), each compression
+ratio (``--ratios``) and each prompt (``--prompts`` windows of ``--prompt-len`` tokens from the
+``austen`` corpus), this script (run with the project's Python):
 
 1. prefills the prompt under ``uniform-<pattern>`` at budget ``b = max(1, int(n * (1 - ratio)))``
    (kvpress's ``compute_n_kept``) and reads every (layer, KV head)'s kept positions;
 2. in the kvpress virtualenv (``scripts/kvpress_venv.py``; kvpress pins transformers < 5.3), prefills
    the same token ids under the matching press at that ratio and reads its kept positions, plus the
-   press's scores (for presses that have ``score``);
-3. prints, per pattern and ratio, the share of (prompt, layer, head) kept sets that are identical, the
-   tokens swapped where they differ, and whether each differing head is a near-tie: every swapped
-   token's kvpress score lies within ``--tie-tol`` (relative to the head's 10th-90th percentile score
-   range) of kvpress's own cut-off score, i.e. the two sides rank tokens the same up to float
-   rounding. Exit 0 when every difference is a near-tie, 1 otherwise.
+   press's scores;
+3. prints, per check and ratio, the share of (prompt, layer, head) kept sets that are identical, the
+   tokens swapped where they differ, the overlap (Jaccard index of the differing heads' sets and of
+   each layer's (head, position) pairs; share of our kept tokens kvpress keeps too), and whether each
+   differing head is a near-tie: every swapped token's kvpress score lies within ``--tie-tol``
+   (relative to the head's 10th-90th percentile score range) of kvpress's own cut-off score, i.e. the
+   two sides rank tokens the same up to float rounding.
 
-Adding a pattern is one :data:`PRESSES` entry: the press class, its keyword arguments besides
-``compression_ratio``, our pattern's parameters, and how kvpress's kept positions are read
-(``cache``: the press shrinks the cache, kept keys are matched to the uncompressed prefill's keys;
-``masked``: the press keeps the cache and masks ``module.masked_key_indices``, as KVzip and AdaKV do).
+A check says how kvpress's kept positions are read (``kept``): ``cache``, the press shrinks the cache
+and kept keys are matched to the uncompressed prefill's keys; ``masked``, the press keeps the cache and
+masks ``module.masked_key_indices`` (KVzipPress, as AdaKV). A masked press drops its lowest scores over
+all heads of a layer (or of the model) at once, so its heads keep different numbers of tokens; its
+scores (``score_val``) are then also ranked by our rule, per head top-``b`` with the sinks kept
+(:func:`kvpress_kept.top_b_from_scores`), and that comparison is the one with a verdict. Checks with
+``same=False`` measure a documented difference (another budget allocation, chunking, the chat
+template's prefix) and never fail the run. Exit 0 when every ``same`` check differs only by near-ties.
 
 Not part of the default test run (it installs packages). Usage::
 
     python scripts/verify_kvpress_patterns.py --model ~/.cache/polykv-search/models/smollm2-135m-*
-    python scripts/verify_kvpress_patterns.py --model PATH --patterns keydiff --ratios 0.5,0.9 --json out.json
+    python scripts/verify_kvpress_patterns.py --model PATH --patterns kvzip --ratios 0.5,0.75,0.9 --json out.json
 """
 
 from __future__ import annotations
@@ -40,26 +45,71 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from kvpress_kept import budget_for, compare, kept_share, print_table, top_b_side, verdict  # noqa: E402
 from kvpress_venv import DEFAULT_KVPRESS, DEFAULT_TORCH, DEFAULT_VENV, ensure_venv, run_in_venv  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Press:
-    """How one of our patterns maps to a kvpress press."""
+    """How one of our patterns maps to a kvpress press, in one check."""
 
     press: str  # class name in ``kvpress``
     kwargs: dict = field(default_factory=dict)  # besides compression_ratio
     params: dict = field(default_factory=dict)  # our pattern's parameters
     kept: str = "cache"  # how kvpress's kept positions are read: "cache" or "masked"
+    pattern: str = ""  # our pattern (default: the check's name)
+    setup: dict = field(default_factory=dict)  # press attributes set once its context is entered
+    chat_prefix: bool = False  # prompts start with the chat template's prefix, as kvpress's pipeline feeds them
+    same: bool = True  # expected to keep the same sets (decides the exit status)
+    note: str = ""
 
 
+#: KVzipPress computes ``prefix_length`` (the chat template's prefix, which its pass neither repeats nor
+#: scores) from the tokenizer when its context is entered; the like-for-like checks feed the raw prompt,
+#: so they set it to 0 before the prefill: the whole prompt is then repeated and scored, as ours does.
+_RAW = {"prefix_length": 0}
 PRESSES: dict[str, Press] = {
     "keydiff": Press("KeyDiffPress"),
     "expected_attention": Press("ExpectedAttentionPress"),
+    "kvzip": Press(
+        "KVzipPress",
+        {"layerwise": True},
+        kept="masked",
+        setup=_RAW,
+        note="layerwise=True (each layer drops int(Hkv*n*ratio) tokens over its heads), raw prompt",
+    ),
+    "kvzip-global": Press(
+        "KVzipPress",
+        {"layerwise": False},
+        kept="masked",
+        pattern="kvzip",
+        setup=_RAW,
+        same=False,
+        note="kvpress's default layerwise=False: the lowest scores over all layers and heads",
+    ),
+    "kvzip-chunked": Press(
+        "KVzipPress",
+        {"layerwise": True, "chunk_size": 128},
+        {"chunk_size": 128},
+        kept="masked",
+        pattern="kvzip",
+        setup=_RAW,
+        same=False,
+        note="chunk_size=128 on both sides",
+    ),
+    "kvzip-template": Press(
+        "KVzipPress",
+        {"layerwise": True},
+        kept="masked",
+        pattern="kvzip",
+        chat_prefix=True,
+        same=False,
+        note="the chat template's prefix + the prompt, kvpress's own prefix_length",
+    ),
 }
 
 CHILD = r"""
-import importlib.metadata, json, sys
+import importlib.metadata, json, logging, sys
 import torch
 import transformers
 import kvpress
@@ -67,13 +117,15 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 spec = json.load(open(sys.argv[1]))
 transformers.utils.logging.disable_progress_bar()
+logging.getLogger("kvpress").setLevel(logging.ERROR)
 print(f"kvpress {importlib.metadata.version('kvpress')}, transformers {transformers.__version__}, "
       f"torch {torch.__version__}", flush=True)
 model = AutoModelForCausalLM.from_pretrained(spec["model"], attn_implementation="sdpa", dtype=torch.float32).eval()
 layers = model.model.layers
+num_kv = model.config.num_key_value_heads
 
 
-def kept_from_cache(cache, full, ids):
+def kept_from_cache(cache, full, n):
     # each kept key is one of the uncompressed prefill's keys (compression runs after the layer's
     # attention, so every layer's keys are computed exactly as without the press): match them
     out, inexact = [], 0
@@ -92,11 +144,11 @@ def kept_from_cache(cache, full, ids):
     return out, inexact
 
 
-def kept_from_mask(cache, full, ids):
+def kept_from_mask(cache, full, n):
     out = []
-    for i, keys in enumerate(full):
-        masked = getattr(layers[i].self_attn, "masked_key_indices", None)
-        heads = [set(range(keys.shape[2])) for _ in range(keys.shape[1])]
+    for layer in layers:
+        masked = getattr(layer.self_attn, "masked_key_indices", None)
+        heads = [set(range(n)) for _ in range(num_kv)]
         if masked is not None:
             for b, h, s in zip(*(t.tolist() for t in masked)):
                 if b == 0:
@@ -108,37 +160,47 @@ def kept_from_mask(cache, full, ids):
 READERS = {"cache": kept_from_cache, "masked": kept_from_mask}
 result = {}
 with torch.no_grad():
-    for p, ids in enumerate(spec["prompts"]):
-        ids = torch.tensor([ids])
-        full_cache = DynamicCache()
-        model(input_ids=ids, past_key_values=full_cache, use_cache=True)
-        full = [layer.keys.clone() for layer in full_cache.layers]
-        for name, entry in spec["patterns"].items():
+    for name, entry in spec["checks"].items():
+        for p, ids in enumerate(entry["prompts"]):
+            ids = torch.tensor([ids])
+            full = None
+            if entry["kept"] == "cache":
+                full_cache = DynamicCache()
+                model(input_ids=ids, past_key_values=full_cache, use_cache=True)
+                full = [layer.keys.clone() for layer in full_cache.layers]
             for ratio in spec["ratios"]:
                 press = getattr(kvpress, entry["press"])(compression_ratio=ratio, **entry["kwargs"])
                 scores = {}
-                if hasattr(press, "score"):
+                if entry["kept"] == "masked":
+                    # KVzipPress holds its scores [layers, batch, Hkv, n] in score_val until compress_post
+                    def grab(model_, _post=press.compress_post, _press=press):
+                        scores.update(enumerate(_press.score_val[:, 0].double().tolist()))
+                        return _post(model_)
+                    press.compress_post = grab
+                elif hasattr(press, "score"):
                     def record(module, *args, _score=press.score, **kw):
                         s = _score(module, *args, **kw)
                         scores[module.layer_idx] = s[0].double().tolist()
                         return s
                     press.score = record
+                for layer in layers:
+                    layer.self_attn.masked_key_indices = None
                 cache = DynamicCache()
                 with press(model):
+                    attrs = {key: getattr(press, key) for key in entry["setup"]}
+                    if "prefix_length" in dir(press):
+                        attrs.setdefault("prefix_length", press.prefix_length)
+                    for key, value in entry["setup"].items():
+                        setattr(press, key, value)
                     model(input_ids=ids, past_key_values=cache, use_cache=True)
-                kept, inexact = READERS[entry["kept"]](cache, full, ids)
-                row = {"kept": kept, "inexact": inexact}
+                kept, inexact = READERS[entry["kept"]](cache, full, ids.shape[1])
+                row = {"kept": kept, "inexact": inexact, "attrs": attrs}
                 if scores:
-                    row["scores"] = [scores[i] for i in range(len(full))]
+                    row["scores"] = [scores[i] for i in range(len(layers))]
                 result.setdefault(name, {}).setdefault(str(ratio), []).append(row)
                 print(f"prompt {p}: {name} ratio {ratio} done", flush=True)
 json.dump(result, open(spec["out"], "w"))
 """
-
-
-def budget_for(n: int, ratio: float) -> int:
-    """kvpress's ``compute_n_kept``: the tokens a ScorerPress keeps per head at ``ratio``."""
-    return max(1, int(n * (1 - ratio)))
 
 
 def prompts_from_corpus(tokenizer, count: int, length: int) -> list[list[int]]:
@@ -151,6 +213,19 @@ def prompts_from_corpus(tokenizer, count: int, length: int) -> list[list[int]]:
         raise SystemExit(f"error: the corpus gives {len(ids)} tokens, fewer than {count} x {length}")
     step = (len(ids) - length) // max(1, count)
     return [ids[i * step : i * step + length] for i in range(count)]
+
+
+def chat_prefix_ids(tokenizer) -> list[int]:
+    """The chat template's prefix as kvpress's pipeline and KVzipPress cut it (none without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    dummy = "dummy context"
+    separator = "\n" + "#" * len(dummy)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": dummy + separator}], add_generation_prompt=True, tokenize=False
+    )
+    prefix = text.split(separator)[0].split(dummy)[0]
+    return tokenizer(prefix, add_special_tokens=False)["input_ids"]
 
 
 def ours(model, name: str, params: dict, prompts, ratios) -> dict:
@@ -175,53 +250,11 @@ def ours(model, name: str, params: dict, prompts, ratios) -> dict:
     return out
 
 
-def compare(mine: dict, theirs: dict, n: int, tie_tol: float) -> list[dict]:
-    """Per ratio: identical share, swapped tokens, and how many differing heads are near-ties."""
-    table = []
-    for ratio, rows in mine.items():
-        heads = identical = ties = 0
-        swaps: list[int] = []
-        gaps: list[float] = []
-        for a_layers, b_row in zip(rows, theirs[ratio]):
-            for l, (a_heads, b_heads) in enumerate(zip(a_layers, b_row["kept"])):
-                for h, (a, b) in enumerate(zip(a_heads, b_heads)):
-                    heads += 1
-                    diff = set(a) ^ set(b)
-                    if not diff:
-                        identical += 1
-                        continue
-                    swaps.append(len(set(a) - set(b)))
-                    scores = b_row.get("scores")
-                    if scores is not None:
-                        gaps.append(cutoff_gap(scores[l][h], len(b), diff))
-                        ties += gaps[-1] <= tie_tol
-        table.append(
-            {
-                "ratio": float(ratio),
-                "budget": budget_for(n, float(ratio)),
-                "heads": heads,
-                "identical": identical,
-                "identical_share": identical / heads,
-                "differing": len(swaps),
-                "near_ties": ties,
-                "swapped_mean": sum(swaps) / len(swaps) if swaps else 0.0,
-                "swapped_max": max(swaps, default=0),
-                "max_cutoff_gap": max(gaps, default=0.0),
-                "inexact_matches": sum(row["inexact"] for row in theirs[ratio]),
-            }
-        )
-    return table
-
-
-def cutoff_gap(scores: list[float], kept: int, diff: set[int]) -> float:
-    """How far the tokens in ``diff`` lie from kvpress's cut-off (its ``kept``-th largest score), at
-    most, relative to the head's score range (10th to 90th percentile, so padded sinks do not count).
-    Near zero: the sides disagree only on tokens whose scores tie up to float rounding."""
-    ordered = sorted(scores, reverse=True)
-    tenth = len(ordered) // 10
-    spread = (ordered[tenth] - ordered[-tenth - 1]) or 1.0
-    cut = ordered[kept - 1]
-    return max(abs(scores[i] - cut) for i in diff) / spread
+def selected_checks(names: list[str]) -> tuple[list[str], list[str]]:
+    """The checks named, or of the patterns named (``kvzip`` selects every kvzip check); unknown names."""
+    chosen = [c for c, p in PRESSES.items() if c in names or (p.pattern or c) in names]
+    known = set(PRESSES) | {p.pattern for p in PRESSES.values() if p.pattern}
+    return chosen, [n for n in names if n not in known]
 
 
 def main(argv=None) -> int:
@@ -229,7 +262,9 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", required=True, help="a local HF checkpoint directory (e.g. smollm2-135m-*)")
-    ap.add_argument("--patterns", default=",".join(PRESSES), help=f"comma-separated, of: {', '.join(PRESSES)}")
+    ap.add_argument(
+        "--patterns", default=",".join(PRESSES), help=f"comma-separated checks or patterns, of: {', '.join(PRESSES)}"
+    )
     ap.add_argument("--ratios", default="0.25,0.5,0.75,0.9", help="kvpress compression ratios (default %(default)s)")
     ap.add_argument("--prompts", type=int, default=2, help="prompts (corpus windows) per check (default 2)")
     ap.add_argument("--prompt-len", type=int, default=512, help="tokens per prompt (default 512)")
@@ -241,7 +276,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, help="where the exchange files go (default: a temporary directory)")
     args = ap.parse_args(argv)
     names = [p.strip() for p in args.patterns.split(",") if p.strip()]
-    unknown = [p for p in names if p not in PRESSES]
+    checks, unknown = selected_checks(names)
     if unknown or not names:
         ap.error(f"unknown pattern(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(PRESSES)}")
     try:
@@ -254,21 +289,33 @@ def main(argv=None) -> int:
         ap.error("--prompts must be >= 1 and --prompt-len >= 16")
 
     from polykv_search.models import load_model
+    from polykv_search.patterns import PATTERNS
 
     model, tokenizer = load_model(args.model, attn_implementation="sdpa")
-    prompts = prompts_from_corpus(tokenizer, args.prompts, args.prompt_len)
-    mine = {name: ours(model, name, PRESSES[name].params, prompts, ratios) for name in names}
-    print(f"polykv-search side done: {len(names)} pattern(s) x {len(ratios)} ratio(s) x {len(prompts)} prompt(s)")
+    windows = prompts_from_corpus(tokenizer, args.prompts, args.prompt_len)
+    prefix = chat_prefix_ids(tokenizer)
+    prompts = {c: [prefix + w for w in windows] if PRESSES[c].chat_prefix else windows for c in checks}
+    mine = {}
+    for c in checks:
+        entry = PRESSES[c]
+        mine[c] = ours(model, entry.pattern or c, entry.params, prompts[c], ratios)
+        print(f"polykv-search side done: {c}", flush=True)
 
     python = ensure_venv(args.venv, args.kvpress, args.torch)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="polykv-kvpress-patterns-"))
     work.mkdir(parents=True, exist_ok=True)
     spec = {
         "model": str(Path(args.model).expanduser()),
-        "prompts": prompts,
         "ratios": ratios,
-        "patterns": {
-            n: {"press": PRESSES[n].press, "kwargs": PRESSES[n].kwargs, "kept": PRESSES[n].kept} for n in names
+        "checks": {
+            c: {
+                "press": PRESSES[c].press,
+                "kwargs": PRESSES[c].kwargs,
+                "kept": PRESSES[c].kept,
+                "setup": PRESSES[c].setup,
+                "prompts": prompts[c],
+            }
+            for c in checks
         },
         "out": str(work / "kvpress_kept.json"),
     }
@@ -280,34 +327,63 @@ def main(argv=None) -> int:
     theirs = json.loads((work / "kvpress_kept.json").read_text())
 
     report, ok = {}, True
-    print(f"\n{len(prompts)} prompt(s) of {args.prompt_len} tokens, {model.config.num_hidden_layers} layers")
-    for name in names:
-        table = compare(mine[name], theirs[name], args.prompt_len, args.tie_tol)
-        report[name] = table
-        print(f"\n== {name} vs kvpress {PRESSES[name].press}")
-        print(f"{'ratio':>6} {'budget':>6} {'identical':>16} {'differing':>9} {'near-ties':>9} {'swapped':>13} max gap")
-        for r in table:
-            ident = f"{r['identical']}/{r['heads']} ({100 * r['identical_share']:.1f}%)"
-            swapped = f"{r['swapped_mean']:.2f} (max {r['swapped_max']})"
-            print(
-                f"{r['ratio']:>6} {r['budget']:>6} {ident:>16} {r['differing']:>9} {r['near_ties']:>9} "
-                f"{swapped:>13} {r['max_cutoff_gap']:.1e}"
-            )
-            if r["inexact_matches"]:
-                print(f"       ({r['inexact_matches']} head(s) matched kvpress's kept keys only approximately)")
-            ok &= r["near_ties"] == r["differing"]
-        differing = sum(r["differing"] for r in table)
-        ties = sum(r["near_ties"] for r in table)
-        verdict = (
-            "PASS: identical kept sets"
-            if differing == 0
-            else f"PASS: {differing} differing head(s), all near-ties (float rounding at the cut-off)"
-            if ties == differing
-            else f"FAIL: {differing - ties} differing head(s) are not near-ties"
-        )
-        print(f"== {name}: {verdict}")
+    print(f"\n{len(windows)} prompt(s) of {args.prompt_len} tokens, {model.config.num_hidden_layers} layers")
+    print("J(diff): mean Jaccard of the differing heads' sets; J(layer): of each layer's (head, token) pairs;")
+    print("common: share of our kept tokens that kvpress keeps too; kept/head: ours/kvpress's, mean")
+    for c in checks:
+        entry = PRESSES[c]
+        n = len(prompts[c][0])
+        kind = "" if entry.same else " (a measured difference, no verdict)"
+        note = f": {entry.note}" if entry.note else ""
+        print(f"\n== {c}: {entry.pattern or c} vs kvpress {entry.press}{kind}{note}")
+        masked = entry.kept == "masked"
+        # a masked press's heads keep different numbers of tokens: its own kept sets are compared for
+        # overlap only, and its scores, ranked by our rule, decide
+        plain = {r: [{k: v for k, v in x.items() if k != "scores"} for x in rows] for r, rows in theirs[c].items()}
+        as_kept = compare(mine[c], plain if masked else theirs[c], n, args.tie_tol)
+        row = {
+            "pattern": entry.pattern or c,
+            "press": entry.press,
+            "kwargs": entry.kwargs,
+            "params": entry.params,
+            "setup": entry.setup,
+            "press_defaults": theirs[c][str(ratios[0])][0].get("attrs", {}),
+            "prompt_tokens": n,
+            "same": entry.same,
+            "note": entry.note,
+            "as_kept": as_kept,
+        }
+        decisive, n_sink = as_kept, 0
+        if masked:
+            print_table("-- kvpress's own selection (its masks)", as_kept)
+            pattern = PATTERNS[entry.pattern or c](**entry.params)
+            n_sink = getattr(pattern, "n_sink", 0)
+            decisive = row["top_b"] = compare(mine[c], top_b_side(theirs[c], n, n_sink), n, args.tie_tol)
+            print_table("-- kvpress's scores, our rule (per head top-b, first n_sink kept)", decisive)
+        else:
+            print_table("-- kept sets", as_kept)
+        if entry.chat_prefix and n_sink < len(prefix):
+            # the chat template's prefix past the sinks: kvpress's pass neither repeats nor scores it
+            lo, hi = n_sink, len(prefix)
+            shares = {
+                r: [kept_share(mine[c][r], lo, hi), kept_share([x["kept"] for x in rows], lo, hi)]
+                for r, rows in theirs[c].items()
+            }
+            row["prefix_tokens"], row["prefix_kept_share_ours_theirs"] = hi, shares
+            print(f"-- the template's prefix tokens {lo}..{hi - 1}, share kept (ours, kvpress's): {shares}")
+        good, words = verdict(decisive)
+        row["verdict"] = words
+        if entry.same:
+            ok &= good
+            print(f"== {c}: {'PASS' if good else 'FAIL'}: {words}")
+        else:
+            print(f"== {c}: {words}")
+        report[c] = row
     if args.json:
-        args.json.write_text(json.dumps({"prompt_len": args.prompt_len, "prompts": len(prompts), "patterns": report}))
+        out = {"prompt_len": args.prompt_len, "prompts": len(windows), "ratios": ratios, "checks": report}
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1))
+        tmp.replace(args.json)  # atomic: never a half-written file
     print("\nsummary: " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 

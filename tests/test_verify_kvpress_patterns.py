@@ -24,27 +24,67 @@ def script():
     sys.modules.pop(spec.name, None)
 
 
-def test_budget_is_kvpress_compute_n_kept(script):
+@pytest.fixture(scope="module")
+def kept(script):
+    """scripts/kvpress_kept.py, the script's comparison helpers (importable once the script is loaded)."""
+    import kvpress_kept
+
+    return kvpress_kept
+
+
+def test_budget_is_kvpress_compute_n_kept(kept):
     # kvpress: max(1, int(k_len * (1 - compression_ratio)))
-    assert [script.budget_for(512, r) for r in (0.1, 0.25, 0.5, 0.75, 0.9, 0.97)] == [460, 384, 256, 128, 51, 15]
-    assert script.budget_for(10, 0.99) == 1
+    assert [kept.budget_for(512, r) for r in (0.1, 0.25, 0.5, 0.75, 0.9, 0.97)] == [460, 384, 256, 128, 51, 15]
+    assert kept.budget_for(10, 0.99) == 1
 
 
 def test_every_mapped_pattern_is_registered(script):
-    assert set(script.PRESSES) <= set(PATTERNS)
+    assert {p.pattern or name for name, p in script.PRESSES.items()} <= set(PATTERNS)
     assert {p.kept for p in script.PRESSES.values()} <= {"cache", "masked"}
+    for name, press in script.PRESSES.items():  # our parameters are valid for our pattern
+        PATTERNS[press.pattern or name](**press.params)
 
 
-def test_compare_counts_identical_heads_and_near_ties(script):
+def test_checks_are_picked_by_name_or_by_pattern(script):
+    every_kvzip = [c for c, p in script.PRESSES.items() if (p.pattern or c) == "kvzip"]
+    assert len(every_kvzip) >= 2 and script.selected_checks(["kvzip"]) == (every_kvzip, [])
+    assert script.selected_checks(["kvzip-global", "keydiff"]) == (["keydiff", "kvzip-global"], [])
+    assert script.selected_checks(["snapkv"]) == ([], ["snapkv"])
+
+
+def test_top_b_from_scores_is_our_rule_sinks_first_ties_to_the_older_token(kept):
+    # one layer, two heads of 6 tokens; n_sink 1, budget 3
+    scores = [[[0.0, 0.5, 0.2, 0.5, 0.9, 0.1], [0.7, 0.1, 0.1, 0.1, 0.0, 0.3]]]
+    got = kept.top_b_from_scores(scores, 3, 1)
+    assert got["kept"] == [[[0, 1, 4], [0, 1, 5]]]  # head 0: the tie 1/3 goes to 1; head 1: sink + 0.3 + older 0.1
+    assert got["scores"][0][0][0] == pytest.approx(1.9)  # sinks raised to the head's max + 1
+    assert got["scores"][0][1][0] == pytest.approx(1.7)
+    assert kept.top_b_from_scores(scores, 1, 4)["kept"] == [[[0], [0]]]  # budget below the sinks: oldest first
+
+
+def test_compare_measures_overlap_when_budgets_differ_between_heads(kept):
+    # a masked press: the layer keeps 6 tokens, 4 in head 0 and 2 in head 1; we keep 3 and 3
+    mine = {"0.5": [[[[0, 1, 2], [0, 3, 4]]]]}
+    theirs = {"0.5": [{"kept": [[[0, 1, 2, 5], [0, 3]]]}]}
+    (row,) = kept.compare(mine, theirs, 6, tie_tol=1e-4)
+    assert (row["identical"], row["differing"], row["near_ties"]) == (0, 2, 0)
+    assert row["jaccard_differing"] == pytest.approx((3 / 4 + 2 / 3) / 2)
+    assert row["layer_jaccard"] == pytest.approx(5 / 7)  # 5 (head, token) pairs in common of 7
+    assert row["common_share"] == pytest.approx(5 / 6)
+    assert row["kept_per_head_theirs"] == 3.0 and row["theirs_head_range"] == [2, 4]
+    assert kept.kept_share(mine["0.5"], 1, 3) == 0.5  # slots 1, 2 of 2 heads: head 0 keeps both, head 1 neither
+
+
+def test_compare_counts_identical_heads_and_near_ties(kept):
     # one prompt, one layer, two heads of 6 tokens, budget 3 (ratio 0.5)
     mine = {"0.5": [[[[0, 1, 2], [0, 3, 4]]]]}  # [prompt][layer][head] kept positions
     scores = [[[5.0, 4.0, 3.0, 1.0, 0.0, -1.0], [9.0, 1.0, 1.0 + 1e-9, 2.0, 0.5, 0.0]]]
     theirs = {"0.5": [{"kept": [[[0, 1, 2], [0, 2, 3]]], "scores": scores, "inexact": 0}]}
-    (row,) = script.compare(mine, theirs, 6, tie_tol=1e-4)
+    (row,) = kept.compare(mine, theirs, 6, tie_tol=1e-4)
     assert (row["budget"], row["heads"], row["identical"], row["differing"]) == (3, 2, 1, 1)
     assert row["swapped_max"] == 1 and row["near_ties"] == 0  # token 4 (0.5) is far from the cut (1.0)
     theirs["0.5"][0]["scores"][0][1] = [9.0, 1.0, 1.0 + 1e-9, 2.0, 1.0, 0.0]  # now 2 and 4 tie with the cut
-    (row,) = script.compare(mine, theirs, 6, tie_tol=1e-4)
+    (row,) = kept.compare(mine, theirs, 6, tie_tol=1e-4)
     assert row["near_ties"] == 1 and row["max_cutoff_gap"] < 1e-4
 
 

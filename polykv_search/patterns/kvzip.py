@@ -54,28 +54,56 @@ class KVzip(Pattern):
     Parameters
     ----------
     n_sink : int
-        Oldest tokens always kept (kvpress scores its first 4 tokens as 1, i.e. kept).
+        Oldest tokens always kept (kvpress raises its first 4 tokens' scores above all others, i.e. kept).
     chunk_size : int
         Prompt tokens reconstructed per pass call (kvpress: 2,048). Each chunk repeats its slice of the
-        prompt; the queries' softmax runs over the whole cache (kvpress: sinks + the chunk + the repeat
-        tokens only), so the two agree for prompts of at most one chunk.
+        prompt; its queries score *every* prompt token, with the softmax over the whole cache (the prompt
+        and the pass's own tokens so far). kvpress scores a chunk's tokens by that chunk's queries only,
+        with the softmax over the 4 sinks, the chunk and its repeat tokens. The two agree for prompts of
+        at most one chunk (measured below).
     query_chunk : int
         Reconstruction queries scored at once, at most (memory and speed, not results).
 
     Notes
     -----
-    * Prefill: the deferred eviction after the pass, as in the paper (per layer and KV head, the
-      paper's ``layerwise`` setting; the cross-layer allocation is the solvers' job).
+    * Prefill: the deferred eviction after the pass, every KV head of every layer keeping its own top
+      ``budget`` (the cross-head and cross-layer allocation is the solvers' job). kvpress's
+      ``KVzipPress`` drops its lowest scores over several heads at once: with ``layerwise=True`` over
+      the heads of each layer (``int(Hkv * n * ratio)`` per layer), with its default
+      ``layerwise=False`` over all layers and heads; its heads then keep different numbers of tokens.
     * Decoding, which has no reconstruction pass: prompt tokens keep their pass scores and every
       token appended after the pass ranks above them, newest first. So kvzip in decoding evicts the
       least-reconstructed prompt tokens first and appended tokens (question, answer) only when the
       budget cannot hold them all (kvpress never evicts appended tokens at all). The pass runs for
       a strategy that uses kvzip in either phase.
-    * kvpress also scores the chat template's prefix as kept; here the prompt is repeated whole.
+    * The chat template: here the prompt is repeated and scored whole. kvpress 0.5.5 counts the
+      template's prefix (``prefix_length``, 24 tokens on SmolLM2) out of the pass: it is not repeated,
+      its tokens past the 4 sinks keep score 0, so they are evicted first, and they are left out of the
+      score's softmax.
     * A query's attention to a key is ``exp(logit - lse)``: where the pass's kernel hands over its
       log-sum-exp ``lse`` (SDPA on CPU, :func:`note_kernel_lse`), only the prompt's logits are computed
       and the maximum is taken before the exponential; elsewhere the probabilities are recomputed. The
       two agree to float rounding, with the same kept sets (``tests/test_kvzip_fast.py``).
+    * Checked against kvpress 0.5.5's ``KVzipPress`` on SmolLM2 (``scripts/verify_kvpress_patterns.py
+      --patterns kvzip``; 3 prompts of 512 tokens, compression ratios 0.5, 0.75 and 0.9, i.e. budgets
+      256, 128 and 51; 270 (prompt, layer, KV head) sets per ratio; ``docs/study_kvzip.md``):
+
+      - *The scores are the same.* kvpress fed the raw prompt (its ``prefix_length`` set to 0), one
+        chunk; its ``score_val`` ranked by the rule here (per head top-``b``, first 4 kept): 809 of 810
+        kept sets identical; the other swaps one token for another of the very same float32 kvpress
+        score (a tie that float rounding here orders the other way).
+      - *kvpress's own selection differs by its allocation.* ``layerwise=True`` (the closest setting):
+        its heads keep 4 to 512 tokens; identical sets 0, 0 and 4 of 270; Jaccard index of each layer's
+        kept (head, token) pairs 0.71, 0.59, 0.53; share of the tokens kept here that kvpress keeps too
+        82 %, 71 %, 67 % (ratios 0.5, 0.75, 0.9). ``layerwise=False`` (its default; layers keep 4 to 451
+        tokens per head on average): Jaccard 0.64, 0.39, 0.21; tokens in common 78 %, 56 %, 34 %.
+      - *Chunking differs* (see ``chunk_size``; both sides ``chunk_size=128``, 4 chunks, kvpress's
+        scores ranked by the rule here): no identical set; Jaccard 0.79, 0.71, 0.65; tokens in common
+        88.0 %, 82.5 %, 78.8 %.
+      - *The chat template's prefix differs* (24 prefix tokens + 512, kvpress's own
+        ``prefix_length``): prefix tokens 4..23 kept 48.3 %, 26.5 %, 12.1 % here, never by kvpress; from
+        kvpress's scores, Jaccard 0.72, 0.63, 0.58 (its pass repeats the 512 tokens after the prefix,
+        the one here all 536, so the two passes' queries differ too).
     """
 
     name: ClassVar[str] = "kvzip"
