@@ -99,8 +99,9 @@ def prefill_press(choice: LayerChoice) -> Press | None:
             (
                 "kvpress's KVzipPress runs its own reconstruction pass: the softmax of a chunk's queries covers "
                 "the sinks, that chunk and the repeat tokens only (polykv-search: the whole cache; the same for "
-                "prompts of one chunk), the chat template's prefix is kept, and its sinks are fixed at 4 "
-                f"(n_sink={p['n_sink']} here)",
+                "prompts of one chunk); its pass neither repeats nor scores the chat template's prefix (evicted "
+                "first past the sinks, which are fixed at 4: "
+                f"n_sink={p['n_sink']} here), and layerwise=True splits each layer's budget across its heads",
             ),
         )
     if name == "random":
