@@ -48,10 +48,11 @@ def jobs(tok, n: int = 90):
     return forced, gen
 
 
-def run_both(model, es, job, *, batch_entries=16, decode_interval=1):
+def run_both(model, es, job, *, batch_entries=16, decode_interval=1, split=None):
     reference = per_entry.run_sample(model, es, job, decode_interval=decode_interval)
     with apply_strategy(model, Strategy.full(L), decode_interval=decode_interval) as rt:
-        scorer = SharedScorer(model, rt, [strategy_plans(e.strategy) for e in es], batch_entries=batch_entries)
+        plans = [strategy_plans(e.strategy) for e in es]
+        scorer = SharedScorer(model, rt, plans, batch_entries=batch_entries, split=split)
         shared = scorer.run(job)
     return reference, shared
 

@@ -6,6 +6,7 @@ from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan, eviction_target
 from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
 from polykv_search.runtime.row_batch import RowBatchLayer
+from polykv_search.runtime.row_split import RowSplitLayer
 from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy, strategy_plans
 from polykv_search.runtime.stacked import FanoutLayer, StackedLayer
 
@@ -20,6 +21,7 @@ __all__ = [
     "PolyKVCache",
     "PolyKVRuntime",
     "RowBatchLayer",
+    "RowSplitLayer",
     "RuntimeLayer",
     "StackedLayer",
     "UnsupportedModelError",

@@ -28,42 +28,45 @@ from polykv_search.runtime import (
     PhasePlan,
     PolyKVCache,
     RowBatchLayer,
+    RowSplitLayer,
     cache_report,
 )
 from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan
 from polykv_search.runtime.reconstruction import needs_pass
+from polykv_search.runtime.row_split import SPLIT_MIN_SAVING, best_split, layer_slots
 from polykv_search.scoring.job import SampleJob, SampleOutcome
 
 Plans = Sequence[tuple[PhasePlan, PhasePlan]]
 
 
-def plan_groups(lengths: Sequence[Sequence[int]], max_rows: int, fixed_cost: float) -> list[list[int]]:
+def plan_groups(
+    lengths: Sequence[Sequence[int]], max_rows: int, fixed_cost: float, split: int | None = None
+) -> list[list[int]]:
     """Split rows into decoding batches by a cost model, deterministically.
 
     ``lengths[r][l]``: tokens row r holds in layer l. A batch costs ``fixed_cost`` (reading the
-    weights, in token-layer units) plus, for every layer, its longest row times its row count (rows
-    are right-padded to the longest). Rows are taken from the shortest; a row joins the current batch
-    when that is no dearer than a batch of its own, and while the batch has fewer than ``max_rows``.
+    weights, in token-layer units) plus, for every layer, the slots its kernel attends over: rows are
+    right-padded to the longest, or (``split``: a :func:`~polykv_search.runtime.row_split.best_split`
+    minimum saving; None: never) cut into two parts padded to their own longest
+    (:class:`~polykv_search.runtime.RowSplitLayer`). Rows are taken from the shortest; a row joins the
+    current batch when that is no dearer than a batch of its own, and while the batch has fewer than
+    ``max_rows``.
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be positive, got {max_rows!r}")
 
-    def cost(n: int, longest: Sequence[int]) -> float:
-        return fixed_cost + n * sum(longest)
+    def cost(rows: Sequence[int]) -> float:
+        return fixed_cost + sum(layer_slots([lengths[r][l] for r in rows], split) for l in range(len(lengths[rows[0]])))
 
     groups: list[list[int]] = []
     current: list[int] = []
-    longest: list[int] = []
     for r in sorted(range(len(lengths)), key=lambda r: (sum(lengths[r]), r)):
-        if current and len(current) < max_rows:
-            merged = [max(a, b) for a, b in zip(longest, lengths[r])]
-            if cost(len(current) + 1, merged) <= cost(len(current), longest) + cost(1, lengths[r]):
-                current.append(r)
-                longest = merged
-                continue
+        if current and len(current) < max_rows and cost([*current, r]) <= cost(current) + cost([r]):
+            current.append(r)
+            continue
         if current:
             groups.append(current)
-        current, longest = [r], list(lengths[r])
+        current = [r]
     if current:
         groups.append(current)
     return groups
@@ -79,6 +82,10 @@ class SharedScorer:
         Per entry, the ``(prefill, decoding)`` plan of every layer (:func:`~polykv_search.runtime.strategy_plans`).
     batch_entries
         Rows per decoding batch at most (memory cap).
+    split
+        A decoding batch's rows may be cut in two parts, each padded to its own longest row (e.g. a
+        FullKV row beside short ones), when that saves at least this many padded slots in a layer
+        (:func:`~polykv_search.runtime.row_split.best_split`); None: one padded store per batch.
     head_groups
         Per entry, its layers split into head groups (:func:`~polykv_search.runtime.runtime.strategy_head_groups`;
         none by default). Such an entry shares the context call (each group of a row observes with its own
@@ -93,6 +100,7 @@ class SharedScorer:
         *,
         batch_entries: int = 16,
         head_groups: Sequence[dict[int, list[HeadGroupPlan]]] | None = None,
+        split: int | None = SPLIT_MIN_SAVING,
     ):
         self.model = model
         self.runtime = runtime
@@ -101,6 +109,7 @@ class SharedScorer:
         if len(self.head_groups) != len(self.plans):
             raise ValueError(f"{len(self.head_groups)} head-group maps for {len(self.plans)} entries")
         self.batch_entries = batch_entries
+        self.split = split
         self.caller = _Caller(model)
         self.num_layers = runtime.spec.num_layers
         self.full_rows = [
@@ -131,20 +140,27 @@ class SharedScorer:
             for l, layer in enumerate(rows[0]):
                 layer._on_update = self.runtime.layer_kwargs(l)["on_update"]
             return PolyKVCache(list(rows[0]))
-        return PolyKVCache(
-            [RowBatchLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
-        )
+        layers = []
+        for l in range(self.num_layers):
+            members, kwargs = [r[l] for r in rows], self.runtime.layer_kwargs(l)
+            cut = None if self.split is None else best_split([m.length for m in members], self.split)
+            layers.append(
+                RowBatchLayer(l, members, **kwargs) if cut is None else RowSplitLayer(l, members, cut, **kwargs)
+            )
+        return PolyKVCache(layers)
 
     def _groups(self, rows: Sequence[list[EvictingLayer]]) -> list[list[int]]:
         """Decoding batches: :func:`plan_groups` over the layer-level rows, each row with head groups alone."""
         plain = [i for i, row in enumerate(rows) if not _split(row)]
-        batches = plan_groups([[layer.length for layer in rows[i]] for i in plain], self.batch_entries, self.fixed_cost)
+        batches = plan_groups(
+            [[layer.length for layer in rows[i]] for i in plain], self.batch_entries, self.fixed_cost, self.split
+        )
         return [[plain[j] for j in batch] for batch in batches] + [[i] for i, row in enumerate(rows) if _split(row)]
 
     @staticmethod
     def _write_back(cache: PolyKVCache) -> None:
         for layer in cache.layers:
-            if isinstance(layer, RowBatchLayer):
+            if isinstance(layer, (RowBatchLayer, RowSplitLayer)):
                 layer.write_back()
             else:  # a row's own layer, decoded alone: detach it again
                 layer._on_update = None

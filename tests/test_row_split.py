@@ -1,0 +1,57 @@
+"""A decoding batch cut into two parts, each padded to its own longest row (RowSplitLayer), keeps every
+row's tokens, predictions and logits exactly as the per-entry path does; the cut and the batch plan
+follow the padded-slot cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from polykv_search.runtime import RowSplitLayer
+from polykv_search.runtime.row_split import best_split, layer_slots
+from polykv_search.scoring import shared as shared_module
+from polykv_search.scoring.shared import plan_groups
+from tests.test_eval_support import char_tokenizer
+from tests.test_scoring_engines import assert_same, entries, jobs, run_both
+from tests.tiny import FAMILIES, tiny_model
+
+
+def test_best_split_cuts_where_padding_costs_most_and_only_when_it_pays():
+    # ten 64-token rows and one 2,048-token row: 11 x 2,048 padded vs 10 x 64 + 2,048 split
+    assert best_split([64] * 10 + [2048], min_saving=4096) == 10
+    assert layer_slots([64] * 10 + [2048], 4096) == 10 * 64 + 2048
+    assert layer_slots([64] * 10 + [2048], None) == 11 * 2048
+    assert best_split([64, 2048, 64], min_saving=0) in (1, 2)  # the first best cut
+    assert best_split([64, 70, 66], min_saving=4096) is None  # saves 12 slots: one padded part
+    assert best_split([64], min_saving=0) is None  # one row: nothing to cut
+
+
+def test_plan_groups_puts_a_long_row_in_the_batch_when_a_split_layer_serves_it():
+    short, long = [16, 16, 16], [400, 400, 400]
+    assert plan_groups([short, short, long], max_rows=8, fixed_cost=100) == [[0, 1], [2]]  # padded: apart
+    assert plan_groups([short, short, long], max_rows=8, fixed_cost=100, split=64) == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
+def test_split_batches_equal_the_per_entry_path(family, kind, monkeypatch):
+    built = []
+
+    class Spy(RowSplitLayer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(shared_module, "RowSplitLayer", Spy)
+    model, tok = tiny_model(family), char_tokenizer()
+    forced, gen = jobs(tok)
+    job = forced if kind == "teacher_forced" else gen
+    reference, shared = run_both(model, entries(), job, split=0)
+    assert built  # the split path ran
+    assert_same(reference, shared, job)
+
+
+def test_split_batches_with_decode_interval_and_eos_equal_the_per_entry_path():
+    model, tok = tiny_model("llama"), char_tokenizer()
+    _, gen = jobs(tok)
+    reference, shared = run_both(model, entries(), gen, decode_interval=3, split=0)
+    assert_same(reference, shared, gen)
