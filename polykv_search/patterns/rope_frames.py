@@ -33,8 +33,13 @@ def _signed(s: torch.Tensor) -> torch.Tensor:
     return torch.cat((-s[..., :half], s[..., half:]), dim=-1)
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter (inference tensors keep none: they are treated as fixed)."""
+    return None if t.is_inference() else t._version
+
+
 def _remembered(kind: str, cos: torch.Tensor, sin: torch.Tensor, device, build) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (kind, id(cos), id(sin), cos._version, sin._version, str(device))
+    key = (kind, id(cos), id(sin), _version(cos), _version(sin), str(device))
     with _lock:
         hit = _memo.get(key)
     if hit is not None and hit[0] is cos and hit[1] is sin:
