@@ -6,12 +6,15 @@ Distribution", 2025, https://arxiv.org/abs/2510.00636
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
-from polykv_search.patterns.base import LayerView, Pattern, protected_ends
+from polykv_search.patterns.base import POS_INF, LayerView, Pattern, protected_ends
+from polykv_search.patterns.rope_frames import rotate_back, unrotate, unrotate_one
 from polykv_search.patterns.state import PatternState
 
 
@@ -50,25 +53,33 @@ class ExpectedAttention(Pattern):
       attention function sees are after the q-norm, so the statistics are of ``q_norm(W_q h)``, as in
       kvpress's ``get_prerope_query_states``. Sequence indices stand for RoPE positions: a left-padded
       row's constant shift cancels between un-rotating and rotating ahead.
-    * Statistics are running sums (``state.row``, float64) of every query the layer has observed: the
+    * Statistics are running (``state.row``, float64) over every query the layer has observed: the
       prompt and, in decoding, each generated token, so decoding evictions use all of them (kvpress's
-      ``DecodingPress`` re-estimates from its buffer of recent hidden states instead).
+      ``DecodingPress`` re-estimates from its buffer of recent hidden states instead). They are the
+      count, the mean and the centered sum of outer products, merged per call (Welford's update; Chan
+      et al.'s for a multi-token call), so that a score needs no cancellation of its own.
     * The score's scale is ``1/sqrt(D)`` as in the paper and kvpress (the model's own attention scale
       for every supported architecture). Until a row has a query past its sinks, its mean and
       covariance are zero (uniform expected attention).
     * kvpress protects the first ``n_sink`` prompt positions by giving them the maximum score; here
       they are protected tokens (the same kept set), and in decoding the oldest ``n_sink`` cached
       real tokens play that role.
-    * Cost: ``O(n Hq D^2)`` per eviction for the covariance term (as kvpress's), ``O(q Hq D^2)`` per
-      call for the running sums; the scores rotate the keys back (``R^T k``) instead of rotating the
-      statistics ahead, which is the same number.
+    * Cost: ``O(n Hq D^2)`` per eviction for the covariance term (as kvpress's: one ``[n, D] x [D, g D]``
+      product per KV head and a dot with the key), ``O(q Hq D^2)`` per call for the statistics; the
+      scores rotate the keys back (``R^T k``) instead of rotating the statistics ahead, which is the same
+      number. Decoding is the hot path (an eviction per step at the default interval): per step the
+      statistics take one rank-1 update, the covariances one scaled copy to fp32, and the value norms
+      follow the cache in ``state.token`` (computed once per token); a one-token drop is chosen
+      without the full selection key. ``tests/test_expected_attention_fast.py`` holds all of it to the
+      previous, plainer implementation (``tests/expected_attention_reference.py``): the same kept sets.
     * Checked against kvpress 0.5.5's ``ExpectedAttentionPress`` on SmolLM2
       (``scripts/verify_kvpress_patterns.py``): after prefill, 1,619 of 1,620 (layer, KV head) kept sets
       are identical (3 prompts of 512 tokens, compression ratios 0.1 to 0.97); the other swaps one
       token whose kvpress score lies 7e-8 of the head's score range from kvpress's cut-off, a float
-      rounding tie (the statistics here are float64 running sums of un-rotated queries, kvpress's are
-      float32 from ``q_proj``). kvpress compresses the prompt only; the decoding phase here is this
-      project's (see the statistics note above).
+      rounding tie (the statistics here are float64 running statistics of un-rotated queries,
+      kvpress's are float32 from ``q_proj``; checked with the previous running sums, which
+      ``tests/test_expected_attention_fast.py`` holds this implementation to). kvpress compresses
+      the prompt only; the decoding phase here is this project's (see the statistics note above).
     """
 
     name: ClassVar[str] = "expected_attention"
@@ -92,66 +103,176 @@ class ExpectedAttention(Pattern):
     # ------------------------------------------------------------------ statistics
     def pre_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
         b, hq, q, d = query.shape
-        if "count" not in state.row:
-            state.row["real_seen"] = torch.zeros(b, dtype=torch.float64, device=query.device)
-            state.row["count"] = torch.zeros(b, dtype=torch.float64, device=query.device)
-            state.row["q_sum"] = torch.zeros(b, hq, d, dtype=torch.float64, device=query.device)
+        row = state.row
+        if "mean" not in row:
+            for name in ("real_seen", "count"):
+                row[name] = torch.zeros(b, dtype=torch.float64, device=query.device)
+            row["mean"] = torch.zeros(b, hq, d, dtype=torch.float64, device=query.device)
             if self.use_covariance:
-                state.row["q_outer"] = torch.zeros(b, hq, d, d, dtype=torch.float64, device=query.device)
-        cos, sin = (t.to(query.device, torch.float64) for t in layer.rotary_cos_sin(layer.query_range))
-        post = query.double()
-        pre = (post * cos - _rotate_half(post) * sin) / (cos * cos + sin * sin)  # [B, Hq, q, D]
+                row["m2"] = torch.zeros(b, hq, d, d, dtype=torch.float64, device=query.device)
+        cos, sin = layer.rotary_cos_sin(layer.query_range)
         real = layer.query_valid(q)
-        real = torch.ones(b, q, dtype=torch.float64, device=query.device) if real is None else real.double()
-        rank = state.row["real_seen"][:, None] + real.cumsum(-1) - 1  # among the row's real tokens
-        weight = real * (rank >= self.n_sink)  # [B, q]
-        state.row["real_seen"] = state.row["real_seen"] + real.sum(-1)
-        state.row["count"] = state.row["count"] + weight.sum(-1)
-        weighted = pre * weight[:, None, :, None]
-        state.row["q_sum"] = state.row["q_sum"] + weighted.sum(-2)
-        if self.use_covariance:
-            state.row["q_outer"] = state.row["q_outer"] + weighted.transpose(-1, -2) @ pre
+        seen, count, mean = row["real_seen"], row["count"], row["mean"]
+        if real is None and q == 1 and query.device.type == "cpu":
+            # A decoding step, its per-row counters in Python (on the CPU reading them costs nothing, and a
+            # tensor op per counter costs more than the step's statistics): the query counts once the row
+            # is past its sinks; Welford's update, mean += delta / count, m2 += (1 - 1 / count) delta delta^T.
+            x = unrotate_one(query, cos, sin)  # [B, Hq, D]
+            steps = []
+            for s, c in zip(seen.tolist(), count.tolist()):
+                new = c + 1.0 if s >= self.n_sink else c
+                share = 1.0 / new if new > c else 0.0
+                steps.append((s + 1.0, new, share, share * c))
+            steps = torch.tensor(steps, dtype=torch.float64)
+            row["real_seen"], row["count"] = steps[:, 0], steps[:, 1]
+            delta = x - mean
+            row["mean"] = torch.addcmul(mean, delta, steps[:, 2, None, None])
+            if self.use_covariance:
+                late = (delta * steps[:, 3, None, None]).view(b * hq, 1, d)
+                m2 = torch.baddbmm(row["m2"].view(b * hq, d, d), delta.view(b * hq, d, 1), late)
+                row["m2"] = m2.view(b, hq, d, d)
+        else:
+            self._add_queries(row, unrotate(query, cos, sin), real)
+        if self.use_vnorm:
+            self._track_value_norms(layer, state, q)
 
-    def _statistics(self, state: PatternState) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Mean ``[B, Hq, D]`` and covariance ``[B, Hq, D, D]`` (or None) of the pre-RoPE queries, fp32
-        (the covariance's cancellation is done in float64)."""
-        count = state.row["count"].clamp_min(1.0)[:, None, None]
-        mean = state.row["q_sum"] / count
+    def _add_queries(self, row: dict, pre: torch.Tensor, real: torch.Tensor | None) -> None:
+        """Merge the statistics of this call's un-rotated queries ``pre`` ``[B, Hq, q, D]`` (those of real
+        tokens past the row's first ``n_sink``) into the running ones (Chan et al.'s pairwise update)."""
+        b, hq, q, d = pre.shape
+        seen = row["real_seen"]
+        if real is None:  # every query is real: their ranks among the row's real tokens are seen + 0..q-1
+            weight = (seen[:, None] + torch.arange(q, device=seen.device) >= self.n_sink).double()
+            row["real_seen"] = seen + q
+        else:
+            real = real.double()
+            weight = real * (seen[:, None] + real.cumsum(-1) - 1 >= self.n_sink)
+            row["real_seen"] = seen + real.sum(-1)
+        w = weight[:, None, :, None]  # [B, 1, q, 1]
+        added, count = weight.sum(-1), row["count"]
+        chunk_mean = (pre * w).sum(-2) / added.clamp_min(1.0)[:, None, None]
+        total = count + added
+        delta = chunk_mean - row["mean"]
+        row["count"] = total
+        row["mean"] = torch.addcmul(row["mean"], delta, (added / total.clamp_min(1.0))[:, None, None])
+        if self.use_covariance:
+            centered = pre - chunk_mean[:, :, None]
+            m2 = (centered * w).transpose(-1, -2) @ centered  # the chunk's own, about its mean
+            between = (count * added / total.clamp_min(1.0))[:, None, None, None]
+            row["m2"] = row["m2"] + m2 + delta[..., :, None] * delta[..., None, :] * between
+
+    @staticmethod
+    def _track_value_norms(layer: LayerView, state: PatternState, q: int) -> None:
+        """Keep every cached token's value norm in ``state.token["vnorm"]`` (it follows evictions): append
+        this call's ``q`` tokens (the newest slots when the layer holds no padding), else recompute."""
+        n = layer.length
+        norms = state.token.get("vnorm")
+        if layer.all_valid and norms is not None and norms.shape[-1] == n - q:
+            new = layer.values[:, :, n - q :].float().norm(dim=-1)
+            state.token["vnorm"] = torch.cat((norms, new), dim=-1)
+        else:
+            norms = layer.values.float().norm(dim=-1)
+            state.token["vnorm"] = norms if layer.all_valid else norms.masked_fill(~layer.valid, 0.0)
+
+    def _statistics(self, state: PatternState, h: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """From the float64 running statistics, for ``h`` KV heads: ``mu / sqrt(D)`` ``[B, Hq, D]`` and the
+        covariances over ``2 D`` laid out per KV head, ``[B Hkv, D, g D]`` (None without the covariance),
+        both fp32."""
+        mean = state.row["mean"]
+        b, hq, d = mean.shape
+        linear = torch.mul(mean, d**-0.5, out=torch.empty(b, hq, d, device=mean.device))
         if not self.use_covariance:
-            return mean.float(), None
-        cov = state.row["q_outer"] / count[..., None] - mean[..., :, None] * mean[..., None, :]
-        return mean.float(), cov.float()
+            return linear, None
+        groups = hq // h
+        per_head = torch.empty(b * h, d, groups * d, device=mean.device)  # [D, g D]: the group's matrices
+        scale = ((0.5 / d) / state.row["count"].clamp_min(1.0)).view(b, 1, 1, 1, 1)  # S / 2D = m2 / (2 D count)
+        m2 = state.row["m2"].view(b, h, groups, d, d).transpose(2, 3)
+        torch.mul(m2, scale, out=per_head.view(b, h, d, groups, d))
+        return linear, per_head
 
     # ---------------------------------------------------------------------- scores
-    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
-        keys = layer.keys.float()
+    def _expected(self, layer: LayerView, state: PatternState, lo: int) -> torch.Tensor:
+        """The score of the slots from ``lo`` on ``[B, Hkv, n - lo]``; ``lo``: the sinks when the layer holds
+        no padding (they are the first slots), else 0 (then sinks and padding score 0)."""
+        keys = layer.keys
         b, h, n, d = keys.shape
-        groups = state.row["q_sum"].shape[1] // h
         # The statistics rotated ahead, mu <- R mu and S <- R S R^T with R the mean rotation of the next
-        # n_future_positions positions (R x = c * x + s * rotate_half(x)), enter the score only through
-        # mu.k and k^T S k: rotate the keys back instead (R^T k = c * k - s * rotate_half(k)).
+        # n_future_positions positions, enter the score only through mu.k and k^T S k: rotate the keys back.
         start = layer.query_range.stop
-        cos, sin = layer.rotary_cos_sin(range(start, start + self.n_future_positions))
-        c, s = cos.mean(0).to(keys.device), sin.mean(0).to(keys.device)
-        back = c * keys - s * _rotate_half(keys)  # [B, Hkv, n, D]
-        mu, cov = self._statistics(state)
-        logits = torch.einsum("bhnd,bhgd->bhgn", back, mu.view(b, h, groups, d)) * d**-0.5
-        if cov is not None:  # k^T S k of every key and query head: one [n, D] x [D, g D] product per KV head
-            per_head = cov.view(b * h, groups, d, d).transpose(1, 2).reshape(b * h, d, groups * d)
-            kc = torch.bmm(back.reshape(b * h, n, d), per_head).view(b, h, n, groups, d)
-            logits = logits + (kc * back[:, :, :, None]).sum(-1).transpose(-1, -2) / (2 * d)
-        sinks = protected_ends(layer, n, self.n_sink, 0)  # the oldest n_sink real tokens
-        scored = ~sinks if layer.all_valid else layer.valid & ~sinks  # [B, Hkv, n]
+        ahead = layer.rotary_cos_sin(range(start, start + self.n_future_positions))
+        back = rotate_back(keys[:, :, lo:].float(), *ahead)  # [B, Hkv, m, D]
+        m = n - lo
+        flat = back.view(b * h, m, d)
+        linear, per_head = self._statistics(state, h)
+        groups = linear.shape[1] // h
+        mu = linear.view(b * h, groups, d)
+        if per_head is None:
+            logits = torch.bmm(mu, flat.transpose(1, 2))  # mu.k / sqrt(D): [B Hkv, g, m]
+        else:  # k^T S k / 2D: one [m, D] x [D, g D] product per KV head, then the dot with k; plus mu.k / sqrt(D)
+            kc = torch.bmm(flat, per_head).view(b * h * m, groups, d)
+            quad = torch.bmm(kc, flat.reshape(b * h * m, d, 1)).view(b * h, m, groups)
+            logits = torch.baddbmm(quad.transpose(1, 2), mu, flat.transpose(1, 2))
+        logits = logits.view(b, h, groups, m)
+        if layer.all_valid:
+            probs = logits.softmax(dim=-1).mean(dim=2)  # [B, Hkv, m]
+            if self.use_vnorm:
+                vnorm = state.token.get("vnorm")  # kept by pre_kernel; its length tells it is this call's
+                vnorm = layer.values.float().norm(dim=-1) if vnorm is None or vnorm.shape[-1] != n else vnorm
+                vnorm = vnorm[:, :, lo:]
+                probs = (probs + float(self.epsilon)) * vnorm if self.epsilon else probs * vnorm
+            return probs
+        scored = layer.valid & ~protected_ends(layer, n, self.n_sink, 0)  # real tokens but the oldest n_sink
         logits = logits.masked_fill(~scored[:, :, None, :], float("-inf"))
         probs = logits.softmax(dim=-1).nan_to_num_(0.0).mean(dim=2)  # [B, Hkv, n]; no scored token: 0
         if self.use_vnorm:
             probs = (probs + float(self.epsilon)) * layer.values.float().norm(dim=-1)
         return probs.masked_fill(~scored, 0.0)
 
+    def _sinks(self, layer: LayerView) -> int:
+        """The sinks' slots (the first ones) when the layer holds no padding, else 0."""
+        return min(self.n_sink, layer.length) if layer.all_valid else 0
+
+    def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
+        lo = self._sinks(layer)
+        return F.pad(self._expected(layer, state, lo), (lo, 0), value=0.0)
+
+    def selection_key(
+        self, layer: LayerView, state: PatternState, budgets: Sequence[int], rows: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        lo = self._sinks(layer)
+        if not layer.all_valid or len(set(budgets)) > 1 or budgets[0] < lo:
+            return super().selection_key(layer, state, budgets, rows)
+        # the protected sinks (at this budget) are the slots the score leaves out, the first lo
+        key = F.pad(self._expected(layer, state, lo), (lo, 0), value=POS_INF)
+        return key if rows is None else key.index_select(0, torch.tensor(list(rows), device=key.device))
+
+    def cache_update(self, layer: LayerView, state: PatternState, budget: int) -> torch.Tensor:
+        n, lo = layer.length, self._sinks(layer)
+        if not layer.all_valid or n != budget + 1 or budget < lo:
+            return super().cache_update(layer, state, budget)
+        # a decoding step drops one token: select_keep's choice (the newest of the lowest scores), past the sinks
+        lowest = self._expected(layer, state, lo).flip(-1).argmin(dim=-1, keepdim=True)  # counted from the newest
+        slot, from_newest = _slots(budget, layer.keys.device)
+        return slot + (from_newest <= lowest)  # the slots at and past the dropped one move up by one
+
+    #: the batched selection ranks by ``selection_key``, as ``cache_update`` does (not one call per budget)
+    cache_update_rows = Pattern.cache_update_rows
+
     def protected(self, layer: LayerView, budget: int) -> torch.Tensor | None:
         return protected_ends(layer, budget, self.n_sink, 0) if self.n_sink else None
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+_SLOTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _slots(budget: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``arange(budget)`` and each slot's distance from slot ``budget`` (the newest of ``budget + 1``),
+    remembered per budget and device (read-only)."""
+    key = (budget, str(device))
+    hit = _SLOTS.get(key)
+    if hit is None:
+        slot = torch.arange(budget, device=device)
+        hit = _SLOTS[key] = (slot, budget - slot)
+        if len(_SLOTS) > 16:
+            _SLOTS.pop(next(iter(_SLOTS)))
+    return hit
