@@ -6,7 +6,9 @@ machine noise hits both. Reports wall and CPU seconds, the ratio, and whether ev
 Also the H2O-vs-SnapKV entry cost on the shared engine (one uniform entry alone, interleaved), and the
 *ceiling* of batching on this machine: the unmodified model making the same calls over ``--budget``-token
 caches (no eviction work) once per entry one row at a time, vs one context pass plus one batch of all
-entries. It is set by how much cheaper a 12-row step is than 12 one-row steps.
+entries. It is set by how much cheaper a 12-row step is than 12 one-row steps. A second ceiling
+(``real_lengths``) has the FullKV entry hold the whole context, as it does in both engines; the
+engine's share of each is reported.
 
     python benchmarks/bench_score.py --contexts 512,2048 --samples 1 --out runs/bench_score.json
 
