@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from polykv_search.runtime import RowSplitLayer
+from polykv_search.runtime import row_split as row_split_module
 from polykv_search.runtime.row_split import best_split, layer_slots
-from polykv_search.scoring import shared as shared_module
 from polykv_search.scoring.shared import plan_groups
 from tests.test_eval_support import char_tokenizer
 from tests.test_scoring_engines import assert_same, entries, jobs, run_both
@@ -41,7 +41,7 @@ def test_split_batches_equal_the_per_entry_path(family, kind, monkeypatch):
             super().__init__(*args, **kwargs)
             built.append(self)
 
-    monkeypatch.setattr(shared_module, "RowSplitLayer", Spy)
+    monkeypatch.setattr(row_split_module, "RowSplitLayer", Spy)
     model, tok = tiny_model(family), char_tokenizer()
     forced, gen = jobs(tok)
     job = forced if kind == "teacher_forced" else gen
@@ -55,3 +55,26 @@ def test_split_batches_with_decode_interval_and_eos_equal_the_per_entry_path():
     _, gen = jobs(tok)
     reference, shared = run_both(model, entries(), gen, decode_interval=3, split=0)
     assert_same(reference, shared, gen)
+
+
+@pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
+def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_path(kind, monkeypatch):
+    from polykv_search.runtime.head_groups import HeadGroupLayer
+    from tests.test_scoring_head_groups import head_entries
+    from tests.test_scoring_head_groups import run_both as run_both_heads
+
+    built = []
+
+    class Spy(RowSplitLayer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(row_split_module, "RowSplitLayer", Spy)
+    model, tok = tiny_model("llama"), char_tokenizer()
+    forced, gen = jobs(tok)
+    job = forced if kind == "teacher_forced" else gen
+    reference, shared = run_both_heads(model, head_entries(), job)
+    # head-group rows share the batch (one forward) with the layer-level rows, each split layer a part
+    assert any(any(isinstance(p, HeadGroupLayer) for p in layer.parts) and len(layer.parts) > 1 for layer in built)
+    assert_same(reference, shared, job)

@@ -48,23 +48,39 @@ def layer_slots(lengths: Sequence[int], min_saving: int | None) -> int:
 
 
 class RowSplitLayer(RuntimeLayer):
-    """Rows ``[:cut]`` and ``[cut:]`` of a decoding batch as two :class:`RowBatchLayer` parts (see the
-    module docstring). ``update`` hands each part its rows; the attention function calls
-    :meth:`attention_call_grouped`, which runs each part's own ``attention_call`` on its rows of the
-    queries and stacks the outputs in row order. ``keys``/``values`` are the first part's: only the
-    runtime's attention function reads them, and it reads the parts."""
+    """A decoding batch's rows as consecutive *parts*, each a layer of its own (see the module docstring):
+    a :class:`RowBatchLayer` of some rows, or one row's own layer (e.g. a
+    :class:`~polykv_search.runtime.head_groups.HeadGroupLayer`, whose head groups keep their own stores).
+    ``update`` hands each part its rows; the attention function calls :meth:`attention_call_grouped`,
+    which runs each part's own attention call on its rows of the queries and stacks the outputs in row
+    order. ``keys``/``values`` are the first part's: only the runtime's attention function reads them,
+    and it reads the parts. Parts must be built detached (``on_update=None``): this layer notifies."""
 
-    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], cut: int, **kwargs):
+    def __init__(self, layer_idx: int, parts: Sequence[tuple[RuntimeLayer, int]], **kwargs):
         super().__init__(layer_idx, **kwargs)
+        if not parts or any(rows < 1 for _, rows in parts):
+            raise ValueError(f"a row split needs parts of at least one row each, got {[r for _, r in parts]}")
+        self.parts = [part for part, _ in parts]
+        starts = [0]
+        for _, rows in parts:
+            starts.append(starts[-1] + rows)
+        self._slices = [slice(a, b) for a, b in zip(starts, starts[1:])]
+        first = self.parts[0]
+        self.device, self.seen, self.calls = first.device, first.seen, first.calls
+        self.is_initialized = True
+
+    @classmethod
+    def cut(cls, layer_idx: int, rows: Sequence[EvictingLayer], cut: int, **kwargs) -> RowSplitLayer:
+        """Rows ``[:cut]`` and ``[cut:]`` as two :class:`RowBatchLayer` parts."""
         rows = list(rows)
         if not 0 < cut < len(rows):
             raise ValueError(f"cut must split the {len(rows)} rows into two non-empty parts, got {cut!r}")
         sub = {**kwargs, "on_update": None}
-        self._slices = [slice(0, cut), slice(cut, len(rows))]
-        self.parts = [RowBatchLayer(layer_idx, rows[s], **sub) for s in self._slices]
-        first = self.parts[0]
-        self.device, self.seen, self.calls = first.device, first.seen, first.calls
-        self.is_initialized = True
+        parts = [
+            (RowBatchLayer(layer_idx, rows[:cut], **sub), cut),
+            (RowBatchLayer(layer_idx, rows[cut:], **sub), len(rows) - cut),
+        ]
+        return cls(layer_idx, parts, **kwargs)
 
     keys = property(lambda self: self.parts[0].keys, lambda self, t: None)
     values = property(lambda self: self.parts[0].values, lambda self, t: None)
@@ -81,13 +97,50 @@ class RowSplitLayer(RuntimeLayer):
         return self.keys, self.values
 
     def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
-        """Each part's ``attend(part, its rows of query)`` (hooks, kernel, eviction), outputs
-        ``[B, q, Hq, D]`` stacked in row order."""
-        out = torch.cat([attend(part, query[rows]) for part, rows in zip(self.parts, self._slices)])
+        """Each part's attention call on its rows of ``query`` (hooks, kernel, eviction; a part of head
+        groups runs its own grouped call), outputs ``[B, q, Hq, D]`` stacked in row order."""
+        outs = []
+        for part, rows in zip(self.parts, self._slices):
+            grouped = getattr(part, "attention_call_grouped", None)
+            outs.append(grouped(query[rows], attend) if grouped is not None else attend(part, query[rows]))
         self.calls += 1
-        return out
+        return torch.cat(outs)
 
     def write_back(self) -> None:
-        """Give every row its tokens, counters and pattern state again (see :meth:`RowBatchLayer.write_back`)."""
+        """Give every row of the :class:`RowBatchLayer` parts its tokens, counters and pattern state again
+        (a row's own layer needs nothing: it is the row's)."""
         for part in self.parts:
-            part.write_back()
+            if isinstance(part, RowBatchLayer):
+                part.write_back()
+
+
+def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None, **kwargs) -> RuntimeLayer:
+    """One layer of a decoding batch over ``members`` (the rows' own layers, in batch order): runs of
+    consecutive :class:`EvictingLayer` rows share a :class:`RowBatchLayer` (cut in two by
+    :func:`best_split` when that saves ``split`` padded slots; None: never), any other row's layer (head
+    groups) is a part of its own. A single row batch is returned as is."""
+    sub = {**kwargs, "on_update": None}
+    parts: list[tuple[RuntimeLayer, int]] = []
+    run: list[RuntimeLayer] = []
+
+    def close_run() -> None:
+        if not run:
+            return
+        cut = None if split is None else best_split([m.length for m in run], split)
+        pieces = [run] if cut is None else [run[:cut], run[cut:]]
+        parts.extend((RowBatchLayer(layer_idx, piece, **sub), len(piece)) for piece in pieces)
+        run.clear()
+
+    for member in members:
+        if type(member) is EvictingLayer:
+            run.append(member)
+        else:
+            close_run()
+            parts.append((member, 1))
+    if len(parts) == 0 and run:
+        cut = None if split is None else best_split([m.length for m in run], split)
+        if cut is None:
+            return RowBatchLayer(layer_idx, run, **kwargs)
+        return RowSplitLayer.cut(layer_idx, run, cut, **kwargs)
+    close_run()
+    return RowSplitLayer(layer_idx, parts, **kwargs)

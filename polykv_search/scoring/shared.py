@@ -33,7 +33,7 @@ from polykv_search.runtime import (
 )
 from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan
 from polykv_search.runtime.reconstruction import needs_pass
-from polykv_search.runtime.row_split import SPLIT_MIN_SAVING, best_split, layer_slots
+from polykv_search.runtime.row_split import SPLIT_MIN_SAVING, layer_slots, row_parts
 from polykv_search.scoring.job import SampleJob, SampleOutcome
 
 Plans = Sequence[tuple[PhasePlan, PhasePlan]]
@@ -89,7 +89,8 @@ class SharedScorer:
     head_groups
         Per entry, its layers split into head groups (:func:`~polykv_search.runtime.runtime.strategy_head_groups`;
         none by default). Such an entry shares the context call (each group of a row observes with its own
-        query heads) and then decodes as a batch of its own, on its own layers.
+        query heads) and then decodes in the batch, each split layer a part of its own (its groups keep
+        their own stores; :func:`~polykv_search.runtime.row_split.row_parts`).
     """
 
     def __init__(
@@ -134,28 +135,21 @@ class SharedScorer:
         ]
 
     def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:
-        if any(_split(row) for row in rows):  # a row with head groups decodes alone, on its own layers
-            if len(rows) != 1:
-                raise ValueError("a row with head groups is decoded as a batch of its own")
-            for l, layer in enumerate(rows[0]):
-                layer._on_update = self.runtime.layer_kwargs(l)["on_update"]
-            return PolyKVCache(list(rows[0]))
-        layers = []
-        for l in range(self.num_layers):
-            members, kwargs = [r[l] for r in rows], self.runtime.layer_kwargs(l)
-            cut = None if self.split is None else best_split([m.length for m in members], self.split)
-            layers.append(
-                RowBatchLayer(l, members, **kwargs) if cut is None else RowSplitLayer(l, members, cut, **kwargs)
-            )
-        return PolyKVCache(layers)
+        """One decoding batch's cache: per layer, the rows' layers as one row batch, or as parts
+        (:func:`~polykv_search.runtime.row_split.row_parts`: a long row's part, a row's head groups)."""
+        return PolyKVCache(
+            [
+                row_parts(l, [r[l] for r in rows], self.split, **self.runtime.layer_kwargs(l))
+                for l in range(self.num_layers)
+            ]
+        )
 
     def _groups(self, rows: Sequence[list[EvictingLayer]]) -> list[list[int]]:
-        """Decoding batches: :func:`plan_groups` over the layer-level rows, each row with head groups alone."""
-        plain = [i for i, row in enumerate(rows) if not _split(row)]
-        batches = plan_groups(
-            [[layer.length for layer in rows[i]] for i in plain], self.batch_entries, self.fixed_cost, self.split
+        """Decoding batches: :func:`plan_groups` over every row (a row with head groups counts its longest
+        group in each layer)."""
+        return plan_groups(
+            [[layer.length for layer in row] for row in rows], self.batch_entries, self.fixed_cost, self.split
         )
-        return [[plain[j] for j in batch] for batch in batches] + [[i] for i, row in enumerate(rows) if _split(row)]
 
     @staticmethod
     def _write_back(cache: PolyKVCache) -> None:
@@ -317,8 +311,3 @@ class SharedScorer:
         self._write_back(cache)
         _sync(self.caller.device)
         return new, {"question_s": t1 - t0, "decode_s": time.perf_counter() - t1}
-
-
-def _split(row: Sequence) -> bool:
-    """True for a row with a layer split into head groups."""
-    return any(isinstance(layer, HeadGroupLayer) for layer in row)
