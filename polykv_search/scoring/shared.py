@@ -7,7 +7,9 @@ values, runs each distinct pattern's hooks once, and compresses each row with it
 The question call and greedy decoding (or the teacher-forced continuation) of the entries then run as
 one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtime.RowBatchLayer`: rows
 hold different per-layer lengths in one padded store, and the rows that share a decoding pattern score
-and evict together, each to its own budget. Rows that emit EOS leave the batch. Every row keeps exactly
+and evict together, each to its own budget. A layer may hold the batch in parts sharing the forward
+(:class:`~polykv_search.runtime.RowSplitLayer`): a long row (FullKV) in a row batch of its own length,
+a row's head groups in their own stores. Rows that emit EOS leave the batch. Every row keeps exactly
 the tokens the per-entry path keeps.
 """
 
