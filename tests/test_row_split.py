@@ -15,6 +15,20 @@ from tests.test_scoring_engines import assert_same, entries, jobs, run_both
 from tests.tiny import FAMILIES, tiny_model
 
 
+@pytest.fixture
+def built(monkeypatch) -> list:
+    """Every RowSplitLayer the engine builds during the test."""
+    layers = []
+
+    class Spy(RowSplitLayer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            layers.append(self)
+
+    monkeypatch.setattr(row_split_module, "RowSplitLayer", Spy)
+    return layers
+
+
 def test_best_split_cuts_where_padding_costs_most_and_only_when_it_pays():
     # ten 64-token rows and one 2,048-token row: 11 x 2,048 padded vs 10 x 64 + 2,048 split
     assert best_split([64] * 10 + [2048], min_saving=4096) == 10
@@ -33,15 +47,7 @@ def test_plan_groups_puts_a_long_row_in_the_batch_when_a_split_layer_serves_it()
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
-def test_split_batches_equal_the_per_entry_path(family, kind, monkeypatch):
-    built = []
-
-    class Spy(RowSplitLayer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
-    monkeypatch.setattr(row_split_module, "RowSplitLayer", Spy)
+def test_split_batches_equal_the_per_entry_path(family, kind, built):
     model, tok = tiny_model(family), char_tokenizer()
     forced, gen = jobs(tok)
     job = forced if kind == "teacher_forced" else gen
@@ -58,19 +64,11 @@ def test_split_batches_with_decode_interval_and_eos_equal_the_per_entry_path():
 
 
 @pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
-def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_path(kind, monkeypatch):
+def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_path(kind, built):
     from polykv_search.runtime.head_groups import HeadGroupLayer
     from tests.test_scoring_head_groups import head_entries
     from tests.test_scoring_head_groups import run_both as run_both_heads
 
-    built = []
-
-    class Spy(RowSplitLayer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
-    monkeypatch.setattr(row_split_module, "RowSplitLayer", Spy)
     model, tok = tiny_model("llama"), char_tokenizer()
     forced, gen = jobs(tok)
     job = forced if kind == "teacher_forced" else gen

@@ -69,19 +69,6 @@ class RowSplitLayer(RuntimeLayer):
         self.device, self.seen, self.calls = first.device, first.seen, first.calls
         self.is_initialized = True
 
-    @classmethod
-    def cut(cls, layer_idx: int, rows: Sequence[EvictingLayer], cut: int, **kwargs) -> RowSplitLayer:
-        """Rows ``[:cut]`` and ``[cut:]`` as two :class:`RowBatchLayer` parts."""
-        rows = list(rows)
-        if not 0 < cut < len(rows):
-            raise ValueError(f"cut must split the {len(rows)} rows into two non-empty parts, got {cut!r}")
-        sub = {**kwargs, "on_update": None}
-        parts = [
-            (RowBatchLayer(layer_idx, rows[:cut], **sub), cut),
-            (RowBatchLayer(layer_idx, rows[cut:], **sub), len(rows) - cut),
-        ]
-        return cls(layer_idx, parts, **kwargs)
-
     keys = property(lambda self: self.parts[0].keys, lambda self, t: None)
     values = property(lambda self: self.parts[0].values, lambda self, t: None)
 
@@ -119,28 +106,23 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
     consecutive :class:`EvictingLayer` rows share a :class:`RowBatchLayer` (cut in two by
     :func:`best_split` when that saves ``split`` padded slots; None: never), any other row's layer (head
     groups) is a part of its own. A single row batch is returned as is."""
+
+    def pieces(run: list[RuntimeLayer]) -> list[list[RuntimeLayer]]:
+        cut = None if split is None else best_split([m.length for m in run], split)
+        return [run] if cut is None else [run[:cut], run[cut:]]
+
+    plain = all(type(m) is EvictingLayer for m in members)
+    if plain and len(pieces(list(members))) == 1:
+        return RowBatchLayer(layer_idx, members, **kwargs)
     sub = {**kwargs, "on_update": None}
     parts: list[tuple[RuntimeLayer, int]] = []
     run: list[RuntimeLayer] = []
-
-    def close_run() -> None:
-        if not run:
-            return
-        cut = None if split is None else best_split([m.length for m in run], split)
-        pieces = [run] if cut is None else [run[:cut], run[cut:]]
-        parts.extend((RowBatchLayer(layer_idx, piece, **sub), len(piece)) for piece in pieces)
-        run.clear()
-
-    for member in members:
+    for member in [*members, None]:  # None closes the last run
         if type(member) is EvictingLayer:
             run.append(member)
-        else:
-            close_run()
+            continue
+        parts.extend((RowBatchLayer(layer_idx, piece, **sub), len(piece)) for piece in (pieces(run) if run else []))
+        run = []
+        if member is not None:
             parts.append((member, 1))
-    if len(parts) == 0 and run:
-        cut = None if split is None else best_split([m.length for m in run], split)
-        if cut is None:
-            return RowBatchLayer(layer_idx, run, **kwargs)
-        return RowSplitLayer.cut(layer_idx, run, cut, **kwargs)
-    close_run()
     return RowSplitLayer(layer_idx, parts, **kwargs)
