@@ -101,6 +101,9 @@ def test_ctrl_c_in_a_real_process_during_imports_or_work(delay, tmp_path):
         stderr=subprocess.PIPE,
         cwd=tmp_path,
         env=env,
+        # as at a terminal: a shell's background job inherits SIGINT ignored, and Python then never
+        # installs its handler (the test would measure how pytest was launched, not the CLI)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr.readline() == b"ready\n"
     time.sleep(delay)
