@@ -10,7 +10,9 @@ prompt attend and compresses afterwards; while decoding it is the layer's capaci
 prefill and decoding choices differ, or whose pattern is neither full nor streaming_llm, is refused
 with a one-line message naming it; ``--approximate`` instead uses the prefill choice for both phases,
 maps other patterns to a sliding window of the same budget (with the model's sink count), picks the
-most common sink count if layers disagree, and prints every change.
+most common sink count if layers disagree, gives a layer with head groups one setting that keeps every
+head's tokens (``full`` when one of its heads keeps everything: more memory than the strategy holds,
+said in the change; :func:`~strategies.exporters.cover_head_groups`), and prints every change.
 
 The file is the ``kv_cache_config`` section of TensorRT-LLM's LLM-API options::
 
@@ -63,12 +65,10 @@ class TRTLLMExporter:
             what_it_keeps="keeps only full layers and sliding windows with sinks (full, streaming_llm)",
         )
         # One sink count for the whole model: the streaming_llm layers' own; mapped layers follow it.
-        own = [
-            (x, c) for x, c in zip(layers, strategy.prefill) if x.window is not None and c.pattern == "streaming_llm"
-        ]
-        sinks = most_common([x.n_sink for x, _ in own]) if own else 0
+        own = [x for x in layers if x.streaming]
+        sinks = most_common([x.n_sink for x in own]) if own else 0
         if own:
-            first = next(x.layer for x, _ in own if x.n_sink == sinks)
+            first = next(x.layer for x in own if x.n_sink == sinks)
             issues += [
                 _Issue(
                     x.layer,
@@ -76,7 +76,7 @@ class TRTLLMExporter:
                     f"layers and layer {first} has n_sink={sinks}",
                     f"layer {x.layer}: n_sink={x.n_sink} -> {sinks} (TensorRT-LLM has one sink_token_length)",
                 )
-                for x, _ in own
+                for x in own
                 if x.n_sink != sinks
             ]
         if sinks:

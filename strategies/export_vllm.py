@@ -11,8 +11,10 @@ the whole prompt attend, then compresses) and while decoding the window is the l
 
 Anything else is refused with a one-line message naming the first layer it cannot express;
 ``--approximate`` instead uses the prefill choice for both phases, maps other patterns to a sliding
-window of their budget, drops sinks, and gives every sliding layer the mean window (rounded down, so
-the total stays within the strategy's), printing every change. Use::
+window of their budget, drops sinks, gives a layer with head groups one setting that keeps every head's
+tokens (``full`` when one of its heads keeps everything: more memory than the strategy holds;
+:func:`~strategies.exporters.cover_head_groups`), and gives every sliding layer the mean window
+(rounded down, so the total stays within the strategy's), printing every change. Use::
 
     vllm serve MODEL --hf-overrides "$(cat strategy.vllm.json)"
     LLM(MODEL, hf_overrides=json.load(open("strategy.vllm.json")))

@@ -23,9 +23,11 @@ change; with it, it changes those layers and lists every change in ``Export.warn
 Head groups (schema version 2): an exporter that can express them sets ``head_groups_refusal`` to
 ``None`` (``json``, and ``kvpress`` through per-head key masks, :mod:`strategies.kvpress_heads`, which
 refuses what it cannot express itself); every other one names, in that class attribute, why its target
-cannot, and :func:`render_export` refuses a strategy with head groups with that one line,
-``--approximate`` or not (the window exporters offer no approximation of head groups: merging a
-retrieval head into its streaming neighbours would drop exactly what the strategy keeps).
+cannot, and :func:`render_export` refuses a strategy with head groups with that one line unless
+``--approximate``. The window exporters then give each grouped layer one setting that covers its groups
+(:func:`cover_head_groups`): a layer with a head that keeps everything becomes a full layer, never a
+window (merging a retrieval head into its streaming neighbours would drop exactly what the strategy
+keeps), so the approximation holds more memory than the strategy, and each change says how much.
 
 The helpers at the end (:func:`window_plan`) are shared by the exporters whose targets only know
 full attention and sliding windows (TensorRT-LLM, vLLM).
@@ -40,10 +42,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from strategies.catalog import make_pattern
+from strategies.choice import PHASES, LayerChoice
 from strategies.io import atomic_write_files
 
 if TYPE_CHECKING:  # pragma: no cover
-    from strategies.strategy import LayerChoice, Strategy
+    from strategies.strategy import Strategy
 
 
 class ExportError(ValueError):
@@ -121,8 +124,12 @@ def render_export(strategy: Strategy, fmt: str, out: str | Path, options: Export
         raise ExportError(f"--max-seq-len must be a positive integer, got {options.max_seq_len!r}")
     refusal = getattr(exporter, "head_groups_refusal", "it does not declare head-group support")
     where = strategy.first_head_groups()
-    if where is not None and refusal is not None:
-        raise ExportError(f"{fmt} cannot express head groups ({where}): {refusal}; use --format json")
+    if where is not None and refusal is not None and not options.approximate:
+        how = ", or --approximate to give each grouped layer one setting that keeps every head's tokens"
+        raise ExportError(
+            f"{fmt} cannot express head groups ({where}): {refusal}; use --format json"
+            + (how if "approximate" in exporter.uses else "")
+        )
     out = Path(out)
     if exporter.suffix is not None and out.suffix != exporter.suffix:
         raise ExportError(f"--out for --format {fmt} must end in {exporter.suffix}, got {str(out)!r}")
@@ -168,6 +175,7 @@ class WindowLayer:
     window: int | None
     n_sink: int
     source: str  # what the strategy asked for, for comments
+    streaming: bool = False  # a streaming_llm layer (its sinks are its own, not a mapped pattern's)
 
 
 @dataclass
@@ -195,7 +203,8 @@ def window_plan(
     """
     layers: list[WindowLayer] = []
     issues: list[_Issue] = []
-    for i, (pre, dec) in enumerate(zip(strategy.prefill, strategy.decoding)):
+    for i, choices in enumerate(zip(strategy.prefill, strategy.decoding)):
+        pre, dec = (_covered(c, i, phase, strategy, target, issues) for c, phase in zip(choices, PHASES))
         kp, kd = _window_key(pre), _window_key(dec)
         if kp[0] == "other":
             issues.append(
@@ -219,8 +228,44 @@ def window_plan(
         if kp[0] == "full":
             layers.append(WindowLayer(i, None, 0, describe(pre)))
         else:
-            layers.append(WindowLayer(i, int(pre.budget), kp[2] if kp[0] == "window" else 0, describe(pre)))
+            window = kp[0] == "window"
+            layers.append(WindowLayer(i, int(pre.budget), kp[2] if window else 0, describe(pre), streaming=window))
     return layers, issues
+
+
+def cover_head_groups(choice: LayerChoice, context_len: int) -> LayerChoice:
+    """One layer-level choice standing for ``choice``'s head groups on a target with one setting per layer.
+
+    ``full`` when a group keeps everything (``full``, or a budget at least ``context_len``); when every
+    group is ``streaming_llm``, one window keeping every group's tokens (the most sinks, the longest
+    recent part); otherwise the largest group's pattern at its budget, which the caller then maps as
+    any scored layer (a sliding window of that budget)."""
+    groups = choice.head_groups or ()
+    if any(g.pattern == "full" or g.budget >= context_len for g in groups):
+        return LayerChoice("full", None)
+    if all(g.pattern == "streaming_llm" for g in groups):
+        sinks = max(n_sink_of(LayerChoice(g.pattern, g.budget, g.params)) for g in groups)
+        recent = max(g.budget - min(n_sink_of(LayerChoice(g.pattern, g.budget, g.params)), g.budget) for g in groups)
+        return LayerChoice("streaming_llm", sinks + recent, {"n_sink": sinks})
+    largest = max(groups, key=lambda g: g.budget)
+    return LayerChoice(largest.pattern, largest.budget, largest.params)
+
+
+def _covered(choice: LayerChoice, layer: int, phase: str, strategy: Strategy, target: str, issues: list) -> LayerChoice:
+    """``choice``, or for head groups their cover (:func:`cover_head_groups`) and an issue saying so."""
+    if not choice.has_head_groups:
+        return choice
+    cover = cover_head_groups(choice, int(strategy.context_len))  # type: ignore[arg-type]
+    holds = "every token" if cover.budget is None else f"{cover.budget} tokens"
+    issues.append(
+        _Issue(
+            layer,
+            f"layer {layer} ({phase} head groups {choice.label()}): {target} has one setting per layer for all heads",
+            f"layer {layer}: {phase} head groups {choice.label()} -> {describe(cover)} for every head "
+            f"(each head holds {holds}, the groups' mean {float(choice.budget):.4g})",
+        )
+    )
+    return cover
 
 
 def check_issues(issues: list[_Issue], *, fmt: str, approximate: bool) -> list[str]:

@@ -14,7 +14,7 @@ from polykv_search.cli import main
 from polykv_search.runtime import apply_strategy
 from strategies import HeadGroup, LayerChoice, Strategy, StrategyError
 from strategies.export_json import load_schema
-from strategies.exporters import ExportError, render_export
+from strategies.exporters import ExportError, ExportOptions, render_export
 from tests.tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,15 +193,60 @@ def test_check_model_needs_and_checks_the_kv_heads():
 
 
 @pytest.mark.parametrize("fmt, out", [("trtllm", "x.yaml"), ("vllm", "x.json")])
-def test_window_exporters_refuse_head_groups(fmt, out, tmp_path):  # kvpress: tests/test_export_kvpress_heads.py
+def test_window_exporters_refuse_head_groups_unless_approximate(
+    fmt, out, tmp_path
+):  # kvpress: test_export_kvpress_heads
     with pytest.raises(
-        ExportError, match=rf"^{fmt} cannot express head groups \(layers\[0\]\.prefill\): .*--format json$"
+        ExportError,
+        match=rf"^{fmt} cannot express head groups \(layers\[0\]\.prefill\): .*json, or --approximate .*tokens$",
     ):
         render_export(duo_like(), fmt, tmp_path / out)
     path = duo_like().save(tmp_path / "s.json")
     argv = ["export", str(path), "--format", fmt, "--out", str(tmp_path / out)]
-    assert main(argv + ["--approximate"]) == 2
+    assert main(argv) == 2
     assert not (tmp_path / out).exists()
+
+
+def test_vllm_approximates_a_layer_with_a_full_head_by_a_full_layer(tmp_path, capsys):
+    path = duo_like().save(tmp_path / "s.json")
+    argv = ["export", str(path), "--format", "vllm", "--approximate", "--out", str(tmp_path / "x.json")]
+    assert main(argv) == 0
+    body = json.loads((tmp_path / "x.json").read_text())
+    assert body["layer_types"] == ["full_attention", "sliding_attention"] and body["sliding_window"] == 64
+    err = " ".join(capsys.readouterr().err.split())
+    assert "layer 0: prefill head groups full@1024[1] + streaming_llm@48[0,2] -> full for every head" in err
+    assert "(each head holds every token, the groups' mean 373.3)" in err
+
+
+def test_cover_of_head_groups_keeps_every_heads_tokens():
+    from strategies.exporters import cover_head_groups
+
+    full_head = grouped(((1,), "full", 1024), ((0, 2), "streaming_llm", 48))
+    assert cover_head_groups(full_head, 1024) == LayerChoice("full", None)
+    at_context = grouped(((0,), "snapkv", 1024), ((1, 2), "h2o", 64))  # a budget >= context_len keeps all
+    assert cover_head_groups(at_context, 1024) == LayerChoice("full", None)
+    # streaming heads: the most sinks (8) and the longest recent part (48 - 2 = 46) in one window
+    streams = grouped(((0,), "streaming_llm", 48, {"n_sink": 2}), ((1, 2), "streaming_llm", 32, {"n_sink": 8}))
+    assert cover_head_groups(streams, 1024) == LayerChoice("streaming_llm", 54, {"n_sink": 8})
+    scored = grouped(((0,), "h2o", 96), ((1, 2), "streaming_llm", 32))  # the largest group's pattern and budget
+    assert cover_head_groups(scored, 1024) == LayerChoice("h2o", 96, {})
+
+
+def test_trtllm_takes_the_sinks_of_a_covered_streaming_layer_as_its_own(tmp_path):
+    streams = grouped(((0,), "streaming_llm", 48, {"n_sink": 2}), ((1, 2), "streaming_llm", 32, {"n_sink": 2}))
+    s = Strategy(
+        [streams, LayerChoice("full", 1024)],
+        [streams, LayerChoice("full", 1024)],
+        global_budget=None,
+        b_min=16,
+        provenance={},
+        context_len=1024,
+        num_kv_heads=3,
+    )
+    export = render_export(s, "trtllm", tmp_path / "x.yaml", ExportOptions(approximate=True, max_seq_len=4096))
+    text = next(iter(export.files.values()))
+    assert "    - 48  # layer 0: streaming_llm(n_sink=2) budget 48" in text and "sink_token_length: 2" in text
+    assert [w.split(" -> ")[1].split(" for")[0] for w in export.warnings] == ["streaming_llm(n_sink=2) budget 48"] * 2
 
 
 def test_json_export_carries_the_head_groups(tmp_path):
