@@ -9,6 +9,7 @@ Run (from the repository root)::
     python benchmarks/reproduce.py --out runs/repro --ablations-on proportional,ilp   # + ilp's ablations
     python benchmarks/reproduce.py --out runs/repro --dry-run              # print the steps, run nothing
     python benchmarks/reproduce.py --out runs/repro --question-aware       # results-B*-qa.json, reports of it
+    python benchmarks/reproduce.py --out runs/repro --head-level           # + duo, headkv, head-level ilp
 
 Steps (each reuses finished work when rerun: signals resume, strategies and results files are kept):
 
@@ -33,6 +34,9 @@ Steps (each reuses finished work when rerun: signals resume, strategies and resu
    ``proportional`` itself is "both". dp reaches the same objective as ilp; it is scored only when
    its strategy differs from ilp's. With ``--retrieval-mix``, ``proportional`` and ``ilp`` are also
    solved on the retrieval-aware table (``proportional-retrieval-B<B>``, ``ilp-retrieval-B<B>``).
+   With ``--head-level``, a head-level table (``signals-heads.json``, collected after step 1) gives
+   ``duo``, ``headkv``, ``ilp-head`` and ``ilp-head-streaming`` at every budget
+   (:mod:`reproduce_steps`).
 4. ``score`` FullKV, the uniform baselines and every strategy of a budget, the retrieval-aware ones
    included, in one run (shared prefill, paired samples; a results file is reused only when it
    holds every strategy; ``--score-per-task``: one run and file per task, with the seed that task
@@ -47,46 +51,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
-from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reproduce_report import prediction_lines, signals_path, solver_report, write_reports  # noqa: E402,F401
+from reproduce_steps import (  # noqa: E402,F401
+    ABLATABLE,
+    METHODS,
+    PENDING,
+    RETRIEVAL_METHODS,
+    UNIFORM,
+    Step,
+    collect_steps,
+    head_collect_step,
+    head_steps,
+    run_step,
+    strategy_steps,
+    uniform_steps,
+)
 
-from polykv_search.cli import main as cli  # noqa: E402
 from strategies import Strategy  # noqa: E402
-
-UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
-METHODS = ("pyramid", "squeeze", "cake", "proportional", "ilp", "dp", "optuna")
-#: solved on the retrieval-aware table too (``--retrieval-mix``), as ``<method>-retrieval``
-RETRIEVAL_METHODS = ("proportional", "ilp")
-#: the solvers that take the ablation settings (--uniform-budgets, --fixed-pattern, --phases)
-ABLATABLE = ("proportional", "ilp", "dp")
-PENDING = "<calibration-pattern>"  # the ablations' pattern in a plan, before the uniforms are solved
-
-
-class Step(NamedTuple):
-    """One ``polykv-search`` command: its name in the log, its argv and (solve) the file it writes."""
-
-    name: str
-    argv: list[str]
-    target: Path | None = None
-
-
-def run_step(s: Step, log: dict) -> Path | None:
-    """Run ``s`` unless its target exists (then reuse it); returns the target."""
-    if s.target is not None and s.target.exists():
-        return s.target
-    print(f"\n=== {s.name}: polykv-search {' '.join(s.argv)}", flush=True)
-    t0 = time.perf_counter()
-    rc = cli(s.argv)
-    log[s.name] = round(time.perf_counter() - t0, 1)
-    if rc != 0:
-        raise SystemExit(f"step {s.name!r} failed (exit {rc})")
-    return s.target
 
 
 def calibration_pattern(paths: dict[str, Path]) -> str:
@@ -141,6 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--dry-run", action="store_true", help="print the steps (polykv-search argv) and run nothing")
     p.add_argument("--question-aware", action="store_true", help="score question-aware (score --question-aware)")
+    p.add_argument(
+        "--head-level",
+        action="store_true",
+        help="also collect a head-level table and score duo, headkv, ilp-head and ilp-head-streaming (issue 25)",
+    )
+    p.add_argument("--head-grid", default="64,128,256", help="head-cell budgets of --head-level (default 64,128,256)")
     args = p.parse_args(argv)
     if args.retrieval_mix is not None:
         from polykv_search.cli.common import CLIError
@@ -158,97 +150,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     args.uniform = [q.strip() for q in args.patterns.split(",") if q.strip()]  # also the uniform baselines
     return args
-
-
-def collect_steps(args: argparse.Namespace) -> list[Step]:
-    """The prose-only collection and, with ``--retrieval-mix``, the retrieval-aware one: same model,
-    grid, calibration corpus, split, seed and lengths, plus the mix."""
-    argv = [
-        "collect",
-        "--model",
-        args.model,
-        "--device",
-        args.device,
-        "--samples",
-        str(args.calib_samples),
-        "--context-len",
-        str(args.calib_context_len),
-        "--continuation-len",
-        str(args.calib_continuation_len),
-        "--patterns",
-        args.patterns,
-        "--budgets",
-        args.grid,
-    ]
-    steps = [Step("collect", [*argv, "--out", str(signals_path(args))])]
-    if args.retrieval_mix:
-        mixed = [*argv, "--retrieval-mix", args.retrieval_mix, "--out", str(signals_path(args, True))]
-        steps.append(Step("collect retrieval", mixed))
-    return steps
-
-
-def _solve(
-    args: argparse.Namespace,
-    B: str,
-    name: str,
-    solver_args: list[str],
-    *,
-    retrieval: bool = False,
-    extra: list[str] = (),
-) -> Step:
-    target = args.out / "strategies" / f"{name}-B{B}.json"
-    argv = [
-        "solve",
-        *solver_args,
-        "--signals",
-        str(signals_path(args, retrieval)),
-        "--budget",
-        B,
-        "--b-min",
-        str(args.b_min),
-        *extra,
-        "--out",
-        str(target),
-    ]
-    return Step(f"solve {name} B={B}", argv, target)
-
-
-def uniform_steps(args: argparse.Namespace, B: str) -> dict[str, Step]:
-    """The uniform single-pattern strategies at ``B`` (prose-only table)."""
-    return {u: _solve(args, B, f"uniform-{u}", ["--method", "uniform", "--pattern", u]) for u in args.uniform}
-
-
-def strategy_steps(args: argparse.Namespace, B: str, default: str) -> dict[str, Step]:
-    """Every scored strategy at ``B`` by entry name (without ``-B<B>``): the methods, the ablations
-    (on ``default``, the calibration pattern) and, with ``--retrieval-mix``, the retrieval-aware ones."""
-    runs = {m: ["--method", m] for m in METHODS}
-    for m in args.ablations_on:
-        prefix = "" if m == "proportional" else f"{m}-"
-        runs[f"{prefix}patterns-only"] = ["--method", m, "--uniform-budgets"]
-        runs[f"{prefix}budgets-only"] = ["--method", m, "--fixed-pattern", default]
-        runs[f"{prefix}prefill-only"] = ["--method", m, "--phases", "prefill", "--default-pattern", default]
-        runs[f"{prefix}decoding-only"] = ["--method", m, "--phases", "decoding", "--default-pattern", default]
-    optuna = [
-        "--model",
-        args.model,
-        "--device",
-        args.device,
-        "--trials",
-        str(args.optuna_trials),
-        "--storage",
-        str(args.out / "optuna.journal"),
-        "--study-name",
-        f"repro-B{B}",
-        "--samples",
-        "1",
-        "--context-len",
-        str(args.calib_context_len),
-    ]
-    steps = {name: _solve(args, B, name, a, extra=optuna if name == "optuna" else []) for name, a in runs.items()}
-    if args.retrieval_mix:
-        for m in RETRIEVAL_METHODS:
-            steps[f"{m}-retrieval"] = _solve(args, B, f"{m}-retrieval", ["--method", m], retrieval=True)
-    return steps
 
 
 def score_steps(args: argparse.Namespace, B: str, strategies: list[Path]) -> list[Step]:
@@ -316,10 +217,10 @@ def compare_step(args: argparse.Namespace) -> Step:
 def plan(args: argparse.Namespace, default: str = PENDING) -> list[Step]:
     """Every step :func:`main` runs, in order, without running any (dp is listed; :func:`main` drops it
     from the score run when it equals ilp). ``default`` stands for the ablations' calibration pattern."""
-    steps = collect_steps(args)
+    steps = collect_steps(args) + ([head_collect_step(args)] if args.head_level else [])
     for B in args.budgets:
         steps += uniform_steps(args, B).values()
-        solved = strategy_steps(args, B, default)
+        solved = strategy_steps(args, B, default) | head_steps(args, B)
         steps += solved.values()
         steps += score_steps(args, B, [s.target for s in solved.values()])
     return [*steps, compare_step(args)]
@@ -342,14 +243,15 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {err}") from None
     (out / "strategies").mkdir(parents=True, exist_ok=True)
     log: dict = {}
-    for s in collect_steps(args):
+    for s in collect_steps(args) + ([head_collect_step(args)] if args.head_level else []):
         run_step(s, log)
     results = []
     for B in args.budgets:
         uniform = {u: run_step(s, log) for u, s in uniform_steps(args, B).items()}
         default = calibration_pattern(uniform)
         print(f"ablations at B={B} use {default} (lowest predicted degradation on the calibration signals)")
-        solved = {name: run_step(s, log) for name, s in strategy_steps(args, B, default).items()}
+        solving = strategy_steps(args, B, default) | head_steps(args, B)
+        solved = {name: run_step(s, log) for name, s in solving.items()}
         if _same_strategy(solved["dp"], solved["ilp"]):
             print(f"dp == ilp at B={B}: scored once (as ilp)")
             del solved["dp"]
