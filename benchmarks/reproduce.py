@@ -65,7 +65,6 @@ from reproduce_steps import (  # noqa: E402,F401
     UNIFORM,
     Step,
     collect_steps,
-    head_collect_step,
     head_steps,
     run_step,
     strategy_steps,
@@ -217,7 +216,7 @@ def compare_step(args: argparse.Namespace) -> Step:
 def plan(args: argparse.Namespace, default: str = PENDING) -> list[Step]:
     """Every step :func:`main` runs, in order, without running any (dp is listed; :func:`main` drops it
     from the score run when it equals ilp). ``default`` stands for the ablations' calibration pattern."""
-    steps = collect_steps(args) + ([head_collect_step(args)] if args.head_level else [])
+    steps = collect_steps(args)
     for B in args.budgets:
         steps += uniform_steps(args, B).values()
         solved = strategy_steps(args, B, default) | head_steps(args, B)
@@ -243,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {err}") from None
     (out / "strategies").mkdir(parents=True, exist_ok=True)
     log: dict = {}
-    for s in collect_steps(args) + ([head_collect_step(args)] if args.head_level else []):
+    for s in collect_steps(args):
         run_step(s, log)
     results = []
     for B in args.budgets:

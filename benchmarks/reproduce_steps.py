@@ -48,10 +48,9 @@ def run_step(s: Step, log: dict) -> Path | None:
     return s.target
 
 
-def collect_steps(args: argparse.Namespace) -> list[Step]:
-    """The prose-only collection and, with ``--retrieval-mix``, the retrieval-aware one: same model,
-    grid, calibration corpus, split, seed and lengths, plus the mix."""
-    argv = [
+def _calibration(args: argparse.Namespace) -> list[str]:
+    """``collect`` with the model and calibration settings every table of the study shares."""
+    return [
         "collect",
         "--model",
         args.model,
@@ -63,15 +62,19 @@ def collect_steps(args: argparse.Namespace) -> list[Step]:
         str(args.calib_context_len),
         "--continuation-len",
         str(args.calib_continuation_len),
-        "--patterns",
-        args.patterns,
-        "--budgets",
-        args.grid,
     ]
+
+
+def collect_steps(args: argparse.Namespace) -> list[Step]:
+    """The prose-only collection, with ``--retrieval-mix`` the retrieval-aware one (same model, grid,
+    calibration corpus, split, seed and lengths, plus the mix) and with ``--head-level`` the head table."""
+    argv = [*_calibration(args), "--patterns", args.patterns, "--budgets", args.grid]
     steps = [Step("collect", [*argv, "--out", str(signals_path(args))])]
     if args.retrieval_mix:
         mixed = [*argv, "--retrieval-mix", args.retrieval_mix, "--out", str(signals_path(args, True))]
         steps.append(Step("collect retrieval", mixed))
+    if args.head_level:
+        steps.append(head_collect_step(args))
     return steps
 
 
@@ -83,13 +86,14 @@ def _solve(
     *,
     retrieval: bool = False,
     extra: list[str] = (),
+    signals: Path | None = None,
 ) -> Step:
     target = args.out / "strategies" / f"{name}-B{B}.json"
     argv = [
         "solve",
         *solver_args,
         "--signals",
-        str(signals_path(args, retrieval)),
+        str(signals or signals_path(args, retrieval)),
         "--budget",
         B,
         "--b-min",
@@ -158,19 +162,9 @@ def head_collect_step(args: argparse.Namespace) -> Step:
     ``--head-grid`` (beside as many prose samples); its layer-level grid is one cell, which no head solver
     reads."""
     argv = [
-        "collect",
-        "--model",
-        args.model,
-        "--device",
-        args.device,
-        "--samples",
-        str(args.calib_samples),
+        *_calibration(args),
         "--retrieval-heads",
         str(args.calib_samples),
-        "--context-len",
-        str(args.calib_context_len),
-        "--continuation-len",
-        str(args.calib_continuation_len),
         "--head-cells",
         args.head_grid,
         "--head-patterns",
@@ -195,9 +189,5 @@ def head_steps(args: argparse.Namespace, B: str) -> dict[str, Step]:
     if not args.head_level:
         return {}
     built_for = ["--target-context-len", str(args.context_len)]
-    steps = {}
-    for name, flags in HEAD_METHODS.items():
-        step = _solve(args, B, name, flags, extra=built_for)
-        step.argv[step.argv.index("--signals") + 1] = str(heads_path(args))
-        steps[name] = step
-    return steps
+    table = heads_path(args)
+    return {name: _solve(args, B, name, flags, extra=built_for, signals=table) for name, flags in HEAD_METHODS.items()}

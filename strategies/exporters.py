@@ -244,9 +244,9 @@ def cover_head_groups(choice: LayerChoice, context_len: int) -> LayerChoice:
     if any(g.pattern == "full" or g.budget >= context_len for g in groups):
         return LayerChoice("full", None)
     if all(g.pattern == "streaming_llm" for g in groups):
-        sinks = max(n_sink_of(LayerChoice(g.pattern, g.budget, g.params)) for g in groups)
-        recent = max(g.budget - min(n_sink_of(LayerChoice(g.pattern, g.budget, g.params)), g.budget) for g in groups)
-        return LayerChoice("streaming_llm", sinks + recent, {"n_sink": sinks})
+        sinks = [min(n_sink_of(LayerChoice(g.pattern, g.budget, g.params)), g.budget) for g in groups]
+        recent = max(g.budget - n for g, n in zip(groups, sinks))
+        return LayerChoice("streaming_llm", max(sinks) + recent, {"n_sink": max(sinks)})
     largest = max(groups, key=lambda g: g.budget)
     return LayerChoice(largest.pattern, largest.budget, largest.params)
 
