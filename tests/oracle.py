@@ -27,7 +27,7 @@ _ACTIVE: dict[int, Oracle] = {}
 DEFAULTS = {
     "full": {},
     "streaming_llm": {"n_sink": 4},
-    "h2o": {"recent_ratio": 0.5, "chunk": 512},
+    "h2o": {"recent_ratio": 0.5, "chunk": 128},
     "tova": {},
     "snapkv": {"window": 32, "kernel": 5, "pooling": "avgpool"},
     "pyramidkv": {"window": 8, "kernel": 7, "pooling": "maxpool"},

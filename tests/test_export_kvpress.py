@@ -250,7 +250,7 @@ GOLDEN_SIDECAR = {
             "layer": 2,
             "prefill": {
                 "pattern": "h2o",
-                "params": {"recent_ratio": 0.5, "chunk": 512},
+                "params": {"recent_ratio": 0.5, "chunk": 128},
                 "budget": 24,
                 "kvpress": {"class": "ObservedAttentionPress", "params": {}},
                 "differences": [
@@ -262,7 +262,7 @@ GOLDEN_SIDECAR = {
             },
             "decoding": {
                 "pattern": "h2o",
-                "params": {"recent_ratio": 0.5, "chunk": 512},
+                "params": {"recent_ratio": 0.5, "chunk": 128},
                 "budget": 32,
                 "kvpress": None,
                 "differences": [

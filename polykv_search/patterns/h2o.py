@@ -25,7 +25,9 @@ class H2O(Pattern):
     recent_ratio : float
         Share of the budget reserved for the most recent tokens (the paper splits 50/50).
     chunk : int
-        Queries processed at once when accumulating attention (memory, not results).
+        Queries processed at once when accumulating attention: memory and speed, not results (the
+        block's float rounding only). A 128-query block's logits stay in cache where 512's did not:
+        accumulating a 2,048-token prompt took 71 instead of 166 ms per layer on one CPU core.
 
     Attention is accumulated over every query the layer has seen (prompt and decoded tokens),
     summed over the query heads of each KV head's GQA group.
@@ -33,7 +35,7 @@ class H2O(Pattern):
 
     name: ClassVar[str] = "h2o"
     recent_ratio: float = 0.5
-    chunk: int = 512
+    chunk: int = 128
 
     def __post_init__(self) -> None:
         if not 0.0 <= float(self.recent_ratio) <= 1.0:
