@@ -1,16 +1,20 @@
 """A decoding batch cut into two parts, each padded to its own longest row (RowSplitLayer), keeps every
 row's tokens, predictions and logits exactly as the per-entry path does; the cut and the batch plan
-follow the padded-slot cost."""
+follow the padded-slot cost. Inside a part, each decoding pattern group's rows are consecutive."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from polykv_search.runtime import RowSplitLayer
+from polykv_search.patterns import make_pattern
+from polykv_search.runtime import FULL_PLAN, PhasePlan, RowSplitLayer
 from polykv_search.runtime import row_split as row_split_module
-from polykv_search.runtime.row_split import best_split, layer_slots
+from polykv_search.runtime.row_batch import RowBatchLayer
+from polykv_search.runtime.row_split import best_split, layer_slots, row_parts
 from polykv_search.scoring.shared import plan_groups
 from tests.test_eval_support import char_tokenizer
+from tests.test_row_batch import KW, prefilled
 from tests.test_scoring_engines import assert_same, entries, jobs, run_both
 from tests.tiny import FAMILIES, tiny_model
 
@@ -76,3 +80,34 @@ def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_pa
     # head-group rows share the batch (one forward) with the layer-level rows, each split layer a part
     assert any(any(isinstance(p, HeadGroupLayer) for p in layer.parts) and len(layer.parts) > 1 for layer in built)
     assert_same(reference, shared, job)
+
+
+def test_each_decoding_group_is_consecutive_in_its_row_batch_and_outputs_come_back_in_batch_order():
+    gen = torch.Generator().manual_seed(0)
+    h, g, d, n = KW["num_kv_heads"], KW["groups"], 4, 12
+    snap, h2o = PhasePlan(make_pattern("snapkv"), 8), PhasePlan(make_pattern("h2o"), 6)
+    decoding = [snap, h2o, FULL_PLAN, snap, h2o]  # the groups interleave in batch order
+    prompt = (torch.randn(1, h, n, d, generator=gen), torch.randn(1, h, n, d, generator=gen))
+    query = torch.randn(1, h * g, n, d, generator=gen)
+    members = [prefilled(PhasePlan(make_pattern("tova"), 10), plan, prompt, query) for plan in decoding]
+    layer = row_parts(0, members, None, **KW)
+    (part,) = layer.parts
+    assert isinstance(part, RowBatchLayer) and part.rows == [members[i] for i in (0, 3, 1, 4, 2)]
+    assert [grp.index for grp in part.row_groups] == [slice(0, 2), slice(2, 4)]  # slices: no gather
+    k, v = torch.randn(5, h, 1, d, generator=gen), torch.randn(5, h, 1, d, generator=gen)
+    layer.update(k, v)
+    for slot, row in enumerate((0, 3, 1, 4, 2)):  # each row's new token went to its own store row
+        assert torch.equal(part.keys[slot, :, part.counts[slot] - 1], k[row, :, 0])
+    q = torch.randn(5, h * g, 1, d, generator=gen)
+    out = layer.attention_call_grouped(q, lambda part, query: query.transpose(1, 2))  # the kernel's layout
+    assert torch.equal(out, q.transpose(1, 2))
+
+
+def test_a_batch_already_in_group_order_stays_one_row_batch():
+    gen = torch.Generator().manual_seed(1)
+    h, g, d, n = KW["num_kv_heads"], KW["groups"], 4, 12
+    snap = PhasePlan(make_pattern("snapkv"), 8)
+    prompt = (torch.randn(1, h, n, d, generator=gen), torch.randn(1, h, n, d, generator=gen))
+    query = torch.randn(1, h * g, n, d, generator=gen)
+    members = [prefilled(snap, plan, prompt, query) for plan in (snap, snap, FULL_PLAN)]
+    assert type(row_parts(0, members, None, **KW)) is RowBatchLayer

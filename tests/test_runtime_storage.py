@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from polykv_search.patterns import make_pattern
 from polykv_search.patterns.base import protected_ends, select_keep, sinks_and_recent
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
+from polykv_search.runtime.row_view import GroupView
 
 
 def layer(prefill=FULL_PLAN, decoding=FULL_PLAN, **kw) -> EvictingLayer:
@@ -58,6 +59,29 @@ def test_unpadded_protection_mask_equals_the_ranked_one():
     for budget, sink, recent in [(10, 4, 10), (10, 0, 5), (23, 4, 23), (5, 8, 8), (7, 0, 0)]:
         fast = protected_ends(lay, budget, sink, recent)
         assert torch.equal(fast, sinks_and_recent(lay.valid, budget, sink, recent))
+
+
+def test_compact_rows_protection_mask_equals_the_ranked_one():
+    counts, n = [23, 9, 1, 17], 23
+    view = GroupView(0, num_kv_heads=2, groups=1, scaling=1.0, sliding_window=None, device="cpu")
+    valid = (torch.arange(n)[None, None, :] < torch.tensor(counts)[:, None, None]).expand(4, 2, n)
+    positions = torch.arange(n).expand(4, 2, n).masked_fill(~valid, -1)
+    keys = torch.zeros(4, 2, n, 8)
+    view.show(
+        keys,
+        lambda: keys,
+        positions,
+        valid,
+        counts=counts,
+        all_valid=False,
+        seen=n,
+        calls=1,
+        num_evictions=1,
+        query_range=range(n - 1, n),
+    )
+    for budget, sink, recent in [(10, 4, 10), (10, 0, 5), (23, 4, 23), (5, 8, 8), (7, 0, 0), (1, 0, 32)]:
+        fast = protected_ends(view, budget, sink, recent)
+        assert torch.equal(fast, sinks_and_recent(valid, budget, sink, recent))
 
 
 def test_appending_never_changes_a_view_handed_out_before():

@@ -40,14 +40,19 @@ def sinks_and_recent(valid: torch.Tensor, budget: int, n_sink: int, n_recent: in
 
 
 def protected_ends(layer: LayerView, budget: int, n_sink: int, n_recent: int) -> torch.Tensor:
-    """:func:`sinks_and_recent` of the layer's cache; without padding the ranks are the slots."""
-    if not layer.all_valid:
-        return sinks_and_recent(layer.valid, budget, n_sink, n_recent)
+    """:func:`sinks_and_recent` of the layer's cache; without padding the ranks are the slots, and so
+    they are in a view of compact rows (``row_counts``: row ``e``'s tokens in slots ``0..count-1``)."""
     n_sink = min(n_sink, budget)
     n_recent = min(n_recent, budget - n_sink)
     n = layer.length
     slot = torch.arange(n, device=layer.valid.device)
-    return ((slot < n_sink) | (slot >= n - n_recent)).expand(layer.valid.shape)
+    if layer.all_valid:
+        return ((slot < n_sink) | (slot >= n - n_recent)).expand(layer.valid.shape)
+    counts = getattr(layer, "row_counts", None)
+    if counts is None:
+        return sinks_and_recent(layer.valid, budget, n_sink, n_recent)
+    count = counts()[:, None, None]  # [E, 1, 1]
+    return (((slot < n_sink) | (slot >= count - n_recent)) & (slot < count)).expand(layer.valid.shape)
 
 
 def select_keep(

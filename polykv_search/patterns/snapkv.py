@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from polykv_search.patterns.base import POS_INF, LayerView, Pattern, protected_ends
+from polykv_search.patterns.base import NEG_INF, POS_INF, LayerView, Pattern, protected_ends
 from polykv_search.patterns.state import PatternState
 
 
@@ -81,14 +81,24 @@ class SnapKV(Pattern):
     def selection_key(
         self, layer: LayerView, state: PatternState, budgets: Sequence[int], rows: Sequence[int] | None = None
     ) -> torch.Tensor:
-        if not layer.all_valid or len(set(budgets)) > 1:
+        counts = getattr(layer, "row_counts", None)
+        single = layer.all_valid and len(set(budgets)) == 1
+        if not single and counts is None:
             return super().selection_key(layer, state, budgets, rows)
-        # protected_ends without padding is the newest min(window, budget) slots: protect them in place
         key = self.score(layer, state).float()
-        if rows is not None:
-            key = key.index_select(0, torch.tensor(list(rows), device=key.device))
-        key[..., key.shape[-1] - min(self.window, budgets[0]) :] = POS_INF
-        return key
+        sel = None if rows is None else torch.tensor(list(rows), device=key.device)
+        if sel is not None:
+            key = key.index_select(0, sel)
+        if single:  # protected_ends without padding is the newest min(window, budget) slots: in place
+            key[..., key.shape[-1] - min(self.window, budgets[0]) :] = POS_INF
+            return key
+        # compact rows (row e's tokens in slots 0..count-1): the same ends, each row at its own budget
+        count = counts() if sel is None else counts().index_select(0, sel)
+        recent = torch.tensor([min(self.window, b) for b in budgets], device=key.device)
+        slot = torch.arange(key.shape[-1], device=key.device)
+        count, recent = count[:, None, None], recent[:, None, None]
+        key = key.masked_fill((slot >= count - recent) & (slot < count), POS_INF)
+        return key.masked_fill(slot >= count, NEG_INF)
 
     def protected(self, layer: LayerView, budget: int) -> torch.Tensor:
         return protected_ends(layer, budget, 0, self.window)

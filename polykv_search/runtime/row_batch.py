@@ -85,9 +85,8 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
     def _make_groups(self, rows: list[EvictingLayer]) -> list[_Group]:
         members: dict[Any, list[int]] = {}
         for r, row in enumerate(rows):
-            plan = row.plans[DECODING]
-            if plan.evicts:
-                key = plan.pattern if plan.pattern.batch_exact else (plan.pattern, r)
+            key = decoding_group(row, r)
+            if key is not None:
                 members.setdefault(key, []).append(r)
         groups = []
         for key, idx in members.items():
@@ -186,8 +185,9 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             budgets = [targets[j] for j in picked]
             counts = [self.counts[group.rows[j]] for j in picked]
             if group.default_rows:
-                key = group.pattern.selection_key(group.view, group.state, budgets, picked)
-                shared_keys.append(torch.nn.functional.pad(key, (0, end - key.shape[-1]), value=NEG_INF))
+                rows = None if len(picked) == len(group.rows) else picked  # None: the whole group, no gather
+                key = group.pattern.selection_key(group.view, group.state, budgets, rows)
+                shared_keys.append(_pad_to(key, end, NEG_INF))
                 shared_budgets += budgets
                 shared_counts += counts
                 parts.append((group, picked, budgets, None))
@@ -203,14 +203,13 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             if chosen is None:
                 chosen = (shared[0][at : at + len(picked)], shared[1][at : at + len(picked)])
                 at += len(picked)
-            keeps.append(torch.nn.functional.pad(chosen[0], (0, width - chosen[0].shape[-1])))
-            kepts.append(torch.nn.functional.pad(chosen[1], (0, width - chosen[1].shape[-1])))
+            keeps.append(_pad_to(chosen[0], width))
+            kepts.append(_pad_to(chosen[1], width))
             rows += [group.rows[j] for j in picked]
             all_budgets += budgets
         keep = keeps[0] if len(keeps) == 1 else torch.cat(keeps)  # [E, H, m], bool [E, 1, m]
         kept = kepts[0] if len(kepts) == 1 else torch.cat(kepts)
-        keep = torch.nn.functional.pad(keep, (0, end - keep.shape[-1]))
-        kept = torch.nn.functional.pad(kept, (0, end - kept.shape[-1]))
+        keep, kept = _pad_to(keep, end), _pad_to(kept, end)
         self._compact(torch.tensor(rows, device=self.device), keep, kept)
         at = 0
         for group, picked, _, _ in parts:
@@ -247,7 +246,8 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
     def _point_view(self, group: _Group) -> None:
         """Point the group's view at its rows' slots: the rows' longest prefix of the store."""
         store = self._batch
-        n = max(self.counts[r] for r in group.rows)
+        counts = [self.counts[r] for r in group.rows]
+        n = max(counts)
         if isinstance(group.index, slice):
             take = lambda t: t[group.index, :, :n]  # noqa: E731
         else:
@@ -257,7 +257,8 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             lambda: take(store.values),
             take(store.positions),
             take(store.valid),
-            all_valid=all(self.counts[r] == n for r in group.rows),
+            counts=counts,
+            all_valid=all(c == n for c in counts),
             seen=self.seen,
             calls=self.calls,
             num_evictions=max(self.row_evictions[r] for r in group.rows),
@@ -288,6 +289,15 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             )
 
 
+def decoding_group(row: EvictingLayer, r: int) -> Any:
+    """The key of the group row ``r`` joins in a :class:`RowBatchLayer` (rows with equal keys are scored
+    and evict as one call), or None for a row that never evicts in decoding."""
+    plan = row.plans[DECODING]
+    if not plan.evicts:
+        return None
+    return plan.pattern if plan.pattern.batch_exact else (plan.pattern, r)
+
+
 class _GroupDispatch:
     """The one observer a :class:`RowBatchLayer` shows the runtime: each group's pattern hooks run
     once, on the group's view with the group's rows of the queries."""
@@ -305,6 +315,11 @@ class _GroupDispatch:
     def post_kernel(self, layer, state, query) -> None:
         for group in self.batch.row_groups:
             group.pattern.post_kernel(group.view, group.state, self._queries(group, query))
+
+
+def _pad_to(t: torch.Tensor, width: int, value: float = 0) -> torch.Tensor:
+    """``t`` right-padded along its last axis to ``width`` (``t`` itself when it is that wide)."""
+    return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=value)
 
 
 def _empty_store(like: EvictingLayer, r: int, capacity: int) -> TokenStore:

@@ -50,6 +50,8 @@ class GroupView(RowsMask, ViewOps):
         self.rotary = rotary
         self.keys = self.positions = self.valid = None
         self._values = self._take_values = None
+        self._counts: list[int] = []
+        self._counts_tensor: torch.Tensor | None = None
         self.all_valid = True
         self.seen = self.calls = self.num_evictions = 0
         self.query_range = range(0)
@@ -64,6 +66,16 @@ class GroupView(RowsMask, ViewOps):
     def length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[-2]
 
+    def row_counts(self) -> torch.Tensor:
+        """Tokens each row holds ``[R_g]`` (long): the rows are compact, row ``e``'s in slots
+        ``0..count-1`` on every head (:func:`~polykv_search.patterns.selection.protected_ends` reads it)."""
+        if self._counts_tensor is None:
+            self._counts_tensor = torch.tensor(self._counts, device=self.device)
+        return self._counts_tensor
+
+    def real_prefix(self) -> int | None:
+        return min(self._counts) if self._counts else super().real_prefix()
+
     def show(
         self,
         keys: torch.Tensor,
@@ -71,6 +83,7 @@ class GroupView(RowsMask, ViewOps):
         positions: torch.Tensor,
         valid: torch.Tensor,
         *,
+        counts: list[int],
         all_valid: bool,
         seen: int,
         calls: int,
@@ -81,6 +94,8 @@ class GroupView(RowsMask, ViewOps):
         counters."""
         self._values, self._take_values = None, values
         self.keys, self.positions, self.valid, self.all_valid = keys, positions, valid, all_valid
+        if counts != self._counts:
+            self._counts, self._counts_tensor = counts, None
         self.seen, self.calls, self.num_evictions, self.query_range = seen, calls, num_evictions, query_range
 
     def query_valid(self, q_len: int) -> torch.Tensor | None:

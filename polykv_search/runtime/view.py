@@ -39,6 +39,10 @@ class ViewOps:
         # A padding query sees only itself, so no row is empty and no NaN can leak into the cache.
         return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
 
+    def real_prefix(self) -> int | None:
+        """Leading slots that hold real tokens in every row and head (None: not known, e.g. left padding)."""
+        return self.length if self.all_valid else None
+
     def visibility(self, query_positions: torch.Tensor | range) -> torch.Tensor | None:
         """:meth:`allowed`, or None when every query sees every cached key: no padding, no sliding
         window, and the queries (a ``range``) are the newest token, which comes after every kept one."""
@@ -88,15 +92,20 @@ class ViewOps:
         # the scale goes on the (small) queries, not on the [q, n] logits: one pass less over them
         scaled = query.float().reshape(b, h, g * q, d) * self.scaling
         logits = torch.matmul(scaled, keys.float().transpose(-1, -2)).view(b, h, g, q, n)
-        if isinstance(query_positions, range) and self.sliding_window is None and self.all_valid:
-            # Kept positions are distinct, ascending and < seen, so only the last ``seen - 1 - start``
-            # slots can hold a key after the first query: mask just those columns.
-            first = self.length - (self.seen - 1 - query_positions.start)
+        real = self.real_prefix() if isinstance(query_positions, range) and self.sliding_window is None else None
+        if real is not None:
+            # Kept positions are distinct, ascending and < seen, so in a row of ``real`` leading real
+            # tokens only the slots from ``real - (seen - 1 - start)`` on can hold a key after the first
+            # query (or padding): mask just those columns.
+            first = real - (self.seen - 1 - query_positions.start)
             if q and first < n:
                 first = max(first, 0)
                 kpos = self.positions[:, :, None, first:n]
                 qpos = torch.arange(query_positions.start, query_positions.stop, device=self.device)
-                logits[..., first:].masked_fill_((kpos > qpos[:, None])[:, :, None], float("-inf"))
+                hidden = kpos > qpos[:, None]
+                if not self.all_valid:
+                    hidden |= ~self.valid[:, :, None, first:n]
+                logits[..., first:].masked_fill_(hidden[:, :, None], float("-inf"))
         else:
             mask = self.visibility(query_positions)
             if mask is not None:
