@@ -68,14 +68,15 @@ class RowSplitLayer(RuntimeLayer):
         if not parts or any(len(rows) < 1 for _, rows in parts):
             raise ValueError(f"a row split needs parts of at least one row each, got {[list(r) for _, r in parts]}")
         order = [r for _, rows in parts for r in rows]
-        if sorted(order) != list(range(len(order))):
+        identity = list(range(len(order)))
+        if sorted(order) != identity:
             raise ValueError(f"a row split's parts must hold every batch row once, got {order}")
         self.parts = [part for part, _ in parts]
         first = self.parts[0]
         self.device, self.seen, self.calls = first.device, first.seen, first.calls
         self._rows = [_rows_index(rows, self.device) for _, rows in parts]
-        inverse = sorted(range(len(order)), key=order.__getitem__)
-        self._inverse = None if order == sorted(order) else torch.tensor(inverse, device=self.device)
+        inverse = None if order == identity else sorted(identity, key=order.__getitem__)
+        self._inverse = None if inverse is None else torch.tensor(inverse, device=self.device)
         self.is_initialized = True
 
     keys = property(lambda self: self.parts[0].keys, lambda self, t: None)
