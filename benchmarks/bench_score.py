@@ -1,14 +1,18 @@
 """Scoring speed: the shared engine vs the per-entry path, side by side in one run, scores compared.
 
 12 entries (FullKV, 4 uniform patterns, pyramid, 6 heterogeneous strategies) x N samples per task on
-SmolLM2 at each context length; both engines run the same samples, interleaved (A B B A ...) so
-machine noise hits both. Reports wall and CPU seconds, the ratio, and whether every score matched.
-Also the H2O-vs-SnapKV entry cost on the shared engine (one uniform entry alone, interleaved), and the
-*ceiling* of batching on this machine: the unmodified model making the same calls over ``--budget``-token
+SmolLM2 at each context length. Reports wall and CPU seconds, the ratio, and whether every score matched;
+also the H2O-vs-SnapKV entry cost on the shared engine (one uniform entry alone, interleaved A B B A), and
+the *ceiling* of batching on this machine: the unmodified model making the same calls over ``--budget``-token
 caches (no eviction work) once per entry one row at a time, vs one context pass plus one batch of all
 entries. It is set by how much cheaper a 12-row step is than 12 one-row steps. A second ceiling
 (``real_lengths``) has the FullKV entry hold the whole context, as it does in both engines; the
 engine's share of each is reported.
+
+Everything is measured sample by sample: each sample's shared-engine run, per-entry run (their order
+alternating) and ceiling calls follow each other, so a machine whose speed drifts over minutes moves the
+engines and their ceiling alike; ``--rounds R`` repeats the pass and reports each round's shares beside
+the total's.
 
     python benchmarks/bench_score.py --contexts 512,2048 --samples 1 --out runs/bench_score.json
 
@@ -72,24 +76,25 @@ def timed(fn):
     return value, time.perf_counter() - w, time.process_time() - c
 
 
-def ceiling(model, tok, samples, n_entries: int, budget: int, n_full: int = 0) -> dict:
-    """The batching ceiling on this machine for entries that hold ``budget`` tokens: the unmodified model
-    (no eviction work) making every sample's calls once per entry one row at a time, vs one context pass
-    plus one ``n_entries``-row batch of the same calls. After the (timed) context pass, the calls run
-    over a ``budget``-token cache (the context's last tokens, built untimed). Generated tasks decode
-    their full limit (no EOS).
+def ceiling_sample(model, tok, task, sample, n_entries: int, budget: int, n_full: int = 0) -> dict:
+    """The batching ceiling on this machine for one sample, entries holding ``budget`` tokens: the unmodified
+    model (no eviction work) making the sample's calls once per entry one row at a time (``per_entry_s``),
+    vs one context pass plus one ``n_entries``-row batch of the same calls (``shared_s``). After the (timed)
+    context pass, the calls run over a ``budget``-token cache (the context's last tokens, built untimed).
+    Generated tasks decode their full limit (no EOS).
 
-    ``real_lengths`` is the same with each of the ``n_full`` FullKV entries holding the whole context:
-    one row at a time it decodes over the context; batched, the best of one ``n_entries``-row batch
-    padded to the context and two batches (the others over ``budget`` tokens, the FullKV rows over the
-    context)."""
+    ``real_per_entry_s`` / ``real_shared_s`` are the same with each of the ``n_full`` FullKV entries holding
+    the whole context: one row at a time it decodes over the context; batched, the best of one
+    ``n_entries``-row batch padded to the context and two batches (the others over ``budget`` tokens, the
+    FullKV rows over the context)."""
     eos = frozenset(eos_token_ids(model, tok))
     dev = next(model.parameters()).device
+    job = scoring.engine.sample_job(tok, task, sample, eos, None)
 
     def ids(rows, tokens):
         return torch.tensor([list(tokens)] * rows, dtype=torch.long, device=dev)
 
-    def timed_calls(job, rows: int, keep: int = budget) -> float:
+    def timed_calls(rows: int, keep: int = budget) -> float:
         if rows == 0:
             return 0.0
         cache = DynamicCache()
@@ -104,39 +109,142 @@ def ceiling(model, tok, samples, n_entries: int, budget: int, n_full: int = 0) -
                 x = out.logits[:, -1:].argmax(-1)
         return time.perf_counter() - t0
 
-    alone = batched = real_alone = real_batched = 0.0
+    out = {}
     with torch.inference_mode():
-        for task, task_samples in samples.values():
-            for sample in task_samples:
-                job = scoring.engine.sample_job(tok, task, sample, eos, None)
-                t0 = time.perf_counter()
-                model(input_ids=ids(1, job.context_ids), cache=DynamicCache(), use_cache=True, logits_to_keep=1)
-                context_s = time.perf_counter() - t0
-                one, many = timed_calls(job, 1), timed_calls(job, n_entries)
-                alone += n_entries * (context_s + one)
-                batched += context_s + many
-                if n_full:
-                    whole = len(job.context_ids)
-                    full_one = timed_calls(job, 1, whole)
-                    real_alone += n_full * (context_s + full_one) + (n_entries - n_full) * (context_s + one)
-                    padded = timed_calls(job, n_entries, whole)
-                    split = timed_calls(job, n_entries - n_full) + timed_calls(job, n_full, whole)
-                    real_batched += context_s + min(padded, split)
-    out = {"budget": budget, "per_entry_s": alone, "shared_s": batched, "ratio": alone / batched}
-    if n_full:
-        out["real_lengths"] = {
-            "full_entries": n_full,
-            "per_entry_s": real_alone,
-            "shared_s": real_batched,
-            "ratio": real_alone / real_batched,
-        }
+        t0 = time.perf_counter()
+        model(input_ids=ids(1, job.context_ids), cache=DynamicCache(), use_cache=True, logits_to_keep=1)
+        context_s = time.perf_counter() - t0
+        one, many = timed_calls(1), timed_calls(n_entries)
+        out["per_entry_s"] = n_entries * (context_s + one)
+        out["shared_s"] = context_s + many
+        if n_full:
+            whole = len(job.context_ids)
+            full_one = timed_calls(1, whole)
+            out["real_per_entry_s"] = n_full * (context_s + full_one) + (n_entries - n_full) * (context_s + one)
+            padded = timed_calls(n_entries, whole)
+            split = timed_calls(n_entries - n_full) + timed_calls(n_full, whole)
+            out["real_shared_s"] = context_s + min(padded, split)
     return out
+
+
+def ceiling_report(parts: list[dict], budget: int, n_full: int) -> dict:
+    """The ceiling over samples (sums of :func:`ceiling_sample`'s times), in the JSON's layout."""
+    total = {k: sum(p[k] for p in parts) for k in parts[0]}
+    out = {"budget": budget, "per_entry_s": total["per_entry_s"], "shared_s": total["shared_s"]}
+    out["ratio"] = out["per_entry_s"] / out["shared_s"]
+    if n_full:
+        real = {"per_entry_s": total["real_per_entry_s"], "shared_s": total["real_shared_s"]}
+        out["real_lengths"] = {"full_entries": n_full, **real, "ratio": real["per_entry_s"] / real["shared_s"]}
+    return out
+
+
+def shares(per_entry_s: float, shared_s: float, bound: dict) -> dict:
+    """The engine's speed-up as a share of each ceiling, and each engine's time over its own side of the
+    (FullKV-holding, when measured) ceiling: a share moved by one engine's run alone shows there."""
+    ratio = per_entry_s / shared_s
+    out = {"budget-length": ratio / bound["ratio"]}
+    if "real_lengths" in bound:
+        out["real_lengths"] = ratio / bound["real_lengths"]["ratio"]
+    real = bound.get("real_lengths", bound)
+    over = {"shared": shared_s / real["shared_s"], "per-entry": per_entry_s / real["per_entry_s"]}
+    return {"share_of_ceiling": out, "over_ceiling_time": over}
 
 
 def per_sample_scores(records):
     return [
         [(t, [r["score"] for r in res["per_sample"]]) for t, res in sorted(rec["tasks"].items())] for rec in records
     ]
+
+
+def engines_beside_ceiling(model, tok, es, samples, rounds: int, budget: int, n: int) -> dict:
+    """Both engines and the ceiling, sample by sample: for each sample the shared engine and the per-entry
+    path (their order alternating from sample to sample) and then the unmodified model's calls, so that a
+    machine whose speed drifts over minutes moves all four alike. ``rounds`` passes over the samples; the
+    shares are reported per round and over all of them."""
+    n_full = sum(e.strategy.is_full for e in es)
+    runs: dict[str, list[dict]] = {"shared": [], "per-entry": []}
+    parts, same, per_round = [], True, []
+    for r in range(rounds):
+        total = {e: {"wall_s": 0.0, "cpu_s": 0.0} for e in runs}
+        round_parts = []
+        flat = [(name, task, sample) for name, (task, ss) in samples.items() for sample in ss]
+        for i, (name, task, sample) in enumerate(flat):
+            one = {name: (task, [sample])}
+            order = ("shared", "per-entry") if (i + r) % 2 == 0 else ("per-entry", "shared")
+            scores = {}
+            for engine in order:
+                rec, wall, cpu = timed(lambda: scoring.score_entries(model, tok, es, one, engine=engine))
+                total[engine]["wall_s"] += wall
+                total[engine]["cpu_s"] += cpu
+                scores[engine] = per_sample_scores(rec)
+            same &= scores["shared"] == scores["per-entry"]
+            round_parts.append(ceiling_sample(model, tok, task, sample, len(es), budget, n_full))
+        for engine in runs:
+            runs[engine].append(total[engine])
+            print(
+                f"context {n} round {r + 1}: {engine:9s} wall {total[engine]['wall_s']:7.1f} s  "
+                f"cpu {total[engine]['cpu_s']:7.1f} s",
+                flush=True,
+            )
+        bound = ceiling_report(round_parts, budget, n_full)
+        per_round.append(shares(total["per-entry"]["wall_s"], total["shared"]["wall_s"], bound))
+        print(f"context {n} round {r + 1}: " + share_text(per_round[-1]), flush=True)
+        parts += round_parts
+    wall = {e: sum(x["wall_s"] for x in runs[e]) for e in runs}
+    cpu = {e: sum(x["cpu_s"] for x in runs[e]) for e in runs}
+    bound = ceiling_report(parts, budget, n_full)
+    out = {
+        "runs": runs,
+        "scores_identical": same,
+        "speedup_wall": wall["per-entry"] / wall["shared"],
+        "speedup_cpu": cpu["per-entry"] / cpu["shared"],
+        "ceiling": bound,
+        **shares(wall["per-entry"], wall["shared"], bound),
+        "rounds": per_round,
+    }
+    real = bound.get("real_lengths")
+    print(
+        f"context {n}: ceiling of batching here (unmodified model, same calls): {bound['ratio']:.1f}x "
+        f"({bound['per_entry_s']:.1f} s one row at a time vs {bound['shared_s']:.1f} s batched)"
+        + (
+            f"; with FullKV holding the context: {real['ratio']:.1f}x ({real['per_entry_s']:.1f} s vs "
+            f"{real['shared_s']:.1f} s)"
+            if real
+            else ""
+        ),
+        flush=True,
+    )
+    print(
+        f"context {n}: shared is {out['speedup_wall']:.1f}x faster (wall), {out['speedup_cpu']:.1f}x (cpu); "
+        f"scores identical: {same}; " + share_text(out),
+        flush=True,
+    )
+    return out
+
+
+def share_text(s: dict) -> str:
+    over = s["over_ceiling_time"]
+    return (
+        ", ".join(f"{100 * v:.0f} % of the {k.replace('_', '-')} ceiling" for k, v in s["share_of_ceiling"].items())
+        + f" (time over the ceiling's own side: shared {over['shared']:.2f}x, per-entry {over['per-entry']:.2f}x)"
+    )
+
+
+def h2o_cost(model, tok, L: int, budget: int, samples, repeats: int, n: int) -> dict:
+    """H2O vs SnapKV: one uniform entry alone on the shared engine, interleaved A B B A."""
+    cost = {"h2o": [], "snapkv": []}
+    for p in ["h2o", "snapkv", "snapkv", "h2o"] * (repeats // 2):
+        entry = baseline(f"uniform:{p}", L, budget)
+        _, wall, _ = timed(lambda: scoring.score_entries(model, tok, [entry], samples, fidelity=False))
+        cost[p].append(wall)
+    ratio = min(cost["h2o"]) / min(cost["snapkv"]) if cost["h2o"] else None
+    if ratio is not None:
+        print(
+            f"context {n}: h2o/snapkv entry cost {ratio:.2f}x (best of {len(cost['h2o'])} each: "
+            f"{min(cost['h2o']):.1f} s vs {min(cost['snapkv']):.1f} s)",
+            flush=True,
+        )
+    return {"h2o_s": cost["h2o"], "snapkv_s": cost["snapkv"], "h2o_over_snapkv": ratio}
 
 
 def main(argv=None) -> int:
@@ -153,6 +261,9 @@ def main(argv=None) -> int:
         action="store_true",
         help="only the shared engine's wall and CPU time (e.g. to compare two commits; no per-entry path, "
         "ceiling or H2O cost)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="passes over the samples, each sample's runs interleaved (default 1)"
     )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="runs/bench_score.json")
@@ -177,85 +288,17 @@ def main(argv=None) -> int:
     scoring.score_entries(model, tok, es[:2], warm)  # first calls pay one-off start-up costs
     for n in [int(c) for c in args.contexts.split(",")]:
         samples = scoring.make_task_samples(tok, tasks, texts, n_samples=args.samples, context_len=n, seed=0)
-        runs = {"shared": [], "per-entry": []}
-        records = {}
-        engines = () if args.h2o_only else ("shared",) if args.shared_only else ("shared", "per-entry")
-        for engine in engines:  # one each: the per-entry path is the slow one
-            rec, wall, cpu = timed(lambda: scoring.score_entries(model, tok, es, samples, engine=engine))
-            runs[engine].append({"wall_s": wall, "cpu_s": cpu})
-            records[engine] = rec
-            print(f"context {n}: {engine:9s} wall {wall:7.1f} s  cpu {cpu:7.1f} s", flush=True)
+        count = sum(len(s) for _, s in samples.values())
         if args.shared_only:
-            report["contexts"][str(n)] = {"samples": sum(len(s) for _, s in samples.values()), "runs": runs}
+            _, wall, cpu = timed(lambda: scoring.score_entries(model, tok, es, samples))
+            print(f"context {n}: shared    wall {wall:7.1f} s  cpu {cpu:7.1f} s", flush=True)
+            report["contexts"][str(n)] = {"samples": count, "runs": {"shared": [{"wall_s": wall, "cpu_s": cpu}]}}
             continue
-        if len(records) == 2:
-            same = per_sample_scores(records["shared"]) == per_sample_scores(records["per-entry"])
-            ratio = runs["per-entry"][0]["wall_s"] / runs["shared"][0]["wall_s"]
-            cpu_ratio = runs["per-entry"][0]["cpu_s"] / runs["shared"][0]["cpu_s"]
-        else:
-            same = ratio = cpu_ratio = None
-        n_full = sum(e.strategy.is_full for e in es)
-        bound = ceiling(model, tok, samples, len(es), args.budget, n_full)
-        print(
-            f"context {n}: ceiling of batching here (unmodified model, same calls): {bound['ratio']:.1f}x "
-            f"({bound['per_entry_s']:.1f} s one row at a time vs {bound['shared_s']:.1f} s batched)",
-            flush=True,
-        )
-        if "real_lengths" in bound:
-            real = bound["real_lengths"]
-            print(
-                f"context {n}: ceiling with FullKV holding the context: {real['ratio']:.1f}x "
-                f"({real['per_entry_s']:.1f} s vs {real['shared_s']:.1f} s)",
-                flush=True,
-            )
-        # H2O vs SnapKV: one uniform entry alone on the shared engine, interleaved A B B A
-        cost = {"h2o": [], "snapkv": []}
-        order = ["h2o", "snapkv", "snapkv", "h2o"] * (args.h2o_repeats // 2)
-        for p in order:
-            entry = baseline(f"uniform:{p}", L, args.budget)
-            _, wall, _ = timed(lambda: scoring.score_entries(model, tok, [entry], samples, fidelity=False))
-            cost[p].append(wall)
-        h2o_ratio = min(cost["h2o"]) / min(cost["snapkv"]) if cost["h2o"] else None
-        report["contexts"][str(n)] = {
-            "samples": sum(len(s) for _, s in samples.values()),
-            "runs": runs,
-            "scores_identical": same,
-            "speedup_wall": ratio,
-            "speedup_cpu": cpu_ratio,
-            "h2o_s": cost["h2o"],
-            "snapkv_s": cost["snapkv"],
-            "h2o_over_snapkv": h2o_ratio,
-            "ceiling": bound,
-        }
-        if ratio is not None:
-            shares = {"budget-length": ratio / bound["ratio"]}
-            if "real_lengths" in bound:
-                shares["real_lengths"] = ratio / bound["real_lengths"]["ratio"]
-            report["contexts"][str(n)]["share_of_ceiling"] = shares
-            # each engine's time over its own side of the ceiling: a share moved by one engine's run alone
-            # (the machine slower while it ran) shows here
-            real = bound.get("real_lengths", bound)
-            over = {
-                "shared": runs["shared"][0]["wall_s"] / real["shared_s"],
-                "per-entry": runs["per-entry"][0]["wall_s"] / real["per_entry_s"],
-            }
-            report["contexts"][str(n)]["over_ceiling_time"] = over
-            print(
-                f"context {n}: time over the ceiling's own side: shared {over['shared']:.2f}x, "
-                f"per-entry {over['per-entry']:.2f}x",
-                flush=True,
-            )
-            print(
-                f"context {n}: shared is {ratio:.1f}x faster (wall), {cpu_ratio:.1f}x (cpu); scores identical: {same}; "
-                + ", ".join(f"{100 * v:.0f} % of the {k.replace('_', '-')} ceiling" for k, v in shares.items()),
-                flush=True,
-            )
-        if h2o_ratio is not None:
-            print(
-                f"context {n}: h2o/snapkv entry cost {h2o_ratio:.2f}x (best of {len(cost['h2o'])} each: "
-                f"{min(cost['h2o']):.1f} s vs {min(cost['snapkv']):.1f} s)",
-                flush=True,
-            )
+        ctx = {"samples": count}
+        if not args.h2o_only:
+            ctx.update(engines_beside_ceiling(model, tok, es, samples, args.rounds, args.budget, n))
+        ctx.update(h2o_cost(model, tok, L, args.budget, samples, args.h2o_repeats, n))
+        report["contexts"][str(n)] = ctx
     write_json(args.out, report)
     print(f"wrote {args.out}")
     return 0
