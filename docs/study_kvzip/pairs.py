@@ -4,39 +4,49 @@
 this script pairs by sample id for a study's explicit cross-protocol contrast:
 
     python docs/study_kvzip/pairs.py AWARE.json:tova AGNOSTIC.json:tova
+    python docs/study_kvzip/pairs.py --metric kl R.json:ilp-widened R.json:uniform-h2o
 
 prints the per-task means and the 95 % paired bootstrap interval (task-stratified, 9,999 resamples,
-seed 0; ``polykv_search.stats``) of ``A - B``. Entries are named as in the results file.
+seed 0; ``polykv_search.stats``) of ``A - B``. Entries are named as in the results file. ``--metric``
+names the per-sample field (default ``score``; ``kl``: KL(FullKV || entry), on the tasks that record it).
 """
 
+import argparse
 import json
-import sys
 
 from polykv_search.stats import paired_difference_interval
 
 
-def per_task(spec: str) -> dict[str, dict[str, float]]:
+def per_task(spec: str, metric: str) -> dict[str, dict[str, float]]:
     path, name = spec.rsplit(":", 1)
     entries = {e["name"]: e for e in json.load(open(path))["entries"]}
     if name not in entries:
         raise SystemExit(f"{path} has no entry {name!r} (it has {', '.join(entries)})")
-    return {t: {s["id"]: float(s["score"]) for s in r["per_sample"]} for t, r in entries[name]["tasks"].items()}
+    out = {}
+    for t, r in entries[name]["tasks"].items():
+        if all(s.get(metric) is not None for s in r["per_sample"]):
+            out[t] = {s["id"]: float(s[metric]) for s in r["per_sample"]}
+    return out
 
 
-def main(a_spec: str, b_spec: str) -> None:
-    a, b = per_task(a_spec), per_task(b_spec)
-    if sorted(a) != sorted(b) or any(sorted(a[t]) != sorted(b[t]) for t in a):
-        raise SystemExit("the two entries were not scored on the same tasks and samples")
+def main(a_spec: str, b_spec: str, metric: str = "score") -> None:
+    a, b = per_task(a_spec, metric), per_task(b_spec, metric)
+    if not a or sorted(a) != sorted(b) or any(sorted(a[t]) != sorted(b[t]) for t in a):
+        raise SystemExit(f"the two entries were not scored on the same tasks and samples (metric {metric!r})")
     tasks = sorted(a)
     xs = [[a[t][i] for i in sorted(a[t])] for t in tasks]
     ys = [[b[t][i] for i in sorted(a[t])] for t in tasks]
+    digits = 1 if metric == "score" else 4
     for t, x, y in zip(tasks, xs, ys):
-        print(f"{t:24s} {sum(x) / len(x):6.1f} {sum(y) / len(y):6.1f}  n={len(x)}")
+        print(f"{t:24s} {sum(x) / len(x):8.{digits}f} {sum(y) / len(y):8.{digits}f}  n={len(x)}")
     iv = paired_difference_interval(xs, ys, resamples=9999, seed=0)
-    print(f"{a_spec} - {b_spec}: {iv.estimate:+.1f} [{iv.low:.1f}, {iv.high:.1f}]")
+    print(f"{a_spec} - {b_spec} ({metric}): {iv.estimate:+.{digits}f} [{iv.low:.{digits}f}, {iv.high:.{digits}f}]")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", metavar="A.json:ENTRY")
+    ap.add_argument("b", metavar="B.json:ENTRY")
+    ap.add_argument("--metric", default="score", help="per-sample field to pair (default score; e.g. kl)")
+    args = ap.parse_args()
+    main(args.a, args.b, args.metric)
