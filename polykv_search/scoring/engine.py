@@ -17,6 +17,7 @@ from polykv_search.evaluation.runner import (
     sample_record,
 )
 from polykv_search.evaluation.samples import encode_prompt
+from polykv_search.heap import release_free_memory
 from polykv_search.patterns import PATTERNS
 from polykv_search.protocol import AGNOSTIC, AWARE, check_protocol, split_prompt
 from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
@@ -221,17 +222,20 @@ class SampleRunner:
         s, tok = self.settings, self.tokenizer
         job = sample_job(tok, task, sample, self.eos, s.max_new_tokens, s.protocol)
         if self.scorer is not None:
-            return sample_rows(tok, task, sample, job, self.scorer.run(job, fidelity=s.fidelity), shared=True)
-        outcomes = per_entry.run_sample(
-            self.model,
-            self.entries,
-            job,
-            decode_interval=s.decode_interval,
-            interval_mode=s.interval_mode,
-            fidelity=s.fidelity,
-            caller=self.caller,
-        )
-        return sample_rows(tok, task, sample, job, outcomes, shared=False)
+            outcomes = self.scorer.run(job, fidelity=s.fidelity)
+        else:
+            outcomes = per_entry.run_sample(
+                self.model,
+                self.entries,
+                job,
+                decode_interval=s.decode_interval,
+                interval_mode=s.interval_mode,
+                fidelity=s.fidelity,
+                caller=self.caller,
+            )
+        rows = sample_rows(tok, task, sample, job, outcomes, shared=self.scorer is not None)
+        release_free_memory()  # the sample's tensors are gone: without this the free heap grows all run
+        return rows
 
 
 def sample_rows(tokenizer, task, sample, job: SampleJob, outcomes, *, shared: bool) -> list[dict[str, Any]]:
