@@ -372,3 +372,15 @@ def test_a_score_that_is_not_a_finite_number_is_refused_naming_the_entry(value, 
     path.write_text(json.dumps(doc))  # NaN / Infinity are written as JSON's non-standard constants
     with pytest.raises(cmp.CompareError, match=r"entries\[2\] \(uniform-h2o\) suites.ruler must be a finite number"):
         cmp.load_results(path)
+
+
+def test_the_description_is_a_line_of_its_own_not_wrapped_to_a_narrow_tables_width():
+    """A two-column table is ~40 columns wide; its description still uses the terminal's 80."""
+    doc = cmp.load_results(V2)
+    doc = {**doc, "entries": [e for e in doc["entries"] if e["name"] in ("uniform-tova", "ilp-B64")]}
+    c = cmp.compare([doc], resamples=200)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(cmp.summary_table(c))
+    first = console.export_text().splitlines()[0]
+    assert first.startswith("compare — ") and len(first.rstrip()) > 60
+    assert first.rstrip() == cmp.describe(c)[: len(first.rstrip())]

@@ -241,3 +241,20 @@ def test_score_and_compare_cli_on_the_decode_suite(tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "KL decode" in shown and "0-12" in shown
     assert (tmp_path / "drift.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_list_tasks_fits_an_80_column_terminal(monkeypatch):
+    """Every task name whole on one line, its description and metric wrapped beside it, no line past 80."""
+    from rich.console import Console
+
+    from polykv_search.cli import score as score_cli
+
+    console = Console(width=80, record=True, color_system=None)
+    monkeypatch.setattr(score_cli, "out", console)
+    assert main(["score", "--list-tasks"]) == 0
+    shown = console.export_text()
+    assert max(len(line) for line in shown.splitlines()) <= 80
+    lines = shown.splitlines()
+    for row in list_tasks():
+        assert any(line.startswith(f"│ {row['name']} ") for line in lines), row["name"]
+    assert shown.count("metric: ") == len(list_tasks())

@@ -125,9 +125,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
         sys.stdout.write("".join(f"\n- {line}" for line in cmp.notes(comparison)) + "\n")
     else:
-        _print_uncut(
-            cmp.to_rich(comparison, tasks=args.tasks, details=args.details), fold=not (args.tasks or args.details)
-        )
+        # the description on a line of its own: as the table's title it would wrap to a narrow table's width
+        out.print(cmp.describe(comparison), highlight=False)
+        table = cmp.to_rich(comparison, tasks=args.tasks, details=args.details, title="")
+        _print_uncut(table, fold=not (args.tasks or args.details))
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
             console.print(line, style="dim", highlight=False)
     agreement = _agreement(args, comparison, predict) if predict else None

@@ -331,11 +331,14 @@ def print_results(doc: dict) -> None:
 def _list_tasks() -> int:
     from polykv_search.evaluation import list_tasks
 
-    table = Table(title="tasks (default = run when its suite is named)")
+    # the suite is the task name's prefix; the metric goes under the description, so that the text
+    # column keeps most of a narrow terminal's width
+    table = Table(title="tasks (default: run when its suite is named)", title_justify="left")
     table.add_column("task", no_wrap=True)
-    for col in ("suite", "metric", "default", "description"):
-        table.add_column(col)
+    table.add_column("default", no_wrap=True)
+    table.add_column("description, metric", ratio=1)
     for row in list_tasks():
-        table.add_row(row["name"], row["suite"], row["metric"], "yes" if row["default"] else "", row["description"])
+        text = f"{row['description']}\n[dim]metric: {row['metric']}[/dim]"
+        table.add_row(row["name"], "yes" if row["default"] else "", text)
     out.print(table)
     return 0

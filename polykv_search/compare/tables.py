@@ -304,4 +304,6 @@ def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None,
     from rich.text import Text
 
     c = doc if isinstance(doc, Comparison) else compare([doc], across_budgets=True, **options)
-    return Group(to_rich(c, title=title), *(Text(line, style="dim") for line in notes(c)))
+    # the title on a line of its own, not the table's: that would wrap to a narrow table's width
+    head = Text(title if title is not None else describe(c))
+    return Group(head, to_rich(c, title=""), *(Text(line, style="dim") for line in notes(c)))
