@@ -50,3 +50,13 @@ def test_every_planned_command_is_one_the_cli_accepts(reproduce, tmp_path, extra
     for step in planned(reproduce, tmp_path, *extra):
         args, unknown = parser.parse_known_args(step.argv)
         assert unknown == [], (step.name, unknown)
+
+
+def test_head_level_with_one_calibration_sample_is_refused_before_any_step(reproduce, tmp_path, capsys):
+    """Its retrieval scores need two evidence samples: one line and exit 2 at parse time, not a failure
+    after the layer-level collect has run."""
+    with pytest.raises(SystemExit) as exit_:
+        reproduce.parse_args(["--out", str(tmp_path), "--head-level", "--calib-samples", "1"])
+    assert exit_.value.code == 2
+    assert "--head-level needs --calib-samples of at least 2" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
