@@ -51,3 +51,14 @@ def test_a_two_round_run_interleaves_per_sample_and_totals_its_rounds(bench, tmp
     assert ctx["speedup_wall"] == pytest.approx(wall["per-entry"] / wall["shared"])
     assert ctx["share_of_ceiling"]["budget-length"] == pytest.approx(ctx["speedup_wall"] / ctx["ceiling"]["ratio"])
     assert ctx["ceiling"]["real_lengths"]["full_entries"] == 1
+
+
+@pytest.mark.slow
+def test_shared_only_times_the_engine_beside_the_ceilings_batched_calls(bench, tmp_path):
+    out = tmp_path / "s.json"
+    argv = ["--contexts", "128", "--budget", "32", "--suite", "broad/continuation", "--shared-only"]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+    ctx = json.loads(out.read_text())["contexts"]["128"]
+    (run,) = ctx["runs"]["shared"]
+    assert "per-entry" not in ctx["runs"] and ctx["ceiling_shared_s"] > 0
+    assert ctx["over_ceiling"] == pytest.approx(run["wall_s"] / ctx["ceiling_shared_s"])
