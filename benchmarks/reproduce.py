@@ -141,8 +141,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.retrieval_mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
         except CLIError as err:
             p.error(str(err))
-    if args.head_level and args.calib_samples < 2:  # collect's retrieval scores need a standard error
-        p.error(f"--head-level needs --calib-samples of at least 2 (its retrieval heads), got {args.calib_samples}")
+    from polykv_search.cli.collect_heads import MIN_RETRIEVAL_SAMPLES
+
+    if args.head_level and args.calib_samples < MIN_RETRIEVAL_SAMPLES:  # its collect gives --retrieval-heads that many
+        p.error(
+            f"--head-level needs --calib-samples of at least {MIN_RETRIEVAL_SAMPLES} (its retrieval heads), "
+            f"got {args.calib_samples}"
+        )
     args.ablations_on = [m.strip() for m in args.ablations_on.split(",") if m.strip()]
     bad = [m for m in args.ablations_on if m not in ABLATABLE]
     if bad or not args.ablations_on:

@@ -73,6 +73,10 @@ def head_patterns(args: argparse.Namespace) -> list[str]:
     return patterns.split(",") if isinstance(patterns, str) else list(patterns)
 
 
+#: Evidence samples the retrieval scores need at least (their standard error needs two).
+MIN_RETRIEVAL_SAMPLES = 2
+
+
 def check(args: argparse.Namespace, mix) -> None:
     """The per-head options' checks that need no model (one-line :class:`CLIError`)."""
     from polykv_search.data import DataError
@@ -80,8 +84,10 @@ def check(args: argparse.Namespace, mix) -> None:
 
     heads = args.retrieval_heads
     cells = getattr(args, "head_cells", None)
-    if heads and heads < 2:
-        raise CLIError(f"--retrieval-heads {heads}: give at least 2 samples (a standard error needs two)")
+    if heads and heads < MIN_RETRIEVAL_SAMPLES:
+        raise CLIError(
+            f"--retrieval-heads {heads}: give at least {MIN_RETRIEVAL_SAMPLES} samples (a standard error needs two)"
+        )
     patterns = head_patterns(args)
     if patterns != [STREAMING] and not cells:
         raise CLIError("--head-patterns: give --head-cells BUDGETS too (the budgets of the cells)")

@@ -290,7 +290,8 @@ def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None,
         A results document as written by ``score`` (schema ``polykv-results``), or its
         comparison when already made (e.g. to pass it to :func:`unresolved_warning` as well).
     title : str, optional
-        Table title (default: :func:`describe`).
+        The line above the table (default: :func:`describe`); not the table's own title, which would
+        wrap to a narrow table's width.
     **options
         ``level``, ``resamples``, ``seed`` of the intervals (see :func:`compare`); a document's
         entries may be at several budgets (strategy files carry their own).
