@@ -15,7 +15,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -78,13 +80,32 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+_umask_lock = threading.Lock()
+
+
+def _target_mode(path: Path) -> int:
+    """The permission bits an ordinary ``open(path, "w")`` would leave: the existing file's, else
+    ``0o666`` less the process umask (``mkstemp`` itself creates ``0o600``: private to the user)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        pass
+    with _umask_lock:  # os.umask can only be read by setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _stage(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a fresh temporary file beside ``path``, flushed to disk."""
+    """Write ``data`` to a fresh temporary file beside ``path`` with the mode the target would get,
+    flushed to disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f"{_tmp_prefix(path)}{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            if hasattr(os, "fchmod"):  # not on Windows, where mkstemp's mode is the ordinary one
+                os.fchmod(fh.fileno(), _target_mode(path))
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -43,6 +43,7 @@ CHILD = textwrap.dedent(
             def __init__(self, fh): self.fh = fh
             def __enter__(self): return self
             def __exit__(self, *exc): return False
+            def fileno(self): return self.fh.fileno()
             def write(self, data):
                 self.fh.write(data[: len(data) // 2]); self.fh.flush(); os.fsync(self.fh.fileno()); die()
         os.fdopen = lambda fd, mode: Half(real_fdopen(fd, mode))
