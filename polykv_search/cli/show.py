@@ -52,14 +52,21 @@ def run(args: argparse.Namespace) -> int:
     raise CLIError(f"{args.file}: unknown schema {kind!r} (expected polykv-strategy or polykv-signals)")
 
 
+_PHASE_COLUMNS = [(f"{phase} pattern", "budget") for phase in PHASES]
+
+
 def show_strategy(strategy, title: str) -> None:
+    """One row per layer; one pattern column for both phases when decoding repeats prefill in every layer,
+    and one line per head group, so that the table reads in an 80-column terminal."""
+    same = all(_pat(p) == _pat(d) and p.budget == d.budget for p, d in zip(strategy.prefill, strategy.decoding))
     table = Table(title=title)
-    table.add_column("layer", justify="right")
-    for phase in PHASES:
-        table.add_column(f"{phase} pattern")
-        table.add_column(f"{phase} budget", justify="right")
+    table.add_column("layer", justify="right", no_wrap=True)
+    for pattern, budget in (("pattern (both phases)", "budget"),) if same else _PHASE_COLUMNS:
+        table.add_column(pattern, overflow="fold")
+        table.add_column(budget, justify="right")
     for i, (p, d) in enumerate(zip(strategy.prefill, strategy.decoding)):
-        table.add_row(str(i), _pat(p), _b(p.budget), _pat(d), _b(d.budget))
+        cells = [_pat(p), _b(p.budget)] + ([] if same else [_pat(d), _b(d.budget)])
+        table.add_row(str(i), *cells)
     out.print(table)
     prov = strategy.provenance
     B = "none (FullKV)" if strategy.global_budget is None else f"{strategy.global_budget:g}"
@@ -73,8 +80,8 @@ def show_strategy(strategy, title: str) -> None:
 
 
 def _pat(choice) -> str:
-    if choice.head_groups is not None:  # schema v2: pattern@budget[KV heads] per group
-        return choice.label()
+    if choice.head_groups is not None:  # schema v2: pattern@budget[KV heads], one group per line
+        return "\n".join(g.label() for g in choice.head_groups)
     extra = ",".join(f"{k}={v}" for k, v in choice.params.items())
     return f"{choice.pattern}({extra})" if extra else choice.pattern
 

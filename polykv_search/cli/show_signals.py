@@ -20,6 +20,7 @@ import io
 import math
 
 import numpy as np
+from rich import box
 from rich.table import Table
 
 from polykv_search.cli.common import CLIError, out
@@ -115,6 +116,48 @@ def _count(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def _best_names(row: dict, keys: list[str]) -> str:
+    """The best patterns by each metric, ``a / b / c``; once when they all agree."""
+    names = [row[k][0] if row.get(k) else "-" for k in keys]
+    return names[0] if len(set(names)) == 1 else " / ".join(names)
+
+
+def _layer_table(table, f: int, rows: list[dict], ent: np.ndarray, var: np.ndarray, has_kl: bool) -> Table:
+    """One row per layer, laid out for an 80-column terminal: the best pattern by each metric in one
+    column (once when they agree), each metric's best value, the sensitivity and the count of cells
+    indistinguishable from FullKV."""
+    phase, b0 = table.phases[f], table.budgets[0]
+    metrics = [("best_kl", "KL", ".4f")] if has_kl else []
+    metrics += [("best_dppl", "dPPL", "+.3f"), ("best_cosine", "cos", ".4f")]
+    t = Table(
+        title=f"{phase}: best pattern per layer by {'/'.join(m[1] for m in metrics)} (means over budgets)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        pad_edge=False,
+    )
+    t.add_column("layer", justify="right", no_wrap=True)
+    t.add_column("entropy", justify="right", no_wrap=True)
+    t.add_column("var", justify="right", no_wrap=True)
+    t.add_column(f"best ({'/'.join(m[1] for m in metrics)})", overflow="fold", min_width=18)
+    for _, name, _ in metrics:
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_column("worst", justify="right", no_wrap=True)
+    if table.has_uncertainty:
+        t.add_column("≈Full", justify="right", no_wrap=True)
+    t.caption = f"worst: the layer's worst dPPL over patterns at budget {b0}" + (
+        "; ≈Full: its cells indistinguishable from FullKV" if table.has_uncertainty else ""
+    )
+    for row in rows:
+        layer = row["layer"]
+        cells = [str(layer), _fmt(ent[layer, f]), _fmt(var[layer, f], ".4f"), _best_names(row, [m[0] for m in metrics])]
+        cells += [_fmt(row[key][1], spec) if row.get(key) else "-" for key, _, spec in metrics]
+        cells.append(_fmt(row["sensitivity"], "+.3f"))
+        if "indistinguishable" in row:
+            cells.append("{}/{}".format(*row["indistinguishable"]))
+        t.add_row(*cells)
+    return t
+
+
 def show_signals(path: str, plot: str | None = None) -> int:
     from signals import SignalTable
 
@@ -147,30 +190,7 @@ def show_signals(path: str, plot: str | None = None) -> int:
     ent, var = table.entropy_array(), table.variance_array()
     b0 = table.budgets[0]
     for f, phase in enumerate(table.phases):
-        t = Table(title=f"{phase}: best pattern per layer (cosine, dPPL, KL: mean over budgets)")
-        cols = ["layer", "entropy", "variance", "best by cosine", "cosine", "best by dPPL", "dPPL"]
-        cols += ["best by KL", "KL"] if has_kl else []
-        cols += [f"worst dPPL @{b0}"] + (["≈FullKV cells"] if table.has_uncertainty else [])
-        for col in cols:
-            t.add_column(col, justify="left" if col.startswith("best") else "right")
-        for row in summary[phase]:
-            l = row["layer"]
-            bc, bd, bk = row.get("best_cosine"), row.get("best_dppl"), row.get("best_kl")
-            cells = [
-                str(l),
-                _fmt(ent[l, f]),
-                _fmt(var[l, f], ".4f"),
-                bc[0] if bc else "-",
-                _fmt(bc[1], ".4f") if bc else "-",
-            ]
-            cells += [bd[0] if bd else "-", _fmt(bd[1], "+.3f") if bd else "-"]
-            if has_kl:
-                cells += [bk[0] if bk else "-", _fmt(bk[1], ".4f") if bk else "-"]
-            cells.append(_fmt(row["sensitivity"], "+.3f"))
-            if "indistinguishable" in row:
-                cells.append("{}/{}".format(*row["indistinguishable"]))
-            t.add_row(*cells)
-        out.print(t)
+        out.print(_layer_table(table, f, summary[phase], ent, var, has_kl))
         if table.has_uncertainty:
             counts = [r["indistinguishable"] for r in summary[phase] if "indistinguishable" in r]
             n_same, n_known = sum(c[0] for c in counts), sum(c[1] for c in counts)
