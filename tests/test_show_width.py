@@ -1,5 +1,5 @@
-"""`show` reads in an 80-column terminal: no line wider than 80, nothing cut off with an ellipsis, every
-pattern name and head group printed whole (wrapped onto more lines when it must)."""
+"""`show` and `solve --list-methods` read in an 80-column terminal: no line wider than 80, nothing cut
+off with an ellipsis, every pattern name, head group and setting printed whole (wrapped when it must)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,16 @@ def test_a_strategy_whose_phases_differ_keeps_a_column_pair_per_phase(tmp_path, 
     text = " ".join(" ".join(lines).split())
     assert "prefill pattern" in text and "both phases" not in text
     assert sum("expected_attention" in line for line in lines) == 3
+
+
+def test_the_solver_list_prints_every_setting_whole_in_80_columns(capsys, terminal_80):
+    from solvers import get_solver_class, list_methods
+
+    assert main(["solve", "--list-methods"]) == 0
+    lines = _lines(capsys)
+    assert max(len(line) for line in lines) <= 80 and not any("…" in line for line in lines)
+    flags = {line.split("│")[4].strip() for line in lines if line.count("│") == 5}
+    for m in list_methods():
+        if m.available:
+            for info in get_solver_class(m.name).Settings.fields_info():
+                assert f"{info.flag}={info.default}" in flags

@@ -197,13 +197,15 @@ def run(args: argparse.Namespace) -> int:
 def _list_methods(list_methods, get_solver_class) -> int:
     from rich.table import Table
 
-    table = Table(title="solvers")
-    for col in ("method", "needs signals", "description", "settings"):
-        table.add_column(col)
+    table = Table(title="solvers", expand=True, width=min(out.width, 100))  # ratios need expand
+    table.add_column("method", no_wrap=True)
+    table.add_column("needs\nsignals")
+    table.add_column("description", ratio=4)
+    table.add_column("settings", overflow="fold", ratio=6)  # flags printed whole, folded when too long
     for m in list_methods():
         settings = ""
         if m.available:
-            settings = ", ".join(f"{i.flag}={i.default}" for i in get_solver_class(m.name).Settings.fields_info())
+            settings = "\n".join(f"{i.flag}={i.default}" for i in get_solver_class(m.name).Settings.fields_info())
         needs = "?" if m.needs_table is None else ("yes" if m.needs_table else "no")
         table.add_row(m.name, needs, m.description if m.available else f"{m.description} ({m.reason})", settings)
     out.print(table)
