@@ -240,6 +240,22 @@ def test_details_add_differences_kl_and_gap_intervals_to_the_terminal_table(v2):
     assert cmp.tables.text(v2, row(v2, "ilp-B64"), cmp.Column("klgap:broad", "", "high"), details=True) in shown
 
 
+def test_details_and_tasks_in_80_columns_split_into_tables_that_each_fit_with_every_cell_whole(v2):
+    pages = cmp.to_rich_pages(v2, 80, details=True, tasks=True)
+    assert len(pages) > 1
+    console = Console(width=80, record=True, color_system=None)
+    for page in pages:
+        console.print(page)
+    shown = console.export_text()
+    assert "…" not in shown and max(len(line) for line in shown.splitlines()) <= 80
+    cols = [col for col in cmp.columns(v2, tasks=True, details=True, budget=False) if col.kind != "name"]
+    for r in v2.rows:
+        assert shown.count(r.name) == len(pages)  # the entry column on every table
+        for col in cols:
+            assert cmp.tables.text(v2, r, col, details=True) in shown
+    assert len(cmp.to_rich_pages(v2, 250, details=True, tasks=True)) == 1
+
+
 def test_summary_table_for_the_score_command_fits_80_columns_and_says_what_pm_means():
     console = Console(width=80, record=True, color_system=None)
     console.print(cmp.summary_table(cmp.load_results(V2), resamples=500))

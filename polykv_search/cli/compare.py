@@ -127,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         # the description on a line of its own: as the table's title it would wrap to a narrow table's width
         out.print(cmp.describe(comparison), highlight=False)
-        table = cmp.to_rich(comparison, tasks=args.tasks, details=args.details, title="")
-        _print_uncut(table, fold=not (args.tasks or args.details))
+        _print_uncut(comparison, args.tasks, args.details)
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
             console.print(line, style="dim", highlight=False)
     agreement = _agreement(args, comparison, predict) if predict else None
@@ -190,16 +189,26 @@ def _legend(comparison, details: bool) -> list[str]:
     return lines
 
 
-def _print_uncut(table, fold: bool) -> None:
-    """Print a table so that no cell is cut: in the compact table long entry names may fold onto
-    a second line; a table that does not fit the terminal otherwise is printed at its natural width."""
+def _print_uncut(comparison, tasks: bool, details: bool) -> None:
+    """Print the comparison so that no cell is cut: in the compact table long entry names may fold onto
+    a second line; a table too wide for the terminal (``--tasks``, ``--details``) is split by columns into
+    tables that each fit, the entry column repeated on every one."""
     from rich.console import Console
     from rich.measure import Measurement
 
+    from polykv_search import compare as cmp
+
+    table = cmp.to_rich(comparison, tasks=tasks, details=details, title="")
     needed = Measurement.get(out, out.options.update_width(10_000), table)
-    if needed.maximum <= out.width or (fold and needed.minimum <= out.width):
+    if needed.maximum <= out.width or (not (tasks or details) and needed.minimum <= out.width):
         out.print(table)
-    else:  # Console.print caps width= at the console's width: a wider console of the same kind
-        Console(
-            width=needed.maximum, force_terminal=out.is_terminal, color_system=out.color_system, no_color=out.no_color
-        ).print(table, crop=False)
+        return
+    for i, page in enumerate(cmp.to_rich_pages(comparison, out.width, tasks=tasks, details=details)):
+        if i:
+            out.print()
+        wide = Measurement.get(out, out.options.update_width(10_000), page).maximum
+        if wide <= out.width:
+            out.print(page)
+        else:  # one column wider than the terminal: printed whole (Console.print caps width= at its own)
+            kind = dict(force_terminal=out.is_terminal, color_system=out.color_system, no_color=out.no_color)
+            Console(width=wide, **kind).print(page, crop=False)

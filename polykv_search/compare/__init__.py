@@ -45,7 +45,15 @@ from polykv_search.compare.reading import (
     load_results,
 )
 from polykv_search.compare.summary import describe, notes, unresolved, unresolved_warning
-from polykv_search.compare.tables import Column, best_cells, columns, summary_table, to_markdown, to_rich
+from polykv_search.compare.tables import (
+    Column,
+    best_cells,
+    columns,
+    summary_table,
+    to_markdown,
+    to_rich,
+    to_rich_pages,
+)
 
 __all__ = [
     "COMPARISON_SCHEMA",
@@ -76,6 +84,7 @@ __all__ = [
     "summary_table",
     "to_markdown",
     "to_rich",
+    "to_rich_pages",
     "unresolved",
     "unresolved_warning",
 ]

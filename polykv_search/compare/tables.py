@@ -236,16 +236,25 @@ RICH_HEADERS = {
 }
 
 
-def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, details: bool = False):
+def to_rich(
+    c: Comparison,
+    tasks: bool = False,
+    title: str | None = None,
+    details: bool = False,
+    keys: Sequence[str] | None = None,
+):
     """A rich Table; best values per column (per budget group) in bold green.
 
     The compact table (``details=False``) fits an 80-column terminal for two suites: numbers are
-    never cut, long entry names fold onto a second line instead.
+    never cut, long entry names fold onto a second line instead. ``keys``: only these columns (by
+    :attr:`Column.key`; see :func:`to_rich_pages`).
     """
     from rich import box
     from rich.table import Table
 
     cols = columns(c, tasks, details, budget=False)
+    if keys is not None:
+        cols = [col for col in cols if col.key in keys]
     best = best_cells(c, cols)
     table = Table(
         title=title if title is not None else describe(c),
@@ -279,6 +288,37 @@ def to_rich(c: Comparison, tasks: bool = False, title: str | None = None, detail
             cells.append(f"[bold green]{t}[/bold green]" if (i, col.key) in best else t)
         table.add_row(*cells, style="dim" if row.is_full else None)
     return table
+
+
+#: the columns every page of a split table repeats
+_ROW_LABELS = ("name", "run", "budget")
+
+
+def to_rich_pages(c: Comparison, width: int, tasks: bool = False, details: bool = False) -> list:
+    """:func:`to_rich` split by columns into tables that each fit ``width`` characters, the entry column
+    (and run, budget) repeated on every one; one table when it fits. A column wider than ``width`` with
+    the entry column beside it gets a table of its own (wider than ``width``: numbers are never cut)."""
+    import io
+
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(width=10_000, file=io.StringIO())
+
+    def natural(keys: list[str]) -> int:
+        table = to_rich(c, tasks, "", details, keys=keys)
+        return Measurement.get(console, console.options, table).maximum
+
+    cols = columns(c, tasks, details, budget=False)
+    fixed = [col.key for col in cols if col.kind in _ROW_LABELS]
+    pages: list[list[str]] = [[]]
+    for col in cols:
+        if col.kind in _ROW_LABELS:
+            continue
+        if pages[-1] and natural(fixed + pages[-1] + [col.key]) > width:
+            pages.append([])
+        pages[-1].append(col.key)
+    return [to_rich(c, tasks, "", details, keys=fixed + page) for page in pages]
 
 
 def summary_table(doc: dict[str, Any] | Comparison, *, title: str | None = None, **options: Any):
