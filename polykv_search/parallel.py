@@ -18,8 +18,6 @@ from pathlib import Path
 
 from joblib import parallel_config
 
-from polykv_search.models import load_model
-
 BACKENDS = ("loky", "dask", "ray", "sequential")
 
 
@@ -35,6 +33,11 @@ class ModelLoader:
     attn_implementation: str = "sdpa"
 
     def load(self):
+        from transformers.utils import logging as hf_logging
+
+        from polykv_search.models import load_model  # here: importing this module stays light (torch-free)
+
+        hf_logging.disable_progress_bar()  # a worker's load is not the user's business: no bar per worker
         return load_model(self.name, device=self.device, dtype=self.dtype, attn_implementation=self.attn_implementation)
 
     def __call__(self):
@@ -114,6 +117,28 @@ def joblib_backend(backend: str | None, address: str | None, jobs: int = 1, erro
                 ray.shutdown()
         return
     raise error(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+
+
+#: loky's limit on a worker's memory growth, raised to this in workers that keep a model (:func:`keep_worker`)
+NO_LEAK_LIMIT = 1 << 62
+
+
+def keep_worker() -> None:
+    """Keep this loky worker alive however its memory grows: call it in the task of a worker that caches a
+    model between tasks.
+
+    loky takes a worker whose memory grew by 300 MB since its first task for a leaking one and replaces it
+    (``UserWarning: A worker stopped while some jobs were given to the executor``). A worker here holds a model
+    and, for ``score``, a runner whose buffers follow the longest sample so far, so under that rule it was
+    replaced every minute or two and loaded its model again (measured on ``score --jobs 2``: both workers
+    replaced every 1.5-2 min on RULER at 1,024 tokens). A no-op in any other process, or when a joblib
+    version has no such limit."""
+    try:
+        from joblib.externals.loky import process_executor
+    except ImportError:  # pragma: no cover - joblib without its vendored loky
+        return
+    if hasattr(process_executor, "_MAX_MEMORY_LEAK_SIZE"):
+        process_executor._MAX_MEMORY_LEAK_SIZE = NO_LEAK_LIMIT
 
 
 def worker_threads(backend: str | None, jobs: int) -> int | None:

@@ -9,7 +9,7 @@ import torch
 from joblib import Parallel, delayed
 from rich.console import Console
 
-from polykv_search.parallel import BACKENDS, ModelLoader, joblib_backend, worker_threads  # noqa: F401
+from polykv_search.parallel import BACKENDS, ModelLoader, joblib_backend, keep_worker, worker_threads  # noqa: F401
 from polykv_search.progress import ProgressBar
 from signals.collect_sample import sample_records
 from signals.collect_settings import CollectError, Unit
@@ -40,6 +40,7 @@ def _worker_model(loader):
 def _run_task(
     loader, context_ids, continuation_ids, index, units, settings, need_full, threads, scored=None
 ) -> list[dict]:
+    keep_worker()
     if threads:
         torch.set_num_threads(threads)
     model = _worker_model(loader)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from joblib import Parallel, delayed
 
-from polykv_search.parallel import ModelLoader, joblib_backend, worker_threads
+from polykv_search.parallel import ModelLoader, joblib_backend, keep_worker, worker_threads
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner
 from polykv_search.scoring.entries import Entry, ScoreError
 
@@ -44,6 +44,7 @@ def release_worker() -> None:
 
 
 def _run_sample(loader, entries, settings, threads, task, index, sample) -> tuple[str, int, dict[str, Any]]:
+    keep_worker()
     if threads:
         torch.set_num_threads(threads)
     runner = _runner(loader, entries, settings)
