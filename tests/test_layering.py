@@ -35,6 +35,8 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
     # the pattern catalog for strategies (strategies/catalog.py) imports torch on first use
     ("polykv_search/__init__.py", "polykv_search.patterns"): "CLI start-up time: torch on first use",
+    # a joblib worker imports this module to unpickle its task; torch only when it loads the model
+    ("polykv_search/parallel.py", "polykv_search.models"): "worker start-up time: torch on first use",
 }
 
 
