@@ -131,8 +131,8 @@ def keep_worker() -> None:
     (``UserWarning: A worker stopped while some jobs were given to the executor``). A worker here holds a model
     and, for ``score``, a runner whose buffers follow the longest sample so far, so under that rule it was
     replaced every minute or two and loaded its model again (measured on ``score --jobs 2``: both workers
-    replaced every 1.5-2 min on RULER at 1,024 tokens). A no-op in any other process, or when a joblib
-    version has no such limit."""
+    replaced every 1.5-2 min on RULER at 1,024 tokens). Harmless in any other process (nothing there reads the
+    limit); a no-op when a joblib version has no such limit."""
     try:
         from joblib.externals.loky import process_executor
     except ImportError:  # pragma: no cover - joblib without its vendored loky
