@@ -58,7 +58,7 @@ _PHASE_COLUMNS = [(f"{phase} pattern", "budget") for phase in PHASES]
 def show_strategy(strategy, title: str) -> None:
     """One row per layer; one pattern column for both phases when decoding repeats prefill in every layer,
     and one line per head group, so that the table reads in an 80-column terminal."""
-    same = all(_pat(p) == _pat(d) and p.budget == d.budget for p, d in zip(strategy.prefill, strategy.decoding))
+    same = strategy.prefill == strategy.decoding  # every layer's choice, params and head groups included
     table = Table(title=title)
     table.add_column("layer", justify="right", no_wrap=True)
     for pattern, budget in (("pattern (both phases)", "budget"),) if same else _PHASE_COLUMNS:
