@@ -5,27 +5,34 @@ this script pairs by sample id for a study's explicit cross-protocol contrast:
 
     python docs/study_kvzip/pairs.py AWARE.json:tova AGNOSTIC.json:tova
     python docs/study_kvzip/pairs.py --metric kl R.json:ilp-widened R.json:uniform-h2o
+    python docs/study_kvzip/pairs.py 'h13-agnostic-*.json:uniform-kvzip' 'h13-agnostic-*.json:uniform-tova'
 
 prints the per-task means and the 95 % paired bootstrap interval (task-stratified, 9,999 resamples,
 seed 0; ``polykv_search.stats``) of ``A - B``. Entries are named as in the results file. ``--metric``
 names the per-sample field (default ``score``; ``kl``: KL(FullKV || entry), on the tasks that record it).
+A path may be a glob or a comma-separated list: task shards of one run (one file per task), merged by task.
 """
 
 import argparse
+import glob
 import json
 
 from polykv_search.stats import paired_difference_interval
 
 
 def per_task(spec: str, metric: str) -> dict[str, dict[str, float]]:
-    path, name = spec.rsplit(":", 1)
-    entries = {e["name"]: e for e in json.load(open(path))["entries"]}
-    if name not in entries:
-        raise SystemExit(f"{path} has no entry {name!r} (it has {', '.join(entries)})")
-    out = {}
-    for t, r in entries[name]["tasks"].items():
-        if all(s.get(metric) is not None for s in r["per_sample"]):
-            out[t] = {s["id"]: float(s[metric]) for s in r["per_sample"]}
+    paths, name = spec.rsplit(":", 1)
+    files = sorted(f for p in paths.split(",") for f in (glob.glob(p) or [p]))
+    out: dict[str, dict[str, float]] = {}
+    for path in files:
+        entries = {e["name"]: e for e in json.load(open(path))["entries"]}
+        if name not in entries:
+            raise SystemExit(f"{path} has no entry {name!r} (it has {', '.join(entries)})")
+        for t, r in entries[name]["tasks"].items():
+            if t in out:
+                raise SystemExit(f"task {t} of {name!r} is in more than one of {files}")
+            if all(s.get(metric) is not None for s in r["per_sample"]):
+                out[t] = {s["id"]: float(s[metric]) for s in r["per_sample"]}
     return out
 
 

@@ -17,7 +17,8 @@ run() {  # protocol suite seed samples
   [ -f "$out" ] && return
   flock /tmp/heavy.lock polykv-search score --suite "$2" --context-len 1024 --budget 128 --samples "$4" --seed "$3" \
     "${extra[@]}" "${ENTRIES[@]}" --jobs 2 --out "$out" > "$out.log" 2>&1
-  echo "$(date +%T) $1 $2 rc=$?" >> "$OUT/progress"
+  local rc=$?
+  echo "$(date +%T) $1 $2 rc=$rc" >> "$OUT/progress"
 }
 TASKS=(niah_single niah_multikey niah_multivalue niah_multiquery vt cwe)
 for protocol in agnostic aware; do
