@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from polykv_search.cli import main
 from tests.test_eval_support import haystack_texts
@@ -72,6 +73,7 @@ def test_shared_and_per_entry_paths_write_the_same_scores(checkpoint, tmp_path):
         assert kl == pytest.approx(b["extra"]["broad/continuation"]["kl"], abs=1e-6)
         assert (kl == 0.0) == (a["name"] == "full")
     assert shared["provenance"]["timing"]["total_s"] > 0
+    assert shared["provenance"]["execution"] == {"jobs": 1, "backend": "in-process", "threads": torch.get_num_threads()}
 
 
 def test_bad_baselines_and_outputs_are_refused_before_the_model_loads(checkpoint, tmp_path, capsys):

@@ -3,7 +3,11 @@ cluster) give the one-process results but for wall times, and a stopped distribu
 
 from __future__ import annotations
 
+import argparse
+import os
+
 import pytest
+import torch
 
 from polykv_search import scoring
 from polykv_search.parallel import ModelLoader
@@ -85,3 +89,17 @@ def test_bad_fan_out_flags_are_one_line_exit_2(tmp_path, capsys, flags, message)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("jobs", "backend", "expected"),
+    [
+        (2, None, {"jobs": 2, "backend": "loky", "threads": max(1, (os.cpu_count() or 1) // 2)}),
+        (4, "dask", {"jobs": 4, "backend": "dask", "threads": None}),
+        (1, "sequential", {"jobs": 1, "backend": "sequential", "threads": torch.get_num_threads()}),
+    ],
+)
+def test_the_results_file_records_how_the_run_was_executed(jobs, backend, expected):
+    from polykv_search.cli.score import _execution
+
+    assert _execution(argparse.Namespace(jobs=jobs, backend=backend)) == expected

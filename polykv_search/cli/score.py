@@ -246,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         engine=engine,
         timing=timing,
         protocol=protocol,
+        execution=_execution(args),
     )
     if lm_request is not None:
         lm_eval_score.fold(doc, lm_runs, lm_request)
@@ -273,6 +274,18 @@ def _fan_out(args: argparse.Namespace):
     from polykv_search.scoring.parallel import FanOut
 
     return FanOut(ModelLoader(args.model, args.device, args.dtype, args.attn), args.jobs, args.backend, args.address)
+
+
+def _execution(args: argparse.Namespace) -> dict:
+    """How the run was executed (provenance only: jobs, backend and threads never change a score)."""
+    import torch
+
+    from polykv_search.parallel import worker_threads
+
+    if args.jobs == 1 and not args.backend:
+        return {"jobs": 1, "backend": "in-process", "threads": torch.get_num_threads()}
+    threads = torch.get_num_threads() if args.backend == "sequential" else worker_threads(args.backend, args.jobs)
+    return {"jobs": args.jobs, "backend": args.backend or "loky", "threads": threads}
 
 
 def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples, shape: dict, protocol: str):

@@ -9,7 +9,9 @@ are not timed apart). Every task keeps its per-sample scores, so every compariso
 ``provenance.protocol`` (optional within version 2) is ``question-agnostic`` or ``question-aware``
 (:mod:`polykv_search.protocol`); a file without it is question-agnostic, and files of different
 protocols are never paired. Under ``question-aware`` a record's ``context_tokens`` counts the whole
-compressed prompt and ``question_tokens`` is 0.
+compressed prompt and ``question_tokens`` is 0. ``provenance.execution`` (optional) says how the run was
+executed: ``jobs``, ``backend`` (``in-process``, ``loky``, ``dask``, ``ray``, ``sequential``) and intra-op
+``threads`` per process (null: a cluster worker's own); like the timing, it never changes a score.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def results_document(
     engine: str = "shared",
     timing: dict[str, float] | None = None,
     protocol: str = AGNOSTIC,
+    execution: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     tasks = {
         n: {"version": t.version, "suite": t.suite, "samples": samples_fingerprint(s)}
@@ -86,6 +89,7 @@ def results_document(
             "engine": engine,
             "protocol": check_protocol(protocol),
             "timing": dict(timing or {}),
+            "execution": dict(execution or {}),
             "code_version": polykv_search.__version__,
             "python": platform.python_version(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
