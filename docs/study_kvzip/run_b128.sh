@@ -16,7 +16,7 @@ run() {  # protocol suite seed samples
   [ "$1" = aware ] && extra=(--question-aware)
   [ -f "$out" ] && return
   flock /tmp/heavy.lock polykv-search score --suite "$2" --context-len 1024 --budget 128 --samples "$4" --seed "$3" \
-    "${extra[@]}" "${ENTRIES[@]}" --jobs 2 --out "$out" > "$out.log" 2>&1
+    "${extra[@]}" "${ENTRIES[@]}" --jobs 2 --out "$out" >> "$out.log" 2>&1
   local rc=$?
   echo "$(date +%T) $1 $2 rc=$rc" >> "$OUT/progress"
 }
