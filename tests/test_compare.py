@@ -349,3 +349,19 @@ def test_plot_without_non_uniform_strategies_still_draws(tmp_path):
     c = cmp.compare([doc([entry("full", FULL, None), entry("uniform-tova", TOVA)])])
     cmp.plot(c, tmp_path / "bars.png")
     assert _is_png(tmp_path / "bars.png")
+
+
+def test_plot_stacks_a_head_group_layers_groups_by_their_share_of_the_mean_budget(tmp_path):
+    from polykv_search.compare.plots import _segments
+    from strategies import HeadGroup, LayerChoice
+
+    g = LayerChoice.grouped([HeadGroup((1,), "full", 1024), HeadGroup((0, 2), "streaming_llm", 48)])
+    layer = Strategy([g] + [LayerChoice("snapkv", 64)] * (L - 1), [g] * L, 400.0, context_len=1024, num_kv_heads=3)
+    choice = layer.to_json()["layers"][0]["prefill"]
+    assert _segments(choice) == [("full", 1024 / 3), ("streaming_llm", 32.0)]  # sums to the layer's mean, 373.3
+    assert _segments(layer.to_json()["layers"][1]["prefill"]) == [("snapkv", 64)]
+    e = entry("proportional", PROP)
+    e.update(name="ilp-head", strategy=layer.to_json(), strategy_digest=layer.digest())
+    c = cmp.compare([doc(standard()["entries"] + [e])])
+    cmp.plot(c, tmp_path / "heads.png")  # the quickstart's compare --plot with its head-level entry
+    assert _is_png(tmp_path / "heads.png")

@@ -82,6 +82,16 @@ def pattern_colors() -> dict[str, Any]:
     return {p: cmap(i % 10) for i, p in enumerate(PATTERNS)}
 
 
+def _segments(choice: dict[str, Any]) -> list[tuple[str, float]]:
+    """(pattern, tokens per KV head) of one layer and phase: one segment, or each head group's share of
+    the layer's mean budget (its budget times its heads, over the layer's heads)."""
+    groups = choice.get("head_groups")
+    if not groups:
+        return [(choice["pattern"], choice["budget"] or 0)]
+    n_heads = sum(len(g["heads"]) for g in groups)
+    return [(g["pattern"], (g["budget"] or 0) * len(g["heads"]) / n_heads) for g in groups]
+
+
 def _plot_layers(sub, c: Comparison, grid, n_rows: int, n_cols: int, Patch, by_budget: bool) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -97,28 +107,18 @@ def _plot_layers(sub, c: Comparison, grid, n_rows: int, n_cols: int, Patch, by_b
             ax.set_visible(False)
             continue
         layers = layers_of(row.strategy)
-        x = list(range(len(layers)))
         for offset, phase, hatch in ((-0.21, "prefill", None), (0.21, "decoding", "////")):
-            pats = [l[phase]["pattern"] for l in layers]
-            budgets = [l[phase]["budget"] or 0 for l in layers]
-            for p in pats:
-                if p not in colors:
-                    colors[p] = next(extra, "#333333")
-                if p not in used:
-                    used.append(p)
-            cols = [colors[p] for p in pats]
-            if hatch:  # decoding: pale fill, hatched in the pattern's color
-                ax.bar(
-                    [k + offset for k in x],
-                    budgets,
-                    width=0.4,
-                    color=[_pale(c_) for c_ in cols],
-                    hatch=hatch,
-                    edgecolor=cols,
-                    linewidth=0.0,
-                )
-            else:
-                ax.bar([k + offset for k in x], budgets, width=0.4, color=cols, linewidth=0.0)
+            for k, layer in enumerate(layers):  # a head-group layer stacks its groups' shares of the mean
+                bottom = 0.0
+                for p, height in _segments(layer[phase]):
+                    if p not in colors:
+                        colors[p] = next(extra, "#333333")
+                    if p not in used:
+                        used.append(p)
+                    color = colors[p]
+                    style = {"color": _pale(color), "hatch": hatch, "edgecolor": color} if hatch else {"color": color}
+                    ax.bar(k + offset, height, width=0.4, bottom=bottom, linewidth=0.0, **style)
+                    bottom += height
         if row.budget is not None:
             ax.axhline(row.budget, color="black", linestyle="--", linewidth=0.8)
         ax.set_title(f"{row.name}  (B={fmt_budget(row.budget)})", fontsize=9)
