@@ -17,6 +17,7 @@ from typing import NamedTuple
 from reproduce_report import signals_path
 
 from polykv_search.cli import main as cli
+from polykv_search.cli.quickstart_heads import head_collect_argv
 
 UNIFORM = ("snapkv", "tova", "h2o", "streaming_llm")
 METHODS = ("pyramid", "squeeze", "cake", "proportional", "ilp", "dp", "optuna")
@@ -159,27 +160,8 @@ def heads_path(args: argparse.Namespace) -> Path:
 
 def head_collect_step(args: argparse.Namespace) -> Step:
     """The head-level table: retrieval scores on ``--calib-samples`` evidence samples and head cells at
-    ``--head-grid`` (beside as many prose samples); its layer-level grid is one cell, which no head solver
-    reads."""
-    argv = [
-        *_calibration(args),
-        "--retrieval-heads",
-        str(args.calib_samples),
-        "--head-cells",
-        args.head_grid,
-        "--head-patterns",
-        HEAD_PATTERNS,
-        "--patterns",
-        "snapkv",
-        "--budgets",
-        args.head_grid.split(",")[0],
-        "--phases",
-        "prefill",
-        "--layers",
-        "0",
-        "--out",
-        str(heads_path(args)),
-    ]
+    ``--head-grid`` (beside as many prose samples)."""
+    argv = head_collect_argv(_calibration(args), args.calib_samples, args.head_grid, HEAD_PATTERNS, heads_path(args))
     return Step("collect heads", argv, heads_path(args))
 
 

@@ -221,6 +221,9 @@ CASES = [
     row("quickstart --out q --suite nosuch", "nosuch", id="quickstart-unknown-suite"),
     row("quickstart --out q --budgets 32,,64", "empty budget", id="quickstart-empty-list-item"),
     row("quickstart --out q --methods nosuch", "nosuch", id="quickstart-unknown-method"),
+    row("quickstart --out q --calib-samples 1", "needs --calib-samples of at least 2", id="qs-head-1-sample"),
+    row("quickstart --out q --head-cells 32,512", "--head-cells: budgets must be below", id="quickstart-head-cell-ctx"),
+    row("quickstart --out q --head-patterns tova", "'tova' has no head cells", id="quickstart-head-pattern"),
 ]
 
 

@@ -10,6 +10,10 @@ results whose settings match are kept).
 written beside the prose-only ones (``signals-retrieval.json``, ``strategies/*-retrieval-B*.json``).
 The default, prose-only calibration, is unchanged. The report states which calibration was used.
 
+``--head-level`` (on by default) also collects a small per-KV-head table (``signals-heads.json``) and
+scores the head-level ilp (``strategies/ilp-head-B<B>.json``: per KV head, keep every token or one
+(pattern, budget) cell), the kind of strategy that keeps ruler's needles; ``--no-head-level`` skips it.
+
 ``--question-aware`` scores under the question-aware protocol (``score --question-aware``) into
 ``results-B<B>-question-aware.json``, beside the default question-agnostic results; with
 ``--retrieval-mix`` the evidence samples' query sits inside the compressed prompt too.
@@ -23,6 +27,7 @@ import time
 from pathlib import Path
 
 from polykv_search.cli import quickstart_defaults as D
+from polykv_search.cli import quickstart_heads as H
 from polykv_search.cli.common import (
     CLIError,
     add_protocol_arg,
@@ -98,6 +103,7 @@ def add_parser(sub) -> None:
         default=",".join(METHODS),
         help=f"solvers to run (default {','.join(METHODS)})",
     )
+    H.add_args(p)
     p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
@@ -143,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     signals = out / f"signals{tag}.json"
     if mix:
         check_table_mix(signals, mix)
-    collect_argv = [
+    calibration = [
         "collect",
         *common,
         "--samples",
@@ -152,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
         str(args.context_len),
         "--continuation-len",
         str(args.continuation_len),
+    ]
+    collect_argv = [
+        *calibration,
         "--patterns",
         patterns,
         "--budgets",
@@ -162,7 +171,15 @@ def run(args: argparse.Namespace) -> int:
         str(signals),
     ]
     collect_check(build_parser().parse_args(collect_argv))  # --model, --device, --patterns, --budgets, lengths
+    heads = out / H.HEADS_TABLE
+    if args.head_level:
+        H.check_head_level(args.calib_samples, args.head_cells, args.context_len)
+        cells, head_patterns = ",".join(map(str, args.head_cells)), ",".join(args.head_patterns)
+        heads_argv = H.head_collect_argv(calibration, args.calib_samples, cells, head_patterns, heads)
+        collect_check(build_parser().parse_args(heads_argv))  # the cells' budgets and patterns
     out.mkdir(parents=True, exist_ok=True)
+    if args.head_level:  # first: its evidence samples' length check fails fast, before the longer collect
+        step("1/4 collect heads", heads_argv)
     step("1/4 collect", collect_argv)
 
     strategies_dir = out / "strategies"
@@ -190,6 +207,11 @@ def run(args: argparse.Namespace) -> int:
                 f"2/4 solve {method}",
                 ["solve", "--method", method, "--signals", str(signals), "--budget", B, *extra, "--out", str(target)],
             )
+        paths.append(str(target))
+    if args.head_level:
+        target = strategies_dir / f"{H.HEAD_STRATEGY}-B{B}.json"
+        if not target.exists():
+            step(f"2/4 solve {H.HEAD_STRATEGY}", H.head_solve_argv(heads, B, eval_len, target))
         paths.append(str(target))
 
     results = out / f"results-B{B}{qa}.json"

@@ -25,3 +25,7 @@ EVAL_SAMPLES = 9
 METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
 BASELINES = ("full", "uniform:snapkv", "uniform:tova", "uniform:h2o", "uniform:streaming_llm")
 OPTUNA_TRIALS = 6
+#: the head-level entry (quickstart_heads.py): head cells at these budgets, of these patterns
+HEAD_LEVEL = True
+HEAD_CELLS = "32,64,128"
+HEAD_PATTERNS = "streaming_llm,h2o"

@@ -40,7 +40,7 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
         f"{protocol_of(doc['provenance'])} protocol. "
         f"Calibration: {args.calib_samples} samples of {args.context_len} + {args.continuation_len} tokens, "
         f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))} "
-        f"(`{signals.name}`). {calibration}",
+        f"(`{signals.name}`). {calibration}{_head_level(args)}",
         "",
         cmp.to_markdown(comparison),
         "",
@@ -55,6 +55,16 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
         "Step times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) if timings else "All steps reused.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _head_level(args: argparse.Namespace) -> str:
+    if not getattr(args, "head_level", False):
+        return ""
+    return (
+        f" Head level: retrieval scores and head cells ({','.join(args.head_patterns)} at "
+        f"{','.join(map(str, args.head_cells))}) on {args.calib_samples} evidence + {args.calib_samples} prose "
+        "samples of the same split (`signals-heads.json`), solved by `ilp --granularity head`."
+    )
 
 
 def write_report(

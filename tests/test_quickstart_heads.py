@@ -1,0 +1,64 @@
+"""quickstart's head-level entry: the steps it plans (no model is loaded: `invoke` is faked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from polykv_search.cli import build_parser
+
+
+class Stop(Exception):
+    """Raised by the fake `invoke` at the score step: nothing after it runs."""
+
+
+def planned(tmp_path, monkeypatch, *extra: str) -> list[list[str]]:
+    """Every command quickstart runs up to and including `score`, in order."""
+    import polykv_search.cli as cli
+
+    args = build_parser().parse_args(["quickstart", "--out", str(tmp_path / "qs"), *extra])
+    calls = []
+
+    def fake_invoke(argv, parser=None):
+        calls.append(argv)
+        if argv[0] == "score":
+            raise Stop
+
+    monkeypatch.setattr(cli, "invoke", fake_invoke)
+    with pytest.raises(Stop):
+        args.func(args)
+    return calls
+
+
+def value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_by_default_a_head_table_is_collected_and_the_head_level_ilp_is_scored(tmp_path, monkeypatch):
+    calls = planned(tmp_path, monkeypatch)
+    collects = [c for c in calls if c[0] == "collect"]
+    tables = [str(tmp_path / "qs" / name) for name in ("signals-heads.json", "signals.json")]
+    assert [value(c, "--out") for c in collects] == tables
+    heads = collects[0]  # first: a calibration too short for its evidence samples fails before the long collect
+    assert value(heads, "--retrieval-heads") == "2" and value(heads, "--samples") == "2"  # the calibration split
+    assert value(heads, "--head-cells") == "32,64,128" and value(heads, "--head-patterns") == "streaming_llm,h2o"
+    assert value(heads, "--context-len") == value(collects[1], "--context-len") == "512"
+    (solve,) = [c for c in calls if c[0] == "solve" and "--granularity" in c]
+    assert value(solve, "--method") == "ilp" and value(solve, "--granularity") == "head"
+    assert value(solve, "--signals") == str(tmp_path / "qs" / "signals-heads.json")
+    assert value(solve, "--budget") == "128" and value(solve, "--target-context-len") == "512"
+    target = str(tmp_path / "qs" / "strategies" / "ilp-head-B128.json")
+    assert value(solve, "--out") == target and target in calls[-1]  # scored beside the layer-level strategies
+
+
+def test_the_head_level_ilp_is_built_for_the_evaluation_context(tmp_path, monkeypatch):
+    calls = planned(tmp_path, monkeypatch, "--eval-context-len", "1024", "--head-cells", "64", "--head-patterns", "h2o")
+    (solve,) = [c for c in calls if c[0] == "solve" and "--granularity" in c]
+    assert value(solve, "--target-context-len") == "1024"  # a kept-whole head holds the evaluation prompt
+    (heads,) = [c for c in calls if c[0] == "collect" and "--head-cells" in c]
+    assert value(heads, "--head-cells") == "64" and value(heads, "--head-patterns") == "h2o"
+
+
+def test_no_head_level_runs_what_it_ran_before(tmp_path, monkeypatch):
+    calls = planned(tmp_path, monkeypatch, "--no-head-level", "--calib-samples", "1")
+    assert not any("--head-cells" in c or "--granularity" in c for c in calls)
+    assert not any("ilp-head" in arg for arg in calls[-1])
