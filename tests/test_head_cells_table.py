@@ -192,3 +192,19 @@ def test_the_benchmark_script_refuses_bad_input_and_reports_on_a_tiny_model(tmp_
     doc = json.loads(doc_path.read_text())
     assert doc["budgets"] == [16, 32] and np.array(doc["kl_answer_mean"]).shape == (2, 2, 2)
     assert [row["budget"] for row in doc["per_budget"]] == [16, 32] and "Spearman" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layers_collected", [1, 2])
+def test_show_names_a_head_level_tables_one_cell_grid_a_placeholder(tmp_path, capsys, layers_collected):
+    from test_collect_cli import run_cli
+
+    t = table(head_signals())
+    for layer in range(layers_collected):
+        t.set_cell(layer, "prefill", "snapkv", 8, cosine=0.99, dppl=0.1, kl=0.01)
+    path = t.save(tmp_path / "heads.json")
+    assert run_cli(["show", str(path)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "streaming cells: costliest at b=16" in shown  # the head-level signals, either way
+    placeholder = "layer grid: one placeholder cell, as a head-level collect writes it" in shown
+    assert placeholder == (layers_collected == 1)  # a grid with layer-level signals is shown as before
+    assert ("entropy" in shown) == (layers_collected == 2)

@@ -179,6 +179,24 @@ def show_signals(path: str, plot: str | None = None) -> int:
         f"{done}/{L * F * P * G} cells collected; FullKV PPL {_fmt(table.full_ppl)}",
         highlight=False,
     )
+    if table.heads is not None and F * P * G == 1 and done <= 1:  # a head-level table's one placeholder cell
+        out.print(
+            "layer grid: one placeholder cell, as a head-level collect writes it (no layer-level signals: "
+            "`solve --granularity head` reads the head-level signals below)",
+            highlight=False,
+        )
+    else:
+        _show_layers(table)
+    for line in describe_heads(table.heads):
+        out.print(line, highlight=False, markup=False)
+    if plot:
+        write_plot(table, plot)
+        out.print(f"wrote {plot}", highlight=False)
+    return 0
+
+
+def _show_layers(table) -> None:
+    """The per-layer tables and lines of each phase."""
     summary = summarize(table)
     has_kl = "kl" in table.signals
     if not table.has_uncertainty:
@@ -226,12 +244,6 @@ def show_signals(path: str, plot: str | None = None) -> int:
                 + ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])),
                 highlight=False,
             )
-    for line in describe_heads(table.heads):
-        out.print(line, highlight=False, markup=False)
-    if plot:
-        write_plot(table, plot)
-        out.print(f"wrote {plot}", highlight=False)
-    return 0
 
 
 def write_plot(table, path: str) -> None:
