@@ -58,7 +58,7 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
 
 
 def _head_level(args: argparse.Namespace) -> str:
-    if not getattr(args, "head_level", False):
+    if not args.head_level:
         return ""
     return (
         f" Head level: retrieval scores and head cells ({','.join(args.head_patterns)} at "
