@@ -161,6 +161,7 @@ CASES = [
         id="collect-calib-csv",
     ),
     # ---- solve
+    row("solve --method nosuch", "unknown solver 'nosuch'", id="solve-unknown-method-first"),
     row(
         "solve --budget 0 --num-layers 4 --method uniform --out o.json",
         "expected a finite number >= 1, got '0'",

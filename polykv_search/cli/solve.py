@@ -126,12 +126,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list_methods:
         return _list_methods(list_methods, get_solver_class)
+    cls = get_solver_class(args.method)  # an unknown method is named before a missing flag
     if args.budget is None:
         raise CLIError("--budget is required")
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)  # before a table or (optuna) a model is loaded
-    cls = get_solver_class(args.method)
     names = {i.name for i in cls.Settings.fields_info()}
     given = {k: v for k, v in vars(args).items() if k not in _PROBLEM_DESTS}
     unknown = sorted(k for k in given if k not in names)
