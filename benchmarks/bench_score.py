@@ -33,6 +33,9 @@ import torch
 from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ceiling_stats import interval_text, paired_interval, ratio_of_sums, share_of_sums, verdict  # noqa: E402
 
 from polykv_search import scoring  # noqa: E402
 from polykv_search.cli.baselines import baseline  # noqa: E402
@@ -163,7 +166,7 @@ def engines_beside_ceiling(model, tok, es, samples, rounds: int, budget: int, n:
     shares are reported per round and over all of them."""
     n_full = sum(e.strategy.is_full for e in es)
     runs: dict[str, list[dict]] = {"shared": [], "per-entry": []}
-    parts, same, per_round = [], True, []
+    parts, same, per_round, units = [], True, [], []
     for r in range(rounds):
         total = {e: {"wall_s": 0.0, "cpu_s": 0.0} for e in runs}
         round_parts = []
@@ -171,14 +174,16 @@ def engines_beside_ceiling(model, tok, es, samples, rounds: int, budget: int, n:
         for i, (name, task, sample) in enumerate(flat):
             one = {name: (task, [sample])}
             order = ("shared", "per-entry") if (i + r) % 2 == 0 else ("per-entry", "shared")
-            scores = {}
+            scores, times = {}, {}
             for engine in order:
                 rec, wall, cpu = timed(lambda: scoring.score_entries(model, tok, es, one, engine=engine))
+                times[engine] = wall
                 total[engine]["wall_s"] += wall
                 total[engine]["cpu_s"] += cpu
                 scores[engine] = per_sample_scores(rec)
             same &= scores["shared"] == scores["per-entry"]
             round_parts.append(ceiling_sample(model, tok, task, sample, len(es), budget, n_full))
+            units.append((times, round_parts[-1]))
         for engine in runs:
             runs[engine].append(total[engine])
             print(
@@ -201,6 +206,7 @@ def engines_beside_ceiling(model, tok, es, samples, rounds: int, budget: int, n:
         "ceiling": bound,
         **shares(wall["per-entry"], wall["shared"], bound),
         "rounds": per_round,
+        **unit_intervals(units, n_full),
     }
     real = bound.get("real_lengths")
     print(
@@ -219,7 +225,29 @@ def engines_beside_ceiling(model, tok, es, samples, rounds: int, budget: int, n:
         f"scores identical: {same}; " + share_text(out),
         flush=True,
     )
+    print(f"context {n}: " + intervals_text(out), flush=True)
     return out
+
+
+def unit_intervals(units: list[tuple[dict, dict]], n_full: int) -> dict:
+    """95 % paired-bootstrap intervals over the (sample, round) units: the share of the ceiling (FullKV
+    holding the context when measured) and the shared engine's time over the ceiling's batched side."""
+    side = ("real_per_entry_s", "real_shared_s") if n_full else ("per_entry_s", "shared_s")
+    shared = [t["shared"] for t, _ in units]
+    ceiling_shared = [c[side[1]] for _, c in units]
+    share = paired_interval(
+        share_of_sums, [t["per-entry"] for t, _ in units], shared, [c[side[0]] for _, c in units], ceiling_shared
+    )
+    over = paired_interval(ratio_of_sums, shared, ceiling_shared)
+    return {"intervals": {"share_of_ceiling": share, "shared_over_ceiling": over, "target": verdict(over)}}
+
+
+def intervals_text(out: dict) -> str:
+    iv = out["intervals"]
+    return (
+        f"share of the ceiling {interval_text(iv['share_of_ceiling'], '')}; shared over the ceiling's batched "
+        f"side {interval_text(iv['shared_over_ceiling'])}: {iv['target']}"
+    )
 
 
 def shared_beside_ceiling(model, tok, es, samples, budget: int) -> dict:
@@ -228,20 +256,27 @@ def shared_beside_ceiling(model, tok, es, samples, budget: int) -> dict:
     which a machine drifting over minutes moves little (to compare two commits without the per-entry path)."""
     n_full = sum(e.strategy.is_full for e in es)
     wall = cpu = bound = 0.0
+    walls, bounds = [], []
     for name, (task, ss) in samples.items():
         for sample in ss:
             _, w, c = timed(lambda: scoring.score_entries(model, tok, es, {name: (task, [sample])}))
             part = ceiling_sample(model, tok, task, sample, len(es), budget, n_full)
-            wall, cpu, bound = wall + w, cpu + c, bound + part["real_shared_s" if n_full else "shared_s"]
+            walls.append(w)
+            bounds.append(part["real_shared_s" if n_full else "shared_s"])
+            wall, cpu, bound = wall + w, cpu + c, bound + bounds[-1]
+    over = paired_interval(ratio_of_sums, walls, bounds)
     print(
         f"shared    wall {wall:7.1f} s  cpu {cpu:7.1f} s; the ceiling's batched side {bound:7.1f} s: "
-        f"{wall / bound:.3f}x its time",
+        f"{interval_text(over)} its time: {verdict(over)}",
         flush=True,
     )
     return {
         "runs": {"shared": [{"wall_s": wall, "cpu_s": cpu}]},
         "ceiling_shared_s": bound,
         "over_ceiling": wall / bound,
+        "over_ceiling_interval": over,
+        "target": verdict(over),
+        "per_sample": {"shared_wall_s": walls, "ceiling_shared_s": bounds},
     }
 
 

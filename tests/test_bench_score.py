@@ -39,6 +39,46 @@ def test_shares_divide_the_speed_up_by_each_ceiling_and_show_each_engine_over_it
     assert s["share_of_ceiling"]["real_lengths"] == pytest.approx(over["per-entry"] / over["shared"])
 
 
+@pytest.fixture(scope="module")
+def cstats():
+    return benchmark_script("ceiling_stats")
+
+
+def test_a_ratio_of_sums_has_a_paired_bootstrap_interval_around_it(cstats):
+    shared, ceiling = [12.0, 30.0, 21.0, 40.0, 16.0, 25.0], [10.0, 25.0, 15.0, 30.0, 14.0, 20.0]
+    over = cstats.paired_interval(cstats.ratio_of_sums, shared, ceiling)
+    assert over["value"] == pytest.approx(144 / 114) and over["units"] == 6
+    assert over["low"] < over["value"] < over["high"]
+    # every unit's own ratio lies in [1.14, 1.4]: so does any resample's ratio of sums
+    assert 1.14 <= over["low"] and over["high"] <= 1.4
+    # units that all take 1.2x the ceiling leave no doubt
+    fixed = cstats.paired_interval(cstats.ratio_of_sums, [1.2 * c for c in ceiling], ceiling)
+    assert fixed["low"] == pytest.approx(1.2) and fixed["high"] == pytest.approx(1.2)
+
+
+def test_the_share_interval_is_the_speed_up_over_the_ceilings_speed_up(cstats):
+    cols = ([60.0, 30.0, 45.0], [15.0, 10.0, 12.0], [40.0, 20.0, 30.0], [8.0, 4.0, 6.0])
+    share = cstats.paired_interval(cstats.share_of_sums, *cols)
+    assert share["value"] == pytest.approx((135 / 37) / (90 / 18))
+    assert share["low"] <= share["value"] <= share["high"]
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "word"), [(1.1, 1.2, "met, resolved"), (1.3, 1.5, "not met, resolved"), (1.2, 1.3, "not resolved")]
+)
+def test_the_80_percent_target_is_resolved_only_by_the_whole_interval(cstats, low, high, word):
+    assert cstats.verdict({"value": (low + high) / 2, "low": low, "high": high}).endswith(word)
+    assert "not resolved" in cstats.verdict({"value": 1.0, "low": None, "high": None})
+
+
+def test_unit_intervals_pair_each_samples_engine_times_with_its_ceiling(bench):
+    units = [({"shared": s, "per-entry": p}, c) for s, p, c in zip([15.0, 30.0, 20.0], [60.0, 100.0, 90.0], PARTS * 2)]
+    iv = bench.unit_intervals(units, n_full=1)["intervals"]
+    assert iv["shared_over_ceiling"]["value"] == pytest.approx(65 / (3 + 5 + 3))
+    assert iv["share_of_ceiling"]["value"] == pytest.approx((250 / 65) / ((14 + 26 + 14) / 11))
+    assert iv["target"].endswith("not met, resolved")  # 5x, 6x and 6.7x the ceiling's batched side
+
+
 @pytest.mark.slow
 def test_a_two_round_run_interleaves_per_sample_and_totals_its_rounds(bench, tmp_path):
     out = tmp_path / "b.json"
@@ -51,6 +91,7 @@ def test_a_two_round_run_interleaves_per_sample_and_totals_its_rounds(bench, tmp
     assert ctx["speedup_wall"] == pytest.approx(wall["per-entry"] / wall["shared"])
     assert ctx["share_of_ceiling"]["budget-length"] == pytest.approx(ctx["speedup_wall"] / ctx["ceiling"]["ratio"])
     assert ctx["ceiling"]["real_lengths"]["full_entries"] == 1
+    assert ctx["intervals"]["shared_over_ceiling"]["units"] == 2  # one sample, two rounds
 
 
 @pytest.mark.slow
@@ -62,3 +103,4 @@ def test_shared_only_times_the_engine_beside_the_ceilings_batched_calls(bench, t
     (run,) = ctx["runs"]["shared"]
     assert "per-entry" not in ctx["runs"] and ctx["ceiling_shared_s"] > 0
     assert ctx["over_ceiling"] == pytest.approx(run["wall_s"] / ctx["ceiling_shared_s"])
+    assert ctx["over_ceiling_interval"]["value"] == pytest.approx(ctx["over_ceiling"])
