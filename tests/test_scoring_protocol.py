@@ -167,6 +167,25 @@ def test_results_record_the_protocol_and_both_engines_agree(checkpoint, tmp_path
         assert all(r["question_tokens"] == 0 for r in ra) and all(r["question_tokens"] > 0 for r in rb)
 
 
+def test_question_aware_manyshot_scores_every_entry_as_fullkv_and_says_so(checkpoint, tmp_path, capsys):  # noqa: F811
+    # the label's first token is predicted by the prompt call, whose attention runs before any eviction
+    argv = score_argv(checkpoint, tmp_path / "m.json", "--question-aware")
+    argv[argv.index("--suite") + 1] = "broad/manyshot"
+    assert main(argv) == 0
+    assert "note: broad/manyshot under --question-aware" in "".join(capsys.readouterr())
+    entries = {
+        e["name"]: e["tasks"]["broad/manyshot"]["per_sample"]
+        for e in json.loads((tmp_path / "m.json").read_text())["entries"]
+    }
+    full = entries.pop("full")
+    for name, records in entries.items():  # the tiny model's tokenizer is one token per character
+        assert [r["prediction"][:1] for r in records] == [r["prediction"][:1] for r in full], name
+        assert [r["score"] for r in records] == [r["score"] for r in full], name
+    # from the second token on, eviction acts: the answers differ
+    assert any(r["prediction"] != f["prediction"] for records in entries.values() for r, f in zip(records, full))
+    assert scoring.engine.protocol_notes([scoring.resolve_tasks("broad/manyshot")[0]], AGNOSTIC) == []
+
+
 def test_the_decode_suite_under_question_aware_is_one_line_exit_2(checkpoint, tmp_path, capsys):  # noqa: F811
     argv = score_argv(checkpoint, tmp_path / "r.json", "--question-aware")
     argv[argv.index("--suite") + 1] = "decode"

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.protocol import AGNOSTIC, AWARE
     from polykv_search.scoring.checkpoint import check_partial_protocol
     from polykv_search.scoring.checkpoint_schema import read_partial
-    from polykv_search.scoring.engine import check_task_protocol
+    from polykv_search.scoring.engine import check_task_protocol, protocol_notes
     from strategies import Strategy
 
     if args.list_tasks:
@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     protocol = AWARE if args.question_aware else AGNOSTIC
     for task in tasks:
         check_task_protocol(task, protocol)
+    for note in protocol_notes(tasks, protocol):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]

@@ -183,6 +183,18 @@ def check_task_protocol(task, protocol: str) -> None:
         )
 
 
+def protocol_notes(tasks, protocol: str) -> list[str]:
+    """What a reader of this run's scores should know about the protocol (one line each): under
+    ``question-aware`` many-shot's one-word label is the first answer token, which the prompt call predicts
+    before any eviction, so every entry scores FullKV's there (measured: docs/study_kvzip.md, broad at B = 128)."""
+    if protocol != AWARE or not any(task.name == "broad/manyshot" for task in tasks):
+        return []
+    return [
+        "broad/manyshot under --question-aware: its one-word label is the first answer token, predicted by the "
+        "prompt call before any eviction, so every entry scores what FullKV scores there"
+    ]
+
+
 class SampleRunner:
     """Runs one sample at a time for every entry on one model (``with`` it: the shared engine applies its
     FullKV runtime for the block). The same code in this process and in a ``score --jobs`` worker."""
