@@ -255,7 +255,7 @@ def shared_beside_ceiling(model, tok, es, samples, budget: int) -> dict:
     (:func:`ceiling_sample`, FullKV entries holding the context): its time over the ceiling's batched side,
     which a machine drifting over minutes moves little (to compare two commits without the per-entry path)."""
     n_full = sum(e.strategy.is_full for e in es)
-    wall = cpu = bound = 0.0
+    cpu = 0.0
     walls, bounds = [], []
     for name, (task, ss) in samples.items():
         for sample in ss:
@@ -263,11 +263,13 @@ def shared_beside_ceiling(model, tok, es, samples, budget: int) -> dict:
             part = ceiling_sample(model, tok, task, sample, len(es), budget, n_full)
             walls.append(w)
             bounds.append(part["real_shared_s" if n_full else "shared_s"])
-            wall, cpu, bound = wall + w, cpu + c, bound + bounds[-1]
+            cpu += c
+    wall, bound = sum(walls), sum(bounds)
     over = paired_interval(ratio_of_sums, walls, bounds)
+    target = verdict(over)
     print(
         f"shared    wall {wall:7.1f} s  cpu {cpu:7.1f} s; the ceiling's batched side {bound:7.1f} s: "
-        f"{interval_text(over)} its time: {verdict(over)}",
+        f"{interval_text(over)} its time: {target}",
         flush=True,
     )
     return {
@@ -275,7 +277,7 @@ def shared_beside_ceiling(model, tok, es, samples, budget: int) -> dict:
         "ceiling_shared_s": bound,
         "over_ceiling": wall / bound,
         "over_ceiling_interval": over,
-        "target": verdict(over),
+        "target": target,
         "per_sample": {"shared_wall_s": walls, "ceiling_shared_s": bounds},
     }
 

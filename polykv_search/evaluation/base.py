@@ -31,6 +31,9 @@ class Task:
     metric: ClassVar[str] = ""
     kind: ClassVar[str] = "generate"
     max_new_tokens: ClassVar[int] = 32
+    #: True when the score depends on the first answer token only: under question-aware, the prompt call
+    #: predicts it before any eviction, so every entry then scores what FullKV scores.
+    first_token_decides: ClassVar[bool] = False
     #: Bumped whenever generated samples or scores change for the same inputs.
     version: ClassVar[str] = "1"
 

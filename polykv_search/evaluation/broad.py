@@ -160,6 +160,7 @@ class ManyShotClassification(Task):
     description = "many-shot in-context classification of words under a seeded random labelling"
     metric = "accuracy % (first word of the answer)"
     max_new_tokens = 4
+    first_token_decides = True  # a one-word label (its first word is scored)
     pool_size: ClassVar[int] = 64
     labels: ClassVar[tuple[str, ...]] = MANYSHOT_LABELS
 

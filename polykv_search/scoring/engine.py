@@ -185,13 +185,16 @@ def check_task_protocol(task, protocol: str) -> None:
 
 def protocol_notes(tasks, protocol: str) -> list[str]:
     """What a reader of this run's scores should know about the protocol (one line each): under
-    ``question-aware`` many-shot's one-word label is the first answer token, which the prompt call predicts
-    before any eviction, so every entry scores FullKV's there (measured: docs/study_kvzip.md, broad at B = 128)."""
-    if protocol != AWARE or not any(task.name == "broad/manyshot" for task in tasks):
+    ``question-aware`` a task whose score the first answer token decides (``Task.first_token_decides``)
+    gets that token from the prompt call, before any eviction, so every entry scores FullKV's there
+    (measured: docs/study_kvzip.md, broad at B = 128)."""
+    if protocol != AWARE:
         return []
     return [
-        "broad/manyshot under --question-aware: its one-word label is the first answer token, predicted by the "
+        f"{task.name} under --question-aware: its score is decided by the first answer token, predicted by the "
         "prompt call before any eviction, so every entry scores what FullKV scores there"
+        for task in tasks
+        if task.first_token_decides
     ]
 
 
