@@ -26,9 +26,10 @@ TASKS=(niah_single niah_multikey niah_multivalue niah_multiquery vt cwe)
 for i in "${!TASKS[@]}"; do
   run agnostic "ruler/${TASKS[$i]}" $((2 + i)) 50 "${TASKS[$i]}" -- "${NEW_UNIFORMS[@]}" --strategy $S/duo.json $S/headkv.json
 done
+# the niah second draw before the question-aware runs: issue 25's B = 256 target is question-agnostic
+for i in 0 1 2 3; do run agnostic "ruler/${TASKS[$i]}" $((20 + i)) 50 "${TASKS[$i]}-draw2" -- "${H11[@]}"; done
 for i in "${!TASKS[@]}"; do
   run aware "ruler/${TASKS[$i]}" $((2 + i)) 50 "${TASKS[$i]}" -- "${NEW_UNIFORMS[@]}" --strategy "${HEADS[@]}"
 done
 run agnostic broad 2 100 broad -- --baseline uniform:tova --strategy "${PROPS[@]}"
 run aware broad 2 100 broad -- "${H11[@]}" "${PROPS[@]}"
-for i in 0 1 2 3; do run agnostic "ruler/${TASKS[$i]}" $((20 + i)) 50 "${TASKS[$i]}-draw2" -- "${H11[@]}"; done
