@@ -10,7 +10,9 @@ this script pairs by sample id for a study's explicit cross-protocol contrast:
 prints the per-task means and the 95 % paired bootstrap interval (task-stratified, 9,999 resamples,
 seed 0; ``polykv_search.stats``) of ``A - B``. Entries are named as in the results file. ``--metric``
 names the per-sample field (default ``score``; ``kl``: KL(FullKV || entry), on the tasks that record it).
-A path may be a glob or a comma-separated list: task shards of one run (one file per task), merged by task.
+A path may be a glob or a comma-separated list: task shards of one run (one file per task) or draws of one
+task (disjoint sample ids), merged by task; files without the entry are passed over, and the two sides must
+end up with the same tasks and sample ids.
 """
 
 import argparse
@@ -24,15 +26,18 @@ def per_task(spec: str, metric: str) -> dict[str, dict[str, float]]:
     paths, name = spec.rsplit(":", 1)
     files = sorted(f for p in paths.split(",") for f in (glob.glob(p) or [p]))
     out: dict[str, dict[str, float]] = {}
-    for path in files:
-        entries = {e["name"]: e for e in json.load(open(path))["entries"]}
-        if name not in entries:
-            raise SystemExit(f"{path} has no entry {name!r} (it has {', '.join(entries)})")
-        for t, r in entries[name]["tasks"].items():
-            if t in out:
-                raise SystemExit(f"task {t} of {name!r} is in more than one of {files}")
-            if all(s.get(metric) is not None for s in r["per_sample"]):
-                out[t] = {s["id"]: float(s[metric]) for s in r["per_sample"]}
+    holding = [path for path in files if any(e["name"] == name for e in json.load(open(path))["entries"])]
+    if not holding:
+        raise SystemExit(f"no file of {files} has an entry {name!r}")
+    for path in holding:
+        entry = next(e for e in json.load(open(path))["entries"] if e["name"] == name)
+        for t, r in entry["tasks"].items():
+            if not all(s.get(metric) is not None for s in r["per_sample"]):
+                continue
+            ids = {s["id"]: float(s[metric]) for s in r["per_sample"]}
+            if ids.keys() & out.get(t, {}).keys():
+                raise SystemExit(f"samples of task {t} of {name!r} are in more than one of {holding}")
+            out.setdefault(t, {}).update(ids)
     return out
 
 
