@@ -12,7 +12,7 @@ seed 0; ``polykv_search.stats``) of ``A - B``. Entries are named as in the resul
 names the per-sample field (default ``score``; ``kl``: KL(FullKV || entry), on the tasks that record it).
 A path may be a glob or a comma-separated list: task shards of one run (one file per task) or draws of one
 task (disjoint sample ids), merged by task; files without the entry are passed over, and the two sides must
-end up with the same tasks and sample ids.
+end up with the same tasks and sample ids. ``--tasks niah_single,niah_multikey`` pairs only those tasks.
 """
 
 import argparse
@@ -41,8 +41,11 @@ def per_task(spec: str, metric: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def main(a_spec: str, b_spec: str, metric: str = "score") -> None:
+def main(a_spec: str, b_spec: str, metric: str = "score", tasks: str | None = None) -> None:
     a, b = per_task(a_spec, metric), per_task(b_spec, metric)
+    if tasks:
+        keep = {t if "/" in t else f"ruler/{t}" for t in tasks.split(",")}
+        a, b = ({t: v for t, v in side.items() if t in keep} for side in (a, b))
     if not a or sorted(a) != sorted(b) or any(sorted(a[t]) != sorted(b[t]) for t in a):
         raise SystemExit(f"the two entries were not scored on the same tasks and samples (metric {metric!r})")
     tasks = sorted(a)
@@ -60,5 +63,6 @@ if __name__ == "__main__":
     ap.add_argument("a", metavar="A.json:ENTRY")
     ap.add_argument("b", metavar="B.json:ENTRY")
     ap.add_argument("--metric", default="score", help="per-sample field to pair (default score; e.g. kl)")
+    ap.add_argument("--tasks", help="only these tasks, comma-separated (a name without '/' is ruler's)")
     args = ap.parse_args()
-    main(args.a, args.b, args.metric)
+    main(args.a, args.b, args.metric, args.tasks)
