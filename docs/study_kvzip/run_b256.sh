@@ -1,7 +1,7 @@
 #!/bin/bash
 # H16 (docs/study_kvzip_plan.md): the B = 256 entries issue 25 and 26 still lack, one run at a time, each skipped
 # when its results file or its committed copy docs/study_kvzip/h16-PROTOCOL-TASK.json exists (a stopped run
-# resumes from its .partial). Usage: docs/study_kvzip/run_b256.sh OUTDIR   (from the repository root)
+# resumes from its .partial, or, in a fresh checkout, from the copy committed under docs/study_kvzip/partial/). Usage: docs/study_kvzip/run_b256.sh OUTDIR   (from the repository root)
 set -u
 OUT=${1:?usage: run_b256.sh OUTDIR}
 S=docs/study_kvzip
@@ -18,6 +18,8 @@ run() {  # protocol suite seed samples name -- score arguments
   local out="$OUT/h16-$protocol-$name.json"
   [ "$protocol" = aware ] && extra=(--question-aware)
   [ -f "$out" ] || [ -f "$S/h16-$protocol-$name.json" ] && return
+  local saved="$S/partial/h16-$protocol-$name.json.partial"  # an unfinished run's checkpoint, committed at a session's end
+  [ -f "$saved" ] && [ ! -f "$out.partial" ] && cp "$saved" "$out.partial"
   flock /tmp/heavy.lock polykv-search score --suite "$suite" --context-len 1024 --budget 256 --samples "$samples" \
     --seed "$seed" "${extra[@]}" "$@" --jobs 2 --out "$out" >> "$out.log" 2>&1
   echo "$(date +%T) $protocol $name rc=$?" >> "$OUT/progress"
