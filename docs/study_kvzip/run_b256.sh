@@ -1,7 +1,8 @@
 #!/bin/bash
 # H16 (docs/study_kvzip_plan.md): the B = 256 entries issue 25 and 26 still lack, one run at a time, each skipped
 # when its results file or its committed copy docs/study_kvzip/h16-PROTOCOL-TASK.json exists (a stopped run
-# resumes from its .partial, or, in a fresh checkout, from the copy committed under docs/study_kvzip/partial/). Usage: docs/study_kvzip/run_b256.sh OUTDIR   (from the repository root)
+# resumes from its .partial, or, in a fresh checkout, from the copy committed under docs/study_kvzip/partial/).
+# Usage: docs/study_kvzip/run_b256.sh OUTDIR   (from the repository root)
 set -u
 OUT=${1:?usage: run_b256.sh OUTDIR}
 S=docs/study_kvzip
