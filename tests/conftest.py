@@ -38,3 +38,21 @@ def diagnose():
 def gpu_check():
     """``benchmarks/gpu_check.py``."""
     return benchmark_script("gpu_check")
+
+
+@pytest.fixture(scope="module")
+def v1():
+    """The compare tests' hand-made results file, version 1 (``tests/compare_support.py``), compared."""
+    from polykv_search import compare
+    from tests.compare_support import V1
+
+    return compare.compare([compare.load_results(V1)], sources=[str(V1)])
+
+
+@pytest.fixture(scope="module")
+def v2():
+    """The same, version 2 (per-sample KL, ``provenance.engine``)."""
+    from polykv_search import compare
+    from tests.compare_support import V2
+
+    return compare.compare([compare.load_results(V2)], sources=[str(V2)])
