@@ -194,12 +194,15 @@ def test_refuses_different_samples_unless_allowed():
     assert "run" in cmp.to_markdown(c).splitlines()[0]
 
 
-def test_refuses_a_suite_with_different_tasks_unless_allowed():
-    a = standard()
-    b = standard(samples={"ruler/niah_single": "aaaa", "ruler/vt": "cccc", "broad/continuation": "bbbb"})
+def test_refuses_a_suite_with_different_tasks_unless_allowed_or_the_shared_task_is_fingerprinted_alike():
+    a = standard(samples={"ruler/niah_single": None, "broad/continuation": "bbbb"})
+    b = standard(samples={"ruler/niah_single": None, "ruler/vt": "cccc", "broad/continuation": "bbbb"})
     with pytest.raises(cmp.CompareError, match="suite ruler"):
         cmp.compare([a, b])
     cmp.compare([a, b], allow_mismatch=True)
+    a, b = standard(), standard(samples={"ruler/niah_single": "aaaa", "ruler/vt": "cccc", "broad/continuation": "bbbb"})
+    c = cmp.compare([a, b])  # niah_single: the same samples in both, so one run with ruler's tasks merged
+    assert len(c.runs) == 1 and any("no ruler/vt" in w for w in c.warnings)
 
 
 def test_refuses_different_models_unless_allowed():

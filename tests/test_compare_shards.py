@@ -1,5 +1,6 @@
-"""compare on task shards: results files that split a suite's tasks between them disjointly
-(``score --suite ruler/cwe``, ``--suite ruler/vt``, ...) give the comparison of one file."""
+"""compare on task shards: results files that split a suite's tasks between them (``score --suite
+ruler/cwe``, ``--suite ruler/vt``, ...; disjointly, or overlapping on the same samples) give the
+comparison of one file."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SHARDS = (("broad/continuation", "ruler/niah_single"), ("broad/manyshot", "ruler
 def shard(doc: dict, tasks: tuple[str, ...], kv_scale: float = 1.0) -> dict:
     """``doc`` as a score run of ``tasks`` only would write it (partial suite means included)."""
     out = copy.deepcopy(doc)
-    out["provenance"]["tasks"] = {t: v for t, v in doc["provenance"]["tasks"].items() if t in tasks}
+    out["provenance"]["tasks"] = {t: v for t, v in out["provenance"]["tasks"].items() if t in tasks}
     for e in out["entries"]:
         e["tasks"] = {t: v for t, v in e["tasks"].items() if t in tasks}
         e["scores"] = {t: v for t, v in e["scores"].items() if t in tasks}
@@ -85,12 +86,36 @@ def test_a_row_missing_from_a_shard_has_no_score_on_the_sharded_suite():
     assert by_name(c)["uniform-tova"].suites.keys() == {"broad", "ruler"}
 
 
-def test_overlapping_but_unequal_task_sets_are_still_different_samples():
+def test_overlapping_task_sets_of_the_same_samples_compare_as_the_one_file(whole):
+    """A file of some tasks beside one of others that repeats a task on the same samples (the same
+    fingerprint), e.g. a whole-suite run beside per-task runs of further entries on the same draw."""
     doc = json.loads(V2.read_text())
     a = shard(doc, SHARDS[0])
     b = shard(doc, ("broad/continuation", "broad/manyshot", "ruler/vt"))
-    with pytest.raises(cmp.CompareError, match="suite broad has tasks"):
+    c = cmp.compare([a, b])
+    assert not c.warnings and len(c.runs) == 1
+    rows, ref = by_name(c), by_name(whole)
+    assert rows.keys() == ref.keys()
+    for name, r in rows.items():
+        assert r.suites == pytest.approx(ref[name].suites)
+        assert (r.suite_iv, r.task_iv, r.diff, r.gap_iv) == (
+            ref[name].suite_iv,
+            ref[name].task_iv,
+            ref[name].diff,
+            ref[name].gap_iv,
+        )
+
+
+@pytest.mark.parametrize("fingerprint", [None, "other-draw"])
+def test_overlapping_unequal_task_sets_without_the_same_fingerprint_are_different_samples(fingerprint):
+    doc = json.loads(V2.read_text())
+    a = shard(doc, SHARDS[0])
+    b = shard(doc, ("broad/continuation", "broad/manyshot", "ruler/vt"))
+    for d in (a, b) if fingerprint is None else (b,):
+        d["provenance"]["tasks"]["broad/continuation"]["samples"] = fingerprint
+    with pytest.raises(cmp.CompareError, match="different samples") as err:
         cmp.compare([a, b])
+    assert ("suite broad has tasks" in str(err.value)) == (fingerprint is None)
 
 
 def test_cli_compares_shards(tmp_path, capsys):

@@ -45,8 +45,9 @@ def compare(
         A name per document (its path), used in messages and the JSON.
     allow_mismatch : bool
         Compare documents made on different samples or models; each (model, samples) is a run
-        with its own references. Documents that split a suite's tasks between them disjointly are
-        not a mismatch but task shards of one run (:mod:`~polykv_search.compare.shards`).
+        with its own references. Documents that split a suite's tasks between them (disjointly, or
+        overlapping on tasks of the same samples fingerprint) are not a mismatch but task shards of one
+        run (:mod:`~polykv_search.compare.shards`).
     across_budgets : bool
         Allow several budgets; rows are grouped by budget.
     level, resamples, seed
@@ -174,7 +175,7 @@ def _check_samples(docs, sources, allow, warnings, suite_tasks: SuiteTasks) -> b
         for task, info in tasks.items():
             by_suite.setdefault((info or {}).get("suite") or task.split("/")[0], set()).add(task)
         for suite, names in by_suite.items():
-            problem = suite_tasks.add(suite, frozenset(names), src)
+            problem = suite_tasks.add(suite, frozenset(names), src, _task_fps(doc))
             if problem:
                 problems.append(problem)
         if problems:

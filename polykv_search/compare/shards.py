@@ -4,36 +4,51 @@ A long suite can be scored one task per run (``score --suite ruler/cwe``, ``--su
 e.g. on several machines, or a few tasks per session). Files whose task sets of a suite are
 *disjoint* are shards of one run: :func:`compare` merges them, and a row's suite score is then the
 unweighted mean of its task scores over every task of the suite (the rule of one file), its KV bytes
-the sample-weighted mean. A row that lacks one of the suite's tasks gets no suite score. Task sets
-that overlap without being equal are still different samples.
+the sample-weighted mean. A row that lacks one of the suite's tasks gets no suite score.
+
+Task sets may also overlap without being equal (a file of the whole suite beside per-task files of
+further entries on the same draw) when every shared task carries the same samples fingerprint in both
+files: the samples are then the same, and the files merge as above. Without fingerprints (older
+files), overlapping unequal sets are taken for different samples.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from polykv_search.compare.model import Row, num
 
 
 class SuiteTasks:
-    """The task sets each suite has been seen with, and the first file of each."""
+    """The task sets each suite has been seen with, the first file of each, and each task's samples
+    fingerprint."""
 
     def __init__(self) -> None:
         self.sets: dict[str, dict[frozenset[str], str]] = {}
+        self.fingerprints: dict[str, Any] = {}
 
-    def add(self, suite: str, tasks: frozenset[str], src: str) -> str | None:
-        """Record ``src``'s tasks of ``suite``; a problem message when they overlap another file's
-        unequal set (None when equal to one, or disjoint from all: a new shard)."""
+    def add(self, suite: str, tasks: frozenset[str], src: str, fingerprints: Mapping[str, Any]) -> str | None:
+        """Record ``src``'s tasks of ``suite`` (``fingerprints``: task -> samples fingerprint, None when
+        the file has none); a problem message when they overlap another file's unequal set on a task
+        whose fingerprint is missing or differs (None when equal to one, disjoint from all, or
+        overlapping on the same samples)."""
         seen = self.sets.setdefault(suite, {})
-        other = next((s for s in seen if s != tasks and not tasks.isdisjoint(s)), None)
-        if other is not None:
+        for other in seen:
+            shared = tasks & other
+            if other == tasks or not shared or all(self._same(t, fingerprints.get(t)) for t in shared):
+                continue
             return (
                 f"{seen[other]} and {src} were scored on different samples "
                 f"(suite {suite} has tasks {sorted(other)} vs {sorted(tasks)})"
             )
         seen.setdefault(tasks, src)
+        for t in tasks:
+            self.fingerprints.setdefault(t, fingerprints.get(t))
         return None
+
+    def _same(self, task: str, fingerprint: Any) -> bool:
+        return fingerprint is not None and self.fingerprints.get(task) == fingerprint
 
     def sharded(self) -> dict[str, list[str]]:
         """Suite -> every task of it, for the suites split over several files."""
