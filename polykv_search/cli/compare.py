@@ -22,8 +22,8 @@ def add_parser(sub) -> None:
         "adds the differences, KV MiB, gap intervals and KL(FullKV‖entry) fidelity columns. The best value per "
         "column (within each budget) is highlighted. Results made on different samples or models, or at different "
         "budgets, are refused unless --allow-mismatch / --across-budgets. Files that split a suite's tasks between "
-        "them (e.g. one `score --suite ruler/TASK` run per task) are task shards of one run: merged, each row's "
-        "suite score is the mean over every task of the suite.",
+        "them (e.g. one `score --suite ruler/TASK` run per task; they may overlap on tasks of the same samples) "
+        "are task shards of one run: merged, each row's suite score is the mean over every task of the suite.",
     )
     p.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files from `polykv-search score`")
     p.add_argument("--tasks", action="store_true", help="also show per-task scores")
