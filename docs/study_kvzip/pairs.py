@@ -26,11 +26,11 @@ def per_task(spec: str, metric: str) -> dict[str, dict[str, float]]:
     paths, name = spec.rsplit(":", 1)
     files = sorted(f for p in paths.split(",") for f in (glob.glob(p) or [p]))
     out: dict[str, dict[str, float]] = {}
-    holding = [path for path in files if any(e["name"] == name for e in json.load(open(path))["entries"])]
-    if not holding:
+    found = {path: e for path in files for e in json.load(open(path))["entries"] if e["name"] == name}
+    if not found:
         raise SystemExit(f"no file of {files} has an entry {name!r}")
-    for path in holding:
-        entry = next(e for e in json.load(open(path))["entries"] if e["name"] == name)
+    holding = list(found)
+    for entry in found.values():
         for t, r in entry["tasks"].items():
             if not all(s.get(metric) is not None for s in r["per_sample"]):
                 continue

@@ -21,34 +21,27 @@ from polykv_search.compare.model import Row, num
 
 
 class SuiteTasks:
-    """The task sets each suite has been seen with, the first file of each, and each task's samples
-    fingerprint."""
+    """The task sets each suite has been seen with, and the first file of each."""
 
     def __init__(self) -> None:
         self.sets: dict[str, dict[frozenset[str], str]] = {}
-        self.fingerprints: dict[str, Any] = {}
 
     def add(self, suite: str, tasks: frozenset[str], src: str, fingerprints: Mapping[str, Any]) -> str | None:
         """Record ``src``'s tasks of ``suite`` (``fingerprints``: task -> samples fingerprint, None when
         the file has none); a problem message when they overlap another file's unequal set on a task
-        whose fingerprint is missing or differs (None when equal to one, disjoint from all, or
-        overlapping on the same samples)."""
+        without a fingerprint (None when equal to one, disjoint from all, or overlapping on fingerprinted
+        tasks). Fingerprints that differ between files are the caller's per-task problem."""
         seen = self.sets.setdefault(suite, {})
         for other in seen:
             shared = tasks & other
-            if other == tasks or not shared or all(self._same(t, fingerprints.get(t)) for t in shared):
+            if other == tasks or all(fingerprints.get(t) is not None for t in shared):
                 continue
             return (
                 f"{seen[other]} and {src} were scored on different samples "
                 f"(suite {suite} has tasks {sorted(other)} vs {sorted(tasks)})"
             )
         seen.setdefault(tasks, src)
-        for t in tasks:
-            self.fingerprints.setdefault(t, fingerprints.get(t))
         return None
-
-    def _same(self, task: str, fingerprint: Any) -> bool:
-        return fingerprint is not None and self.fingerprints.get(task) == fingerprint
 
     def sharded(self) -> dict[str, list[str]]:
         """Suite -> every task of it, for the suites split over several files."""
