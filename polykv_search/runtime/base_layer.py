@@ -157,11 +157,15 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         then :meth:`end_call` (``finish=False`` stops before it). Returns the kernel's output."""
         self.begin_call(query.shape[-2], padding_mask)
         observers = self.observers()
-        for hooks, state in observers:
-            hooks.pre_kernel(self, state, query)
+        # what patterns observe is not differentiable, and no state they keep may hold the graph
+        seen = query.detach() if query.requires_grad else query
+        with torch.no_grad():
+            for hooks, state in observers:
+                hooks.pre_kernel(self, state, seen)
         out = None if kernel is None else kernel()
-        for hooks, state in observers:
-            hooks.post_kernel(self, state, query)
+        with torch.no_grad():
+            for hooks, state in observers:
+                hooks.post_kernel(self, state, seen)
         if finish:
             self.end_call()
         return out

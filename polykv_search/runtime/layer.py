@@ -243,7 +243,8 @@ class EvictingLayer(RuntimeLayer):
     def evict(self, plan: PhasePlan, budget: int | None = None) -> None:
         """Keep ``budget`` (default: the plan's) tokens chosen by the plan's pattern."""
         budget = plan.budget if budget is None else budget
-        keep = plan.pattern.cache_update(self, self._state(plan.pattern), budget)  # [B, Hkv, b]
+        with torch.no_grad():  # the choice is not differentiable (the gather below stays so)
+            keep = plan.pattern.cache_update(self, self._state(plan.pattern), budget)  # [B, Hkv, b]
         store = self._store
         if store is None:  # tensors assigned from outside: gather from them once
             store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, self.length)

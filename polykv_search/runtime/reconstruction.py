@@ -84,7 +84,6 @@ def chunk_size(plans) -> int:
     return min(sizes)
 
 
-@torch.no_grad()
 def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tensor, prompt_mask, size: int) -> None:
     """Run the reconstruction pass over ``cache`` (its layers hold the prompt ``prompt_ids`` ``[B, n]``,
     left padding marked by ``prompt_mask``, None: none), then the deferred evictions."""
@@ -100,7 +99,7 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     for layer in layers:
         layer.begin_pass(n)
     try:
-        with _kernel_lse_noted(model):
+        with torch.no_grad(), _kernel_lse_noted(model):
             for start in range(0, n, size):
                 stop = min(start + size, n)
                 # a row's real tokens in this slice of the (left-padded) prompt
@@ -116,7 +115,7 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     finally:
         for layer in layers:
             layer.end_pass()
-    for layer in layers:
+    for layer in layers:  # in the caller's grad mode: a store made without it could not take later tokens
         layer.finish_deferred()
 
 
