@@ -76,11 +76,11 @@ class ModelRotary:
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, positions: torch.Tensor | range) -> tuple[torch.Tensor, torch.Tensor]:
-        device = next(iter(self.module.buffers()), torch.empty(0)).device
+        freq = self.module._buffers.get("inv_freq")  # a replaced or updated buffer invalidates the cache
+        device = freq.device if freq is not None else next(iter(self.module.buffers()), torch.empty(0)).device
         if not isinstance(positions, range):
             return self._compute(positions.to(device), device)
-        freq = getattr(self.module, "inv_freq", None)  # a replaced or updated buffer invalidates the cache
-        key = (positions.start, positions.stop, device, id(freq), getattr(freq, "_version", 0))
+        key = (positions.start, positions.stop, device, id(freq), 0 if freq is None else freq._version)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._compute(torch.arange(positions.start, positions.stop, device=device), device)
