@@ -59,3 +59,13 @@ def test_head_groups_under_gradients_evict_as_without():
         assert torch.allclose(a.detach(), b, atol=1e-6)
     assert all(torch.equal(a, b) for a, b in zip(kept, ref_kept))
     assert not any(t.requires_grad for st in states for t in st.row.values() if torch.is_tensor(t))
+
+
+@pytest.mark.parametrize("name, differentiable", [("snapkv", True), ("h2o", True), ("kvzip", False)])
+def test_kept_tokens_stay_in_the_graph_except_after_a_reconstruction_pass(name, differentiable):
+    model = tiny_model("llama", layers=2, seed=3)
+    ids = torch.randint(1, 128, (2, 20), generator=torch.Generator().manual_seed(5))
+    with apply_strategy(model, Strategy.uniform(2, name, 9)):
+        cache = model(ids, use_cache=True).cache
+        assert all(layer.length == 9 for layer in cache.layers)
+        assert all(layer.keys.requires_grad == differentiable for layer in cache.layers)
