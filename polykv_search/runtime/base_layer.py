@@ -158,14 +158,14 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         self.begin_call(query.shape[-2], padding_mask)
         observers = self.observers()
         # what patterns observe is not differentiable, and no state they keep may hold the graph
-        seen = query.detach() if query.requires_grad else query
+        observed = query.detach() if query.requires_grad else query
         with torch.no_grad():
             for hooks, state in observers:
-                hooks.pre_kernel(self, state, seen)
+                hooks.pre_kernel(self, state, observed)
         out = None if kernel is None else kernel()
         with torch.no_grad():
             for hooks, state in observers:
-                hooks.post_kernel(self, state, seen)
+                hooks.post_kernel(self, state, observed)
         if finish:
             self.end_call()
         return out
