@@ -53,11 +53,12 @@ class ExpectedAttention(Pattern):
       attention function sees are after the q-norm, so the statistics are of ``q_norm(W_q h)``, as in
       kvpress's ``get_prerope_query_states``. Sequence indices stand for RoPE positions: a left-padded
       row's constant shift cancels between un-rotating and rotating ahead.
-    * Statistics are running (``state.row``, float64) over every query the layer has observed: the
-      prompt and, in decoding, each generated token, so decoding evictions use all of them (kvpress's
+    * Statistics are running (``state.row``) over every query the layer has observed: the prompt and,
+      in decoding, each generated token, so decoding evictions use all of them (kvpress's
       ``DecodingPress`` re-estimates from its buffer of recent hidden states instead). They are the
-      count, the mean and the centered sum of outer products, merged per call (Welford's update; Chan
-      et al.'s for a multi-token call), so that a score needs no cancellation of its own.
+      count and the mean (float64) and the centered sum of outer products (fp32, laid out per KV head as
+      the score reads it), merged per call (Welford's update, in place for a decoding step; Chan et al.'s
+      for a multi-token call, computed in float64), so that a score needs no cancellation of its own.
     * The score's scale is ``1/sqrt(D)`` as in the paper and kvpress (the model's own attention scale
       for every supported architecture). Until a row has a query past its sinks, its mean and
       covariance are zero (uniform expected attention).
@@ -68,10 +69,11 @@ class ExpectedAttention(Pattern):
       product per KV head and a dot with the key), ``O(q Hq D^2)`` per call for the statistics; the
       scores rotate the keys back (``R^T k``) instead of rotating the statistics ahead, which is the same
       number. Decoding is the hot path (an eviction per step at the default interval): per step the
-      statistics take one rank-1 update, the covariances one scaled copy to fp32, and the value norms
-      follow the cache in ``state.token`` (computed once per token); a one-token drop is chosen
-      without the full selection key. ``tests/test_expected_attention_fast.py`` holds all of it to the
-      previous, plainer implementation (``tests/expected_attention_reference.py``): the same kept sets.
+      statistics take one rank-1 update written in place into the layout the product reads (no copy, no
+      cast), ``1 / (2 D count)`` scales the quadratic form after the product, the keys are rotated back
+      by one ``[D, D]`` product and the value norms are read off the cache when scoring (one op each);
+      a one-token drop is chosen without the full selection key. ``tests/test_expected_attention_fast.py`` holds all of it to the previous, plainer
+      implementation (``tests/expected_attention_reference.py``): the same kept sets.
     * Checked against kvpress 0.5.5's ``ExpectedAttentionPress`` on SmolLM2
       (``scripts/verify_kvpress_patterns.py``): after prefill, 1,619 of 1,620 (layer, KV head) kept sets
       are identical (3 prompts of 512 tokens, compression ratios 0.1 to 0.97); the other swaps one
@@ -109,32 +111,42 @@ class ExpectedAttention(Pattern):
                 row[name] = torch.zeros(b, dtype=torch.float64, device=query.device)
             row["mean"] = torch.zeros(b, hq, d, dtype=torch.float64, device=query.device)
             if self.use_covariance:
-                row["m2"] = torch.zeros(b, hq, d, d, dtype=torch.float64, device=query.device)
+                h = layer.num_kv_heads
+                row["m2"] = torch.zeros(b, h, d, hq // h, d, device=query.device)  # see _covariance_layout
+                row["cov_scale"] = torch.zeros(b, device=query.device)
         cos, sin = layer.rotary_cos_sin(layer.query_range)
         real = layer.query_valid(q)
-        seen, count, mean = row["real_seen"], row["count"], row["mean"]
         if real is None and q == 1 and query.device.type == "cpu":
-            # A decoding step, its per-row counters in Python (on the CPU reading them costs nothing, and a
-            # tensor op per counter costs more than the step's statistics): the query counts once the row
-            # is past its sinks; Welford's update, mean += delta / count, m2 += (1 - 1 / count) delta delta^T.
-            x = unrotate_one(query, cos, sin)  # [B, Hq, D]
-            steps = []
-            for s, c in zip(seen.tolist(), count.tolist()):
-                new = c + 1.0 if s >= self.n_sink else c
-                share = 1.0 / new if new > c else 0.0
-                steps.append((s + 1.0, new, share, share * c))
-            steps = torch.tensor(steps, dtype=torch.float64)
-            row["real_seen"], row["count"] = steps[:, 0], steps[:, 1]
-            delta = x - mean
-            row["mean"] = torch.addcmul(mean, delta, steps[:, 2, None, None])
-            if self.use_covariance:
-                late = (delta * steps[:, 3, None, None]).view(b * hq, 1, d)
-                m2 = torch.baddbmm(row["m2"].view(b * hq, d, d), delta.view(b * hq, d, 1), late)
-                row["m2"] = m2.view(b, hq, d, d)
+            self._add_step(row, unrotate_one(query, cos, sin))
         else:
             self._add_queries(row, unrotate(query, cos, sin), real)
-        if self.use_vnorm:
-            self._track_value_norms(layer, state, q)
+
+    def _add_step(self, row: dict, x: torch.Tensor) -> None:
+        """A decoding step's un-rotated query ``x`` ``[B, Hq, D]``, its per-row counters in Python (on the CPU
+        reading them costs nothing, and a tensor op per counter costs more than the step's statistics): the
+        query counts once the row is past its sinks; Welford's update, mean += delta / count,
+        m2 += (1 - 1 / count) delta delta^T, the latter in place."""
+        d = x.shape[-1]
+        steps, late, scale = [], [], []
+        for s, c in zip(row["real_seen"].tolist(), row["count"].tolist()):
+            new = c + 1.0 if s >= self.n_sink else c
+            share = 1.0 / new if new > c else 0.0
+            steps.append((s + 1.0, new, share))
+            late.append(share * c)
+            scale.append((0.5 / d) / max(new, 1.0))  # S / 2D = m2 / (2 D count)
+        steps = torch.tensor(steps, dtype=torch.float64)
+        row["real_seen"], row["count"] = steps[:, 0], steps[:, 1]
+        delta = x - row["mean"]
+        row["mean"] = torch.addcmul(row["mean"], delta, steps[:, 2, None, None])
+        if self.use_covariance:
+            row["cov_scale"] = torch.tensor(scale)
+            m2 = row["m2"]
+            a = delta.float().view(*m2.shape[:2], -1, d)  # [B, Hkv, g, D]
+            if len(set(late)) == 1:  # every row weighs its step alike (one row, or rows in step)
+                right, value = a, late[0]
+            else:
+                right, value = a * torch.tensor(late)[:, None, None, None], 1.0
+            m2.addcmul_(a.transpose(2, 3)[..., None], right[:, :, None], value=value)
 
     def _add_queries(self, row: dict, pre: torch.Tensor, real: torch.Tensor | None) -> None:
         """Merge the statistics of this call's un-rotated queries ``pre`` ``[B, Hq, q, D]`` (those of real
@@ -159,36 +171,18 @@ class ExpectedAttention(Pattern):
             centered = pre - chunk_mean[:, :, None]
             m2 = (centered * w).transpose(-1, -2) @ centered  # the chunk's own, about its mean
             between = (count * added / total.clamp_min(1.0))[:, None, None, None]
-            row["m2"] = row["m2"] + m2 + delta[..., :, None] * delta[..., None, :] * between
-
-    @staticmethod
-    def _track_value_norms(layer: LayerView, state: PatternState, q: int) -> None:
-        """Keep every cached token's value norm in ``state.token["vnorm"]`` (it follows evictions): append
-        this call's ``q`` tokens (the newest slots when the layer holds no padding), else recompute."""
-        n = layer.length
-        norms = state.token.get("vnorm")
-        if layer.all_valid and norms is not None and norms.shape[-1] == n - q:
-            new = layer.values[:, :, n - q :].float().norm(dim=-1)
-            state.token["vnorm"] = torch.cat((norms, new), dim=-1)
-        else:
-            norms = layer.values.float().norm(dim=-1)
-            state.token["vnorm"] = norms if layer.all_valid else norms.masked_fill(~layer.valid, 0.0)
+            m2 = m2 + delta[..., :, None] * delta[..., None, :] * between  # [B, Hq, D, D], float64
+            h = row["m2"].shape[1]
+            row["m2"] = (row["m2"].double() + _covariance_layout(m2, h)).float()
+            row["cov_scale"] = ((0.5 / d) / total.clamp_min(1.0)).float()
 
     def _statistics(self, state: PatternState, h: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """From the float64 running statistics, for ``h`` KV heads: ``mu / sqrt(D)`` ``[B, Hq, D]`` and the
-        covariances over ``2 D`` laid out per KV head, ``[B Hkv, D, g D]`` (None without the covariance),
-        both fp32."""
+        """For ``h`` KV heads: ``mu / sqrt(D)`` ``[B Hkv, g, D]`` fp32 and the running centered sums laid out
+        per KV head, ``[B Hkv, D, g D]`` (a view; None without the covariance)."""
         mean = state.row["mean"]
         b, hq, d = mean.shape
-        linear = torch.mul(mean, d**-0.5, out=torch.empty(b, hq, d, device=mean.device))
-        if not self.use_covariance:
-            return linear, None
-        groups = hq // h
-        per_head = torch.empty(b * h, d, groups * d, device=mean.device)  # [D, g D]: the group's matrices
-        scale = ((0.5 / d) / state.row["count"].clamp_min(1.0)).view(b, 1, 1, 1, 1)  # S / 2D = m2 / (2 D count)
-        m2 = state.row["m2"].view(b, h, groups, d, d).transpose(2, 3)
-        torch.mul(m2, scale, out=per_head.view(b, h, d, groups, d))
-        return linear, per_head
+        linear = torch.mul(mean, d**-0.5, out=torch.empty(b, hq, d, device=mean.device)).view(b * h, hq // h, d)
+        return linear, (state.row["m2"].view(b * h, d, -1) if self.use_covariance else None)
 
     # ---------------------------------------------------------------------- scores
     def _expected(self, layer: LayerView, state: PatternState, lo: int) -> torch.Tensor:
@@ -203,22 +197,21 @@ class ExpectedAttention(Pattern):
         back = rotate_back(keys[:, :, lo:].float(), *ahead)  # [B, Hkv, m, D]
         m = n - lo
         flat = back.view(b * h, m, d)
-        linear, per_head = self._statistics(state, h)
-        groups = linear.shape[1] // h
-        mu = linear.view(b * h, groups, d)
+        mu, per_head = self._statistics(state, h)
+        groups = mu.shape[1]
         if per_head is None:
             logits = torch.bmm(mu, flat.transpose(1, 2))  # mu.k / sqrt(D): [B Hkv, g, m]
-        else:  # k^T S k / 2D: one [m, D] x [D, g D] product per KV head, then the dot with k; plus mu.k / sqrt(D)
+        else:  # k^T m2 k: one [m, D] x [D, g D] product per KV head, then the dot with k; times 1 / (2 D count)
             kc = torch.bmm(flat, per_head).view(b * h * m, groups, d)
-            quad = torch.bmm(kc, flat.reshape(b * h * m, d, 1)).view(b * h, m, groups)
-            logits = torch.baddbmm(quad.transpose(1, 2), mu, flat.transpose(1, 2))
+            quad = (
+                torch.bmm(kc, flat.reshape(b * h * m, d, 1)).view(b, h * m * groups) * state.row["cov_scale"][:, None]
+            )
+            logits = torch.baddbmm(quad.view(b * h, m, groups).transpose(1, 2), mu, flat.transpose(1, 2))
         logits = logits.view(b, h, groups, m)
         if layer.all_valid:
             probs = logits.softmax(dim=-1).mean(dim=2)  # [B, Hkv, m]
             if self.use_vnorm:
-                vnorm = state.token.get("vnorm")  # kept by pre_kernel; its length tells it is this call's
-                vnorm = layer.values.float().norm(dim=-1) if vnorm is None or vnorm.shape[-1] != n else vnorm
-                vnorm = vnorm[:, :, lo:]
+                vnorm = layer.values[:, :, lo:].float().norm(dim=-1)
                 probs = (probs + float(self.epsilon)) * vnorm if self.epsilon else probs * vnorm
             return probs
         scored = layer.valid & ~protected_ends(layer, n, self.n_sink, 0)  # real tokens but the oldest n_sink
@@ -260,6 +253,14 @@ class ExpectedAttention(Pattern):
 
     def protected(self, layer: LayerView, budget: int) -> torch.Tensor | None:
         return protected_ends(layer, budget, self.n_sink, 0) if self.n_sink else None
+
+
+def _covariance_layout(m2: torch.Tensor, h: int) -> torch.Tensor:
+    """Per-query-head matrices ``[B, Hq, D, D]`` in the layout the scores read, ``[B, Hkv, D, g, D]``: row
+    ``d`` of each KV head's group side by side, so that one ``[m, D] x [D, g D]`` product applies the group
+    (the matrices are symmetric, so rows and columns are interchangeable)."""
+    b, hq, d, _ = m2.shape
+    return m2.view(b, h, hq // h, d, d).transpose(2, 3)
 
 
 _SLOTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

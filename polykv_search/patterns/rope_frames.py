@@ -82,14 +82,20 @@ def unrotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.mm(x.reshape(-1, x.shape[-1]).double(), mat).view(*x.shape[:-2], x.shape[-1])
 
 
-def _back_rotation(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return cos.mean(0), -_signed(sin.mean(0))
+def _back_rotation(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor]:
+    c, b = cos.mean(0), -_signed(sin.mean(0))  # R^T x = c * x + swap_halves(x) * b
+    idx = torch.arange(c.shape[-1], device=c.device)
+    mat = torch.zeros(c.shape[-1], c.shape[-1], device=c.device)
+    mat[idx, idx] = c
+    mat[swap_halves(idx), idx] = b
+    return (mat,)
 
 
 def rotate_back(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``R^T x`` for ``x`` ``[..., D]`` (fp32) and ``R`` the mean RoPE rotation of positions whose
     ``(cos, sin)`` are ``[p, D]``: ``R y = c * y + s * rotate_half(y)`` with ``c, s`` the means over the
     positions, so ``R^T x = c * x - s * rotate_half(x)`` (RoPE's ``cos``/``sin`` repeat across the two
-    halves, which makes ``s * rotate_half(x)`` equal ``rotate_half(s * x)``)."""
-    c, b = _remembered("ahead", cos, sin, x.device, _back_rotation)
-    return torch.addcmul(x * c, swap_halves(x), b)
+    halves, which makes ``s * rotate_half(x)`` equal ``rotate_half(s * x)``), applied as one product with
+    a ``[D, D]`` matrix of two non-zeros per column (fewer ops than the elementwise form)."""
+    (mat,) = _remembered("ahead", cos, sin, x.device, _back_rotation)
+    return torch.matmul(x, mat)
