@@ -72,15 +72,17 @@ class ExpectedAttention(Pattern):
       statistics take one rank-1 update written in place into the layout the product reads (no copy, no
       cast), ``1 / (2 D count)`` scales the quadratic form after the product, the keys are rotated back
       by one ``[D, D]`` product and the value norms are read off the cache when scoring (one op each);
-      a one-token drop is chosen without the full selection key. ``tests/test_expected_attention_fast.py`` holds all of it to the previous, plainer
-      implementation (``tests/expected_attention_reference.py``): the same kept sets.
+      a one-token drop is chosen without the full selection key.
+      ``tests/test_expected_attention_fast.py`` holds all of it to the previous, plainer implementation
+      (``tests/expected_attention_reference.py``): the same kept sets.
     * Checked against kvpress 0.5.5's ``ExpectedAttentionPress`` on SmolLM2
       (``scripts/verify_kvpress_patterns.py``): after prefill, 1,619 of 1,620 (layer, KV head) kept sets
       are identical (3 prompts of 512 tokens, compression ratios 0.1 to 0.97); the other swaps one
       token whose kvpress score lies 7e-8 of the head's score range from kvpress's cut-off, a float
-      rounding tie (the statistics here are float64 running statistics of un-rotated queries,
-      kvpress's are float32 from ``q_proj``; checked with the previous running sums, which
-      ``tests/test_expected_attention_fast.py`` holds this implementation to). kvpress compresses
+      rounding tie (the statistics here are running statistics of un-rotated queries, the centered
+      sums fp32 and the mean float64, kvpress's are float32 from ``q_proj``; the same figure with the
+      previous float64 running sums, which ``tests/test_expected_attention_fast.py`` holds this
+      implementation to). kvpress compresses
       the prompt only; the decoding phase here is this project's (see the statistics note above).
     """
 
