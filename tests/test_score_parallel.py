@@ -36,19 +36,23 @@ def _score(tiny, **kw):
     return scoring.score_entries(model, tok, entries(32)[:5], samples, max_new_tokens=5, **kw)
 
 
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """The one-process results every fanned-out run is held to."""
+    return _score(tiny)
+
+
 @pytest.mark.parametrize(("backend", "jobs"), [("sequential", 1), ("loky", 2), ("dask", 2)])
-def test_fanned_out_samples_give_the_one_process_results(tiny, backend, jobs):
+def test_fanned_out_samples_give_the_one_process_results(tiny, reference, backend, jobs):
     if backend == "dask":
         pytest.importorskip("dask.distributed")
-    reference = _score(tiny)
     seen = []
     fanned = _score(tiny, fan_out=FanOut(ModelLoader(str(tiny[0])), jobs, backend), progress=seen.append)
     assert without_times(fanned) == without_times(reference)
     assert sum(seen) == 5 * 6  # every (entry, sample) once
 
 
-def test_a_stopped_fanned_out_run_resumes_from_its_checkpoint(tiny, tmp_path):
-    reference = _score(tiny)
+def test_a_stopped_fanned_out_run_resumes_from_its_checkpoint(tiny, reference, tmp_path):
     checkpoint = Checkpoint.open(tmp_path / "r.json.partial", "run", entries=5)
     first = {}
 
