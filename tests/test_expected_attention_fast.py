@@ -164,6 +164,6 @@ def test_the_cpu_decoding_step_equals_the_chunk_update_other_devices_use():
         pattern.pre_kernel(layer, fast, query)
         pattern._add_queries(chunked.row, unrotate(query, *rotary(layer.query_range)), None)
         for name, tensor in fast.row.items():
-            tol = 1e-6 if tensor.dtype == torch.float32 else 1e-12  # the centered sums and their scale are fp32
+            tol = 1e-6 if tensor.dtype == torch.float32 else 1e-12  # the centered sums are fp32
             torch.testing.assert_close(chunked.row[name], tensor, rtol=tol, atol=tol * float(tensor.abs().max()))
     assert float(fast.row["count"][0]) == 11 - 6  # 11 queries, 6 sinks

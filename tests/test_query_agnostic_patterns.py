@@ -107,7 +107,7 @@ def test_expected_attention_running_sums_equal_one_pass_over_all_queries():
         steps.attention_call(post[..., lo:hi, :], None, finish=False)
         pattern.pre_kernel(steps, stepped, post[..., lo:hi, :])
     for name, tensor in state.row.items():
-        tol = 1e-6 if tensor.dtype == torch.float32 else 1e-9  # the centered sums and their scale are fp32
+        tol = 1e-6 if tensor.dtype == torch.float32 else 1e-9  # the centered sums are fp32
         torch.testing.assert_close(stepped.row[name], tensor, rtol=tol, atol=tol * float(tensor.abs().max()))
     torch.testing.assert_close(pattern.score(steps, stepped), pattern.score(whole, state))
 

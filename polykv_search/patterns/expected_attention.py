@@ -115,7 +115,6 @@ class ExpectedAttention(Pattern):
             if self.use_covariance:
                 h = layer.num_kv_heads
                 row["m2"] = torch.zeros(b, h, d, hq // h, d, device=query.device)  # see _covariance_layout
-                row["cov_scale"] = torch.zeros(b, device=query.device)
         cos, sin = layer.rotary_cos_sin(layer.query_range)
         real = layer.query_valid(q)
         if real is None and q == 1 and query.device.type == "cpu":
@@ -129,19 +128,17 @@ class ExpectedAttention(Pattern):
         query counts once the row is past its sinks; Welford's update, mean += delta / count,
         m2 += (1 - 1 / count) delta delta^T, the latter in place."""
         d = x.shape[-1]
-        steps, late, scale = [], [], []
+        steps, late = [], []
         for s, c in zip(row["real_seen"].tolist(), row["count"].tolist()):
             new = c + 1.0 if s >= self.n_sink else c
             share = 1.0 / new if new > c else 0.0
             steps.append((s + 1.0, new, share))
             late.append(share * c)
-            scale.append((0.5 / d) / max(new, 1.0))  # S / 2D = m2 / (2 D count)
         steps = torch.tensor(steps, dtype=torch.float64)
         row["real_seen"], row["count"] = steps[:, 0], steps[:, 1]
         delta = x - row["mean"]
         row["mean"] = torch.addcmul(row["mean"], delta, steps[:, 2, None, None])
         if self.use_covariance:
-            row["cov_scale"] = torch.tensor(scale)
             m2 = row["m2"]
             a = delta.float().view(*m2.shape[:2], -1, d)  # [B, Hkv, g, D]
             if len(set(late)) == 1:  # every row weighs its step alike (one row, or rows in step)
@@ -176,7 +173,6 @@ class ExpectedAttention(Pattern):
             m2 = m2 + delta[..., :, None] * delta[..., None, :] * between  # [B, Hq, D, D], float64
             h = row["m2"].shape[1]
             row["m2"] = (row["m2"].double() + _covariance_layout(m2, h)).float()
-            row["cov_scale"] = ((0.5 / d) / total.clamp_min(1.0)).float()
 
     def _statistics(self, state: PatternState, h: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """For ``h`` KV heads: ``mu / sqrt(D)`` ``[B Hkv, g, D]`` fp32 and the running centered sums laid out
@@ -205,9 +201,8 @@ class ExpectedAttention(Pattern):
             logits = torch.bmm(mu, flat.transpose(1, 2))  # mu.k / sqrt(D): [B Hkv, g, m]
         else:  # k^T m2 k: one [m, D] x [D, g D] product per KV head, then the dot with k; times 1 / (2 D count)
             kc = torch.bmm(flat, per_head).view(b * h * m, groups, d)
-            quad = (
-                torch.bmm(kc, flat.reshape(b * h * m, d, 1)).view(b, h * m * groups) * state.row["cov_scale"][:, None]
-            )
+            scale = _covariance_scale(state.row["count"], d)[:, None]
+            quad = torch.bmm(kc, flat.reshape(b * h * m, d, 1)).view(b, h * m * groups) * scale
             logits = torch.baddbmm(quad.view(b * h, m, groups).transpose(1, 2), mu, flat.transpose(1, 2))
         logits = logits.view(b, h, groups, m)
         if layer.all_valid:
@@ -255,6 +250,14 @@ class ExpectedAttention(Pattern):
 
     def protected(self, layer: LayerView, budget: int) -> torch.Tensor | None:
         return protected_ends(layer, budget, self.n_sink, 0) if self.n_sink else None
+
+
+def _covariance_scale(count: torch.Tensor, d: int) -> torch.Tensor:
+    """``1 / (2 D count)`` per row ``[B]`` fp32, so that ``k^T m2 k`` times it is ``k^T S k / 2D`` (on the CPU
+    from the counts read as Python numbers: one op instead of three)."""
+    if count.device.type == "cpu":
+        return torch.tensor([(0.5 / d) / max(c, 1.0) for c in count.tolist()])
+    return ((0.5 / d) / count.clamp_min(1.0)).float()
 
 
 def _covariance_layout(m2: torch.Tensor, h: int) -> torch.Tensor:

@@ -66,13 +66,18 @@ def unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     return torch.addcmul(x * a, swap_halves(x), b)
 
 
-def _unrotation_matrix(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor]:
-    a, b = (t[0] for t in _unrotation(cos, sin))
+def _as_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The ``[D, D]`` matrix ``M`` with ``x @ M == x * a + swap_halves(x) * b`` (two non-zeros per column)."""
     idx = torch.arange(a.shape[-1], device=a.device)
-    mat = torch.zeros(a.shape[-1], a.shape[-1], dtype=torch.float64, device=a.device)
+    mat = torch.zeros(a.shape[-1], a.shape[-1], dtype=a.dtype, device=a.device)
     mat[idx, idx] = a
     mat[swap_halves(idx), idx] = b
-    return (mat,)
+    return mat
+
+
+def _unrotation_matrix(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor]:
+    a, b = (t[0] for t in _unrotation(cos, sin))
+    return (_as_matrix(a, b),)
 
 
 def unrotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -83,12 +88,7 @@ def unrotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def _back_rotation(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor]:
-    c, b = cos.mean(0), -_signed(sin.mean(0))  # R^T x = c * x + swap_halves(x) * b
-    idx = torch.arange(c.shape[-1], device=c.device)
-    mat = torch.zeros(c.shape[-1], c.shape[-1], device=c.device)
-    mat[idx, idx] = c
-    mat[swap_halves(idx), idx] = b
-    return (mat,)
+    return (_as_matrix(cos.mean(0), -_signed(sin.mean(0))),)  # R^T x = c * x + swap_halves(x) * b
 
 
 def rotate_back(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
