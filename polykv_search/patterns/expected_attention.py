@@ -118,30 +118,36 @@ class ExpectedAttention(Pattern):
         cos, sin = layer.rotary_cos_sin(layer.query_range)
         real = layer.query_valid(q)
         if real is None and q == 1 and query.device.type == "cpu":
-            self._add_step(row, unrotate_one(query, cos, sin))
+            self._add_step(row, query, cos, sin)
         else:
             self._add_queries(row, unrotate(query, cos, sin), real)
 
-    def _add_step(self, row: dict, x: torch.Tensor) -> None:
-        """A decoding step's un-rotated query ``x`` ``[B, Hq, D]``, its per-row counters in Python (on the CPU
-        reading them costs nothing, and a tensor op per counter costs more than the step's statistics): the
-        query counts once the row is past its sinks; Welford's update, mean += delta / count,
-        m2 += (1 - 1 / count) delta delta^T, the latter in place."""
-        d = x.shape[-1]
+    def _add_step(self, row: dict, query: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """A decoding step's query ``[B, Hq, 1, D]`` (rotated by ``cos``, ``sin``), its per-row counters in
+        Python (on the CPU reading them costs nothing, and a tensor op per counter costs more than the step's
+        statistics): the query counts once the row is past its sinks; Welford's update with delta the
+        un-rotated query less the mean (one product), mean += delta / count, m2 += (1 - 1 / count) delta
+        delta^T, both in place."""
+        d = query.shape[-1]
         steps, late = [], []
         for s, c in zip(row["real_seen"].tolist(), row["count"].tolist()):
             new = c + 1.0 if s >= self.n_sink else c
             share = 1.0 / new if new > c else 0.0
             steps.append((s + 1.0, new, share))
             late.append(share * c)
+        mean = row["mean"]
+        delta = unrotate_one(query, cos, sin, minus=mean)  # the un-rotated query less the mean
+        shares = {share for *_, share in steps}
+        if len(shares) == 1:  # every row weighs its step alike (one row, or rows in step)
+            mean.add_(delta, alpha=shares.pop())
+        else:
+            mean.addcmul_(delta, torch.tensor([share for *_, share in steps], dtype=torch.float64)[:, None, None])
         steps = torch.tensor(steps, dtype=torch.float64)
         row["real_seen"], row["count"] = steps[:, 0], steps[:, 1]
-        delta = x - row["mean"]
-        row["mean"] = torch.addcmul(row["mean"], delta, steps[:, 2, None, None])
         if self.use_covariance:
             m2 = row["m2"]
             a = delta.float().view(*m2.shape[:2], -1, d)  # [B, Hkv, g, D]
-            if len(set(late)) == 1:  # every row weighs its step alike (one row, or rows in step)
+            if len(set(late)) == 1:  # likewise
                 right, value = a, late[0]
             else:
                 right, value = a * torch.tensor(late)[:, None, None, None], 1.0
@@ -183,9 +189,11 @@ class ExpectedAttention(Pattern):
         return linear, (state.row["m2"].view(b * h, d, -1) if self.use_covariance else None)
 
     # ---------------------------------------------------------------------- scores
-    def _expected(self, layer: LayerView, state: PatternState, lo: int) -> torch.Tensor:
+    def _expected(self, layer: LayerView, state: PatternState, lo: int, ranking: bool = False) -> torch.Tensor:
         """The score of the slots from ``lo`` on ``[B, Hkv, n - lo]``; ``lo``: the sinks when the layer holds
-        no padding (they are the first slots), else 0 (then sinks and padding score 0)."""
+        no padding (they are the first slots), else 0 (then sinks and padding score 0). ``ranking``: only the
+        order matters (an eviction), so an unpadded layer's score may come ``g`` times larger (the group's
+        sum, not its mean: one op fewer)."""
         keys = layer.keys
         b, h, n, d = keys.shape
         # The statistics rotated ahead, mu <- R mu and S <- R S R^T with R the mean rotation of the next
@@ -201,15 +209,21 @@ class ExpectedAttention(Pattern):
             logits = torch.bmm(mu, flat.transpose(1, 2))  # mu.k / sqrt(D): [B Hkv, g, m]
         else:  # k^T m2 k: one [m, D] x [D, g D] product per KV head, then the dot with k; times 1 / (2 D count)
             kc = torch.bmm(flat, per_head).view(b * h * m, groups, d)
-            scale = _covariance_scale(state.row["count"], d)[:, None]
-            quad = torch.bmm(kc, flat.reshape(b * h * m, d, 1)).view(b, h * m * groups) * scale
-            logits = torch.baddbmm(quad.view(b * h, m, groups).transpose(1, 2), mu, flat.transpose(1, 2))
+            quad = torch.bmm(kc, flat.reshape(b * h * m, d, 1))
+            scale = _covariance_scale(state.row["count"], d)
+            if isinstance(scale, float):  # every row alike: baddbmm scales the quadratic form itself
+                quad, beta = quad.view(b * h, m, groups), scale
+            else:
+                quad, beta = (quad.view(b, h * m * groups) * scale[:, None]).view(b * h, m, groups), 1.0
+            logits = torch.baddbmm(quad.transpose(1, 2), mu, flat.transpose(1, 2), beta=beta)
         logits = logits.view(b, h, groups, m)
         if layer.all_valid:
-            probs = logits.softmax(dim=-1).mean(dim=2)  # [B, Hkv, m]
+            probs = logits.softmax(dim=-1)
+            probs = probs.sum(dim=2) if ranking else probs.mean(dim=2)  # [B, Hkv, m]
             if self.use_vnorm:
                 vnorm = layer.values[:, :, lo:].float().norm(dim=-1)
-                probs = (probs + float(self.epsilon)) * vnorm if self.epsilon else probs * vnorm
+                eps = float(self.epsilon) * (groups if ranking else 1)
+                probs = (probs + eps) * vnorm if eps else probs * vnorm
             return probs
         scored = layer.valid & ~protected_ends(layer, n, self.n_sink, 0)  # real tokens but the oldest n_sink
         logits = logits.masked_fill(~scored[:, :, None, :], float("-inf"))
@@ -233,7 +247,7 @@ class ExpectedAttention(Pattern):
         if not layer.all_valid or len(set(budgets)) > 1 or budgets[0] < lo:
             return super().selection_key(layer, state, budgets, rows)
         # the protected sinks (at this budget) are the slots the score leaves out, the first lo
-        key = F.pad(self._expected(layer, state, lo), (lo, 0), value=POS_INF)
+        key = F.pad(self._expected(layer, state, lo, ranking=True), (lo, 0), value=POS_INF)
         return key if rows is None else key.index_select(0, torch.tensor(list(rows), device=key.device))
 
     def cache_update(self, layer: LayerView, state: PatternState, budget: int) -> torch.Tensor:
@@ -241,7 +255,7 @@ class ExpectedAttention(Pattern):
         if not layer.all_valid or n != budget + 1 or budget < lo:
             return super().cache_update(layer, state, budget)
         # a decoding step drops one token: select_keep's choice (the newest of the lowest scores), past the sinks
-        lowest = self._expected(layer, state, lo).flip(-1).argmin(dim=-1, keepdim=True)  # counted from the newest
+        lowest = self._expected(layer, state, lo, ranking=True).flip(-1).argmin(dim=-1, keepdim=True)  # from the newest
         slot, from_newest = _slots(budget, layer.keys.device)
         return slot + (from_newest <= lowest)  # the slots at and past the dropped one move up by one
 
@@ -252,10 +266,13 @@ class ExpectedAttention(Pattern):
         return protected_ends(layer, budget, self.n_sink, 0) if self.n_sink else None
 
 
-def _covariance_scale(count: torch.Tensor, d: int) -> torch.Tensor:
-    """``1 / (2 D count)`` per row ``[B]`` fp32, so that ``k^T m2 k`` times it is ``k^T S k / 2D`` (on the CPU
-    from the counts read as Python numbers: one op instead of three)."""
+def _covariance_scale(count: torch.Tensor, d: int) -> torch.Tensor | float:
+    """``1 / (2 D count)`` per row ``[B]`` fp32, so that ``k^T m2 k`` times it is ``k^T S k / 2D``; on the CPU
+    computed from the counts read as Python numbers, and one float when every row has the same count."""
     if count.device.type == "cpu":
+        scales = {(0.5 / d) / max(c, 1.0) for c in count.tolist()}
+        if len(scales) == 1:
+            return scales.pop()  # baddbmm rounds it to fp32, as the per-row tensor is
         return torch.tensor([(0.5 / d) / max(c, 1.0) for c in count.tolist()])
     return ((0.5 / d) / count.clamp_min(1.0)).float()
 

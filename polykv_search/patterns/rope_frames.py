@@ -80,11 +80,15 @@ def _unrotation_matrix(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tens
     return (_as_matrix(a, b),)
 
 
-def unrotate_one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def unrotate_one(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, minus: torch.Tensor | None = None
+) -> torch.Tensor:
     """:func:`unrotate` of ``x`` ``[..., 1, D]`` at one position (``cos``, ``sin`` ``[1, D]``) as one
-    product: ``[..., D]`` float64."""
+    product: ``[..., D]`` float64; less ``minus`` (float64, ``[..., D]``) when given, in the same op."""
     (mat,) = _remembered("unrotate_one", cos, sin, x.device, _unrotation_matrix)
-    return torch.mm(x.reshape(-1, x.shape[-1]).double(), mat).view(*x.shape[:-2], x.shape[-1])
+    flat = x.reshape(-1, x.shape[-1]).double()
+    out = torch.mm(flat, mat) if minus is None else torch.addmm(minus.reshape(flat.shape), flat, mat, beta=-1)
+    return out.view(*x.shape[:-2], x.shape[-1])
 
 
 def _back_rotation(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor]:
