@@ -61,6 +61,14 @@ class PatternState:
         """An independent copy (tensors cloned)."""
         return copy.deepcopy(self)
 
+    def thaw(self) -> None:
+        """Replace every tensor made inside ``torch.inference_mode`` by a normal copy, so that ops outside it
+        may update the state in place (see :meth:`~polykv_search.runtime.runtime.PolyKVCache.prepare_forward`)."""
+        for kind in (self.token, self.row, self.shared):
+            for name, value in kind.items():
+                if isinstance(value, torch.Tensor) and value.is_inference():
+                    kind[name] = value.clone()
+
     def replace_with(self, other: PatternState) -> None:
         """Become a copy of ``other`` (in place, so holders of this object see it)."""
         fresh = other.copy()

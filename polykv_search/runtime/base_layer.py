@@ -170,6 +170,25 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
             self.end_call()
         return out
 
+    def thaw(self) -> None:
+        """Replace what this layer holds that was made inside ``torch.inference_mode`` by normal copies, so
+        that a forward outside it may append and evict (see
+        :meth:`~polykv_search.runtime.runtime.PolyKVCache.prepare_forward`). The layers a strategy's cache
+        holds implement it; the composite layers of the scoring engine, which runs every forward in one
+        mode, refuse."""
+        raise RuntimeError(
+            f"polykv-search: a {type(self).__name__} made inside torch.inference_mode cannot be used outside "
+            "it; run its forwards in one mode"
+        )
+
+    def _thaw_tensors(self) -> None:
+        """:meth:`thaw` of the four cached tensors; the next append moves them into a new store."""
+        for name in ("_keys", "_values", "_positions", "_valid"):
+            tensor = getattr(self, name)
+            if tensor is not None and tensor.is_inference():
+                setattr(self, name, tensor.clone())
+        self._store = None
+
     def kv_bytes(self) -> int:
         if self.keys is None:
             return 0

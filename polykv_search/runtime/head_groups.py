@@ -86,6 +86,10 @@ class HeadGroupLayer(RuntimeLayer):
         self._notify_update()
         return self.keys, self.values
 
+    def thaw(self) -> None:
+        for part in self.parts:
+            part.thaw()
+
     # Batch moves (beam search, contrastive search, ``Cache.batch_select_indices``): each group's own
     # layer moves its store, positions, validity and pattern states (the mixin's default would only
     # reassign ``keys``/``values``, which this layer does not own).

@@ -103,6 +103,11 @@ class EvictingLayer(RuntimeLayer):
         self.peak_length = peak_length
         self.states = states
 
+    def thaw(self) -> None:
+        self._thaw_tensors()
+        for state in self.states.values():
+            state.thaw()
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
 

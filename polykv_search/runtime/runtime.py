@@ -63,6 +63,21 @@ class PolyKVCache(Cache):
         self.prompt_ids: torch.Tensor | None = None
         self.prompt_mask: torch.Tensor | None = None
 
+    #: True once a forward ran inside ``torch.inference_mode`` (its layers then hold inference tensors).
+    holds_inference: bool = False
+
+    def prepare_forward(self) -> None:
+        """Called before every forward: a cache written inside ``torch.inference_mode`` holds inference
+        tensors, which no op outside it may update in place. The first forward outside it (e.g.
+        ``generate()``, which runs under ``no_grad``, after a prefill inside it) copies them into normal
+        tensors once; ``DynamicCache``, which appends by concatenation, never needs to."""
+        inside = torch.is_inference_mode_enabled()
+        if self.holds_inference and not inside:
+            for layer in self.layers:
+                layer.thaw()
+            self.holds_inference = False
+        self.holds_inference = self.holds_inference or inside
+
     def awaits_pass(self) -> bool:
         """True when a layer deferred its prefill eviction for a reconstruction pass not yet run."""
         return any(layer.awaits_pass() for layer in self.layers)
@@ -188,6 +203,7 @@ class PolyKVRuntime:
             use_cache = getattr(self.spec.config, "use_cache", True)
         self.uncached = False
         if isinstance(cache, PolyKVCache):
+            cache.prepare_forward()
             self.last_cache = cache
             if cache.get_seq_length() == 0:
                 self._record_prompt(cache, bound)
@@ -202,6 +218,7 @@ class PolyKVRuntime:
             )
         extra.pop("past_key_values", None)
         bound.arguments["cache"] = self.last_cache = self.new_cache()
+        self.last_cache.prepare_forward()
         self._record_prompt(self.last_cache, bound)
         return bound.args, bound.kwargs
 

@@ -258,6 +258,11 @@ class FanoutLayer(EvictingLayer):
         self.pattern_groups = {}
         super().end_call()
 
+    def thaw(self) -> None:
+        super().thaw()
+        for row in self.rows:
+            row.thaw()
+
     def awaits_pass(self) -> bool:
         return any(row.awaits_pass() for row in self.rows)
 
