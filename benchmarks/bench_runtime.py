@@ -19,6 +19,10 @@ interleaved order (A B C … then … C B A, ``--repeats`` times), so that machi
   reach on this machine (its prefill is of ``--budget`` tokens, so its prefill ratio means nothing);
 * every ``--strategy`` file by its name (e.g. a head-group strategy beside uniform snapkv), at k = 1.
 
+``--paired-to PATTERN`` (one of ``--pattern``) also gives every other pattern's decode speed and prefill
+time over ``PATTERN``'s at the same ``k`` and mode, repeat by repeat: the median of the per-repeat ratios
+with a 95 % bootstrap interval (``runtime_pairs.py``), in the table and in the JSON (``paired``).
+
 Each run prefills the prompt (timed: prefill; logits of the last token only, as ``generate`` does),
 then greedy-decodes ``--decode-steps`` tokens (timed:
 decode tokens/s), then records the KV bytes held and the peak held since the prompt. Ratios are
@@ -35,6 +39,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
+from runtime_pairs import config_name, modes, paired, pairs, text
 
 from polykv_search.data import load_corpus, split_corpus
 from polykv_search.io import write_json
@@ -96,10 +101,9 @@ def configurations(layers: int, patterns: list[str], budget: int, intervals: lis
     configs.append((CEILING.format(budget=budget), None, 1, "within"))
     for pattern in patterns:
         budgeted = Strategy.uniform(layers, pattern, budget)
-        prefix = f"{pattern} " if len(patterns) > 1 else ""
         for k in intervals:
-            for mode in ("within", "over") if k > 1 else ("within",):
-                configs.append((f"{prefix}B{budget} k{k}" + (f" {mode}" if k > 1 else ""), budgeted, k, mode))
+            for mode in modes(k):
+                configs.append((config_name(pattern, patterns, budget, k, mode), budgeted, k, mode))
     configs += [(name, strategy, 1, "within") for name, strategy in strategies]
     return configs
 
@@ -141,11 +145,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="interleaved passes over all configurations")
     ap.add_argument("--intervals", default="1,8,16", help="decode_interval values to measure (comma separated)")
     ap.add_argument("--strategy", nargs="*", default=[], help="strategy files (e.g. head groups), each at k = 1")
+    ap.add_argument("--paired-to", metavar="PATTERN", help="pair the other patterns' runs with this one's")
     ap.add_argument("--out", default="bench_runtime.json")
     args = ap.parse_args()
     contexts = [int(x) for x in args.contexts.split(",")]
     intervals = [int(x) for x in args.intervals.split(",")]
     patterns = [p.strip() for p in args.pattern.split(",") if p.strip()]
+    try:
+        pairing = pairs(patterns, args.budget, intervals, args.paired_to) if args.paired_to else {}
+    except ValueError as e:
+        ap.error(str(e))
     console = Console()
     torch.set_grad_enabled(False)
     model, tok = load_model(args.model, device=args.device, attn_implementation="sdpa")
@@ -163,11 +172,14 @@ def main() -> None:
 
             on_run()
             done[0] = 0
-            results[str(ctx)] = summarize(
-                measure(model, ids, args.decode_steps, configs, args.repeats, on_run, args.budget)
-            )
+            runs = measure(model, ids, args.decode_steps, configs, args.repeats, on_run, args.budget)
+            results[str(ctx)] = summarize(runs)
+            if pairing:
+                results[str(ctx)]["paired"] = paired(runs, pairing)
             write_json(args.out, _document(args, results))
     console.print(_table(args, results))
+    if pairing:
+        console.print(_paired_table(args, results))
     console.print(f"wrote {args.out}")
 
 
@@ -194,6 +206,7 @@ def _table(args, results: dict) -> Table:
     for col in ("context", "runtime", "prefill s", "×", "decode tok/s", "×", "peak KV MiB"):
         t.add_column(col, justify="left" if col in ("context", "runtime") else "right")
     for ctx, rows in results.items():
+        rows = {name: r for name, r in rows.items() if name != "paired"}
         for i, (name, r) in enumerate(rows.items()):
             t.add_row(
                 ctx if i == 0 else "",
@@ -204,6 +217,16 @@ def _table(args, results: dict) -> Table:
                 f"{r['decode_speedup']:.2f}",
                 f"{r['peak_kv_bytes'] / 2**20:.1f}",
             )
+    return t
+
+
+def _paired_table(args, results: dict) -> Table:
+    t = Table(title=f"over {args.paired_to}, repeat by repeat: median [95 % bootstrap]")
+    for col in ("context", "runtime", "decode tok/s ×", "prefill s ×"):
+        t.add_column(col, justify="left" if col in ("context", "runtime") else "right")
+    for ctx, rows in results.items():
+        for i, (name, r) in enumerate(rows["paired"].items()):
+            t.add_row(ctx if i == 0 else "", name, text(r["decode"]), text(r["prefill"]))
     return t
 
 
