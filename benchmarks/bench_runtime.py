@@ -231,4 +231,6 @@ def _paired_table(args, results: dict) -> Table:
 
 
 if __name__ == "__main__":
-    main()
+    from polykv_search.cli import run_script
+
+    run_script(main)

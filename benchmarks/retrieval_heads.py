@@ -130,4 +130,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from polykv_search.cli import run_script
+
+    run_script(main)

@@ -389,4 +389,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from polykv_search.cli import run_script
+
+    run_script(main)

@@ -141,3 +141,37 @@ def test_a_reader_that_leaves_early_is_not_an_error_report(tmp_path):
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (1, 141) and err == ""
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmarks and scripts run behind the same boundary (``polykv_search.cli.run_script``)
+
+
+def test_a_scripts_bad_model_path_is_one_line_and_exit_2(capsys):
+    from polykv_search.cli import run_script
+    from polykv_search.models import load_model
+
+    with pytest.raises(SystemExit) as done:
+        run_script(lambda: load_model("/no/such/model"))
+    assert done.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: model path '/no/such/model' does not exist"
+
+
+def test_a_scripts_bug_keeps_its_traceback_and_its_exit_code_passes_through():
+    from polykv_search.cli import run_script
+
+    with pytest.raises(ZeroDivisionError):
+        run_script(lambda: 1 / 0)
+    for code, exits in ((None, 0), (0, 0), (3, 3)):
+        with pytest.raises(SystemExit) as done:
+            run_script(lambda code=code: code)
+        assert done.value.code == exits
+
+
+def test_every_script_that_loads_a_model_runs_behind_the_boundary():
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((*root.glob("benchmarks/*.py"), *root.glob("scripts/*.py"))):
+        text = path.read_text()
+        if "load_model(args.model" in text:
+            assert "run_script(main)" in text, f"{path.name} would show a bad --model as a traceback"

@@ -181,5 +181,20 @@ def _run(argv: list[str] | None) -> int:
         return 2
 
 
+def run_script(script_main) -> None:
+    """Run a benchmark's or a script's ``script_main()`` behind the commands' error boundary and exit with
+    its code: bad input (a model path that does not exist, a malformed strategy or table) is one line on
+    stderr and exit 2, as for a command; anything else is a bug and keeps its traceback."""
+    try:
+        code = script_main()
+    except Exception as err:
+        line = _error_line(err)
+        if line is None:
+            raise
+        _print("red", "error: ", line)
+        sys.exit(2)
+    sys.exit(code or 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
