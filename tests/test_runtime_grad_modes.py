@@ -81,3 +81,18 @@ def test_the_first_forward_outside_inference_mode_copies_the_cache_once():
             assert not layer.keys.is_inference()
             held = [t for st in layer.states.values() for part in (st.token, st.row) for t in part.values()]
             assert held and not any(t.is_inference() for t in held)
+
+
+def test_generate_continues_a_cache_prefilled_inside_inference_mode():
+    """``generate()`` (under its own ``no_grad``) continuing a prompt whose first tokens were prefilled
+    inside ``torch.inference_mode``: the same tokens as from a cache prefilled under ``no_grad``."""
+    model = tiny_model("llama", layers=2, seed=3)
+    ids = prompt()
+    got = {}
+    for mode in ("inference", "no_grad"):
+        with apply_strategy(model, Strategy.uniform(2, "expected_attention", 9)):
+            with MODES[mode]():
+                cache = model(ids[:, :-1], use_cache=True).cache
+            got[mode] = model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(got["inference"], got["no_grad"])
+    assert got["inference"].shape[1] == ids.shape[1] + 4
