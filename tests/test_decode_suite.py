@@ -155,6 +155,7 @@ def decode_results():
     return shared, per, doc
 
 
+@pytest.mark.xdist_group("decode_results")  # one worker computes the module fixture once
 def test_score_entries_shared_equals_per_entry_on_the_decode_suite(decode_results):
     shared, per, _ = decode_results
     for a, b in zip(shared, per):
@@ -170,6 +171,7 @@ def test_score_entries_shared_equals_per_entry_on_the_decode_suite(decode_result
     assert shared[0]["scores"]["decode/trajectory"] == 100.0
 
 
+@pytest.mark.xdist_group("decode_results")  # one worker computes the module fixture once
 def test_compare_shows_kl_per_bucket_and_draws_the_drift(decode_results, tmp_path):
     _, _, doc = decode_results
     c = cmp.compare([doc])
