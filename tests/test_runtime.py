@@ -197,3 +197,19 @@ def test_use_cache_false_runs_plain_causal_attention():
         with apply_strategy(model, Strategy.uniform(3, "h2o", 4)):
             got = model(ids, attention_mask=mask, use_cache=False).logits
     assert close(got, ref, mask)
+
+
+def test_a_forward_of_tokens_the_cache_has_already_seen_is_refused():
+    """``generate(ids, cache=c)`` with ``c`` holding every token of ``ids`` feeds them all again (as it does
+    with a ``DynamicCache``): refused in one message instead of a cache holding the prompt twice. A cache
+    holding all but the last token, and a left-padded batch, continue."""
+    model = tiny_model("llama")
+    L = model.config.num_hidden_layers
+    ids, mask = batch()
+    with torch.no_grad(), apply_strategy(model, Strategy.uniform(L, "snapkv", 12)):
+        cache = model(ids, attention_mask=mask, use_cache=True).cache
+        with pytest.raises(ValueError, match=r"positions up to 23, which the cache has already seen \(24 tokens\)"):
+            model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+        cache = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True).cache
+        out = model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 26)

@@ -203,6 +203,7 @@ class PolyKVRuntime:
             use_cache = getattr(self.spec.config, "use_cache", True)
         self.uncached = False
         if isinstance(cache, PolyKVCache):
+            _refuse_seen_positions(cache, bound.arguments.get("position_ids", extra.get("position_ids")))
             cache.prepare_forward()
             self.last_cache = cache
             if cache.get_seq_length() == 0:
@@ -277,6 +278,23 @@ class PolyKVRuntime:
         if cache is None:
             raise RuntimeError("no cache yet: run the model first")
         return cache_report(cache.layers)
+
+
+def _refuse_seen_positions(cache: PolyKVCache, position_ids) -> None:
+    """Refuse a forward whose tokens all sit at positions the cache has already seen: it would hold them
+    twice. ``generate(ids, cache=c)`` does that when ``c`` already holds every token of ``ids`` (it then
+    feeds all of ``ids`` again, as it would with a ``DynamicCache``). Left-padded rows sit at lower positions
+    than the sequence index, so only the highest position, that of an unpadded row, is compared."""
+    seen = cache.get_seq_length()
+    if not seen or position_ids is None or position_ids.numel() == 0:
+        return
+    highest = int(position_ids.max())
+    if highest < seen:
+        raise ValueError(
+            f"polykv-search: this forward feeds tokens at positions up to {highest}, which the cache has already "
+            f"seen ({seen} tokens): it would hold them twice. Pass only the new tokens; for generate(ids, "
+            "cache=c), prefill c with all of ids but the last token"
+        )
 
 
 @contextmanager
