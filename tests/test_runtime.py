@@ -208,8 +208,18 @@ def test_a_forward_of_tokens_the_cache_has_already_seen_is_refused():
     ids, mask = batch()
     with torch.no_grad(), apply_strategy(model, Strategy.uniform(L, "snapkv", 12)):
         cache = model(ids, attention_mask=mask, use_cache=True).cache
-        with pytest.raises(ValueError, match=r"positions up to 23, which the cache has already seen \(24 tokens\)"):
+        refused = r"feeds 24 tokens that the cache has already seen \(24 tokens\)"
+        with pytest.raises(ValueError, match=refused):
             model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+        with pytest.raises(ValueError, match=refused):  # no mask: the positions tell
+            model(ids[:1], position_ids=torch.arange(24)[None], cache=model(ids[:1], use_cache=True).cache)
         cache = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True).cache
         out = model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
-    assert out.shape == (2, 26)
+        assert out.shape == (2, 26)
+        # every row left-padded (e.g. padded to a multiple of 8): each step's positions stay below the tokens seen
+        padded, pad_mask = (
+            torch.cat((torch.zeros(2, 3, dtype=ids.dtype), ids), 1),
+            torch.cat((torch.zeros(2, 3, dtype=mask.dtype), mask), 1),
+        )
+        out = model.generate(padded, attention_mask=pad_mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert out.shape == (2, 30)

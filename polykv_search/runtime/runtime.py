@@ -203,7 +203,7 @@ class PolyKVRuntime:
             use_cache = getattr(self.spec.config, "use_cache", True)
         self.uncached = False
         if isinstance(cache, PolyKVCache):
-            _refuse_seen_positions(cache, bound.arguments.get("position_ids", extra.get("position_ids")))
+            _refuse_seen_tokens(cache, {**extra, **bound.arguments})
             cache.prepare_forward()
             self.last_cache = cache
             if cache.get_seq_length() == 0:
@@ -280,20 +280,26 @@ class PolyKVRuntime:
         return cache_report(cache.layers)
 
 
-def _refuse_seen_positions(cache: PolyKVCache, position_ids) -> None:
-    """Refuse a forward whose tokens all sit at positions the cache has already seen: it would hold them
-    twice. ``generate(ids, cache=c)`` does that when ``c`` already holds every token of ``ids`` (it then
-    feeds all of ``ids`` again, as it would with a ``DynamicCache``). Left-padded rows sit at lower positions
-    than the sequence index, so only the highest position, that of an unpadded row, is compared."""
+def _refuse_seen_tokens(cache: PolyKVCache, arguments: dict) -> None:
+    """Refuse a forward that feeds tokens the cache has already seen: it would hold them twice.
+    ``generate(ids, cache=c)`` does that when ``c`` already holds every token of ``ids`` (it then feeds all
+    of ``ids`` again, as it would with a ``DynamicCache``). With a 2-D attention mask the sign is a mask
+    shorter than the tokens seen plus the new ones; without one (no padding), positions that do not reach
+    past the tokens seen."""
     seen = cache.get_seq_length()
-    if not seen or position_ids is None or position_ids.numel() == 0:
+    new = next((arguments[k].shape[1] for k in ("input_ids", "inputs_embeds") if arguments.get(k) is not None), 0)
+    if not seen or not new:
         return
-    highest = int(position_ids.max())
-    if highest < seen:
+    mask, positions = arguments.get("attention_mask"), arguments.get("position_ids")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        refused = mask.shape[1] < seen + new
+    else:
+        refused = isinstance(positions, torch.Tensor) and positions.numel() > 0 and int(positions.max()) < seen
+    if refused:
         raise ValueError(
-            f"polykv-search: this forward feeds tokens at positions up to {highest}, which the cache has already "
-            f"seen ({seen} tokens): it would hold them twice. Pass only the new tokens; for generate(ids, "
-            "cache=c), prefill c with all of ids but the last token"
+            f"polykv-search: this forward feeds {new} tokens that the cache has already seen ({seen} tokens): "
+            "it would hold them twice. Pass only the new tokens; for generate(ids, cache=c), prefill c with "
+            "all of ids but the last token"
         )
 
 
