@@ -174,11 +174,16 @@ def _run(argv: list[str] | None) -> int:
         _silence_stdout()
         return 141
     except Exception as err:
-        line = _error_line(err)
-        if line is None:
-            raise
-        _print("red", "error: ", line)
-        return 2
+        return _user_error_exit(err)
+
+
+def _user_error_exit(err: Exception) -> int:
+    """Print a user error as one line and return exit code 2; re-raise anything else (a bug)."""
+    line = _error_line(err)
+    if line is None:
+        raise err
+    _print("red", "error: ", line)
+    return 2
 
 
 def run_script(script_main) -> None:
@@ -188,11 +193,7 @@ def run_script(script_main) -> None:
     try:
         code = script_main()
     except Exception as err:
-        line = _error_line(err)
-        if line is None:
-            raise
-        _print("red", "error: ", line)
-        sys.exit(2)
+        code = _user_error_exit(err)
     sys.exit(code or 0)
 
 

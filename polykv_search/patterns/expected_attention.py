@@ -270,10 +270,10 @@ def _covariance_scale(count: torch.Tensor, d: int) -> torch.Tensor | float:
     """``1 / (2 D count)`` per row ``[B]`` fp32, so that ``k^T m2 k`` times it is ``k^T S k / 2D``; on the CPU
     computed from the counts read as Python numbers, and one float when every row has the same count."""
     if count.device.type == "cpu":
-        scales = {(0.5 / d) / max(c, 1.0) for c in count.tolist()}
-        if len(scales) == 1:
-            return scales.pop()  # baddbmm rounds it to fp32, as the per-row tensor is
-        return torch.tensor([(0.5 / d) / max(c, 1.0) for c in count.tolist()])
+        scales = [(0.5 / d) / max(c, 1.0) for c in count.tolist()]
+        if len(set(scales)) == 1:
+            return scales[0]  # baddbmm rounds it to fp32, as the per-row tensor is
+        return torch.tensor(scales)
     return ((0.5 / d) / count.clamp_min(1.0)).float()
 
 
