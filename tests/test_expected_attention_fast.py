@@ -1,16 +1,17 @@
 """``expected_attention``'s decoding fast path against its previous implementation
-(``tests/expected_attention_reference.py``, kept verbatim): the same statistics to float64 rounding (the
-centered sums to fp32 rounding), the same scores to fp32 rounding, and the same kept token sets at every eviction.
+(``tests/expected_attention_reference.py``, kept verbatim): the same statistics to fp32 rounding, the same
+scores to fp32 rounding, and the same kept token sets at every eviction.
 
-Why the tolerances: the count and mean are the same float64 sums, accumulated in another order, so
-they agree to ~1e-15 relative; the centered sum of outer products is kept in fp32 (a decoding step
-adds its rank-1 term in place, in fp32), so it agrees to fp32 rounding of its largest entries (checked
-at rtol 1e-5, atol 1e-6 of the largest). The score changes its float order in fp32: the covariance is
-centered in float64 once, its ``1/(2 D count)`` is applied to the fp32 quadratic form instead of before
-the cast, keys are rotated back by ``addcmul`` instead of ``rotate_half`` and the GQA group is reduced
-by bmm; each is a few fp32 roundings of the logits (relative ~1e-7), so the scores agree to rtol 1e-5.
-A kept set can only change where two scores lie within that rounding of each other at the cut-off (a
-near-tie); the cases below assert exact equality of every kept set and never meet one.
+Why the tolerances: the count (derived from the tokens seen) is exact; the mean and the centered sum of
+outer products are kept in fp32 (a decoding step updates both in place, in fp32, by Welford's update; a
+multi-token call merges in float64 and rounds once), so they agree with the previous float64 running sums
+to fp32 rounding of their largest entries (checked at rtol 1e-5, atol 1e-6 of the largest). The score
+changes its float order in fp32: the covariance is centered once, ``1/(2 D count)`` and ``1/sqrt(D)`` are
+applied inside the product that adds the two terms, keys are rotated back by a ``[D, D]`` product instead
+of ``rotate_half`` and the GQA group is reduced by bmm; each is a few fp32 roundings of the logits
+(relative ~1e-7), so the scores agree to rtol 1e-5. A kept set can only change where two scores lie within
+that rounding of each other at the cut-off (a near-tie); the cases below assert exact equality of every
+kept set and never meet one.
 """
 
 from __future__ import annotations
@@ -63,13 +64,14 @@ def _run(params, groups, d, *, padded, interval=1, mode="within", budget=12, ste
         layer.end_call()
 
 
-def _same_statistics(new_state: PatternState, old_state: PatternState) -> None:
+def _same_statistics(pattern, new_state: PatternState, old_state: PatternState) -> None:
     """Running mean and centered sum (now) against running sums (before): the same mean and covariance."""
     new, old = new_state.row, old_state.row
-    assert torch.equal(new["count"], old["count"]) and torch.equal(new["real_seen"], old["real_seen"])
+    assert torch.equal(pattern.count(new), old["count"]) and torch.equal(new["real_seen"], old["real_seen"])
     count = old["count"].clamp_min(1.0)[:, None, None]
     mean = old["q_sum"] / count
-    torch.testing.assert_close(new["mean"], mean, rtol=1e-12, atol=1e-12)
+    assert new["mean"].dtype == torch.float32  # Welford's running mean, in place, in fp32
+    torch.testing.assert_close(new["mean"].double(), mean, rtol=1e-5, atol=1e-6 * float(mean.abs().max()))
     if "q_outer" in old:
         cov = old["q_outer"] / count[..., None] - mean[..., :, None] * mean[..., None, :]
         got = per_query_head(new["m2"]).double() / count[..., None]
@@ -87,7 +89,7 @@ def per_query_head(m2: torch.Tensor) -> torch.Tensor:
 def test_the_fast_path_scores_and_keeps_as_the_previous_implementation(params, groups, d, padded):
     evictions = 0
     for layer, new, state, old, old_state, budget in _run(params, groups, d, padded=padded):
-        _same_statistics(state, old_state)
+        _same_statistics(new, state, old_state)
         got, want = new.score(layer, state), old.score(layer, old_state)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
         if layer.length > budget:
@@ -142,6 +144,26 @@ def test_rope_frames_invert_the_models_rotation_and_rotate_back_by_the_mean():
     torch.testing.assert_close(rotate_back(k, cos, sin).double(), k.double() @ mat, rtol=1e-5, atol=1e-6)
 
 
+def test_remembered_rotations_follow_new_and_modified_rotary_tensors():
+    """The coefficients are remembered by the identity and version of ``(cos, sin)``: tensors changed in
+    place, or other tensors asked for in turn, get their own (the latest entry is checked first)."""
+    from polykv_search.patterns.rope_frames import unrotate_one
+
+    d, rotary = 16, rope(16, base=50.0)
+    x = torch.randn(2, 3, 1, d)
+
+    def expected(cos, sin):
+        half = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1).double()
+        den = cos.double() ** 2 + sin.double() ** 2
+        return ((x.double() * cos.double() - half * sin.double()) / den)[..., 0, :]
+
+    first, second = (tuple(t.clone() for t in rotary(range(p, p + 1))) for p in (5, 9))
+    for cos, sin in (first, second, second, first):
+        torch.testing.assert_close(unrotate_one(x, cos, sin).double(), expected(cos, sin), rtol=1e-5, atol=1e-5)
+    first[0].mul_(0.5)  # the latest entry, changed in place: its version moves on
+    torch.testing.assert_close(unrotate_one(x, *first).double(), expected(*first), rtol=1e-5, atol=1e-5)
+
+
 def test_the_cpu_decoding_step_equals_the_chunk_update_other_devices_use():
     """A one-token call on the CPU updates the statistics with Python counters; elsewhere it goes through
     the multi-token update (no host reads). Both give the same statistics."""
@@ -166,4 +188,4 @@ def test_the_cpu_decoding_step_equals_the_chunk_update_other_devices_use():
         for name, tensor in fast.row.items():
             tol = 1e-6 if tensor.dtype == torch.float32 else 1e-12  # the centered sums are fp32
             torch.testing.assert_close(chunked.row[name], tensor, rtol=tol, atol=tol * float(tensor.abs().max()))
-    assert float(fast.row["count"][0]) == 11 - 6  # 11 queries, 6 sinks
+    assert float(pattern.count(fast.row)[0]) == 11 - 6  # 11 queries, 6 sinks

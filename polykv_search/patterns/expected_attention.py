@@ -56,9 +56,10 @@ class ExpectedAttention(Pattern):
     * Statistics are running (``state.row``) over every query the layer has observed: the prompt and,
       in decoding, each generated token, so decoding evictions use all of them (kvpress's
       ``DecodingPress`` re-estimates from its buffer of recent hidden states instead). They are the
-      count and the mean (float64) and the centered sum of outer products (fp32, laid out per KV head as
-      the score reads it), merged per call (Welford's update, in place for a decoding step; Chan et al.'s
-      for a multi-token call, computed in float64), so that a score needs no cancellation of its own.
+      row's real tokens seen (float64; the statistics' count follows from it), the mean and the centered
+      sum of outer products (fp32, the latter laid out per KV head as the score reads it), merged per call
+      (Welford's update, in place in fp32 for a decoding step; Chan et al.'s for a multi-token call,
+      computed in float64), so that a score needs no cancellation of its own.
     * The score's scale is ``1/sqrt(D)`` as in the paper and kvpress (the model's own attention scale
       for every supported architecture). Until a row has a query past its sinks, its mean and
       covariance are zero (uniform expected attention).
@@ -68,22 +69,23 @@ class ExpectedAttention(Pattern):
     * Cost: ``O(n Hq D^2)`` per eviction for the covariance term (as kvpress's: one ``[n, D] x [D, g D]``
       product per KV head and a dot with the key), ``O(q Hq D^2)`` per call for the statistics; the
       scores rotate the keys back (``R^T k``) instead of rotating the statistics ahead, which is the same
-      number. Decoding is the hot path (an eviction per step at the default interval): per step the
-      statistics take one rank-1 update written in place into the layout the product reads (no copy, no
-      cast), ``1 / (2 D count)`` scales the quadratic form after the product, the keys are rotated back
-      by one ``[D, D]`` product and the value norms are read off the cache when scoring (one op each);
-      a one-token drop is chosen without the full selection key.
+      number. Decoding is the hot path (an eviction per step at the default interval), and on the CPU its
+      cost is mostly the number of small ops: per step the statistics take one product (the un-rotated
+      query less the mean), two in-place updates (the mean, and the rank-1 term written into the layout
+      the product reads) and one counter; ``1 / (2 D count)`` and ``1 / sqrt(D)`` scale the two terms inside
+      the ``baddbmm`` that adds them; every slot is scored (the sinks' few rows are cut from the logits,
+      not from the keys, which would copy them); a one-token drop is chosen without the full selection key.
       ``tests/test_expected_attention_fast.py`` holds all of it to the previous, plainer implementation
       (``tests/expected_attention_reference.py``): the same kept sets.
     * Checked against kvpress 0.5.5's ``ExpectedAttentionPress`` on SmolLM2
       (``scripts/verify_kvpress_patterns.py``): after prefill, 1,619 of 1,620 (layer, KV head) kept sets
       are identical (3 prompts of 512 tokens, compression ratios 0.1 to 0.97); the other swaps one
       token whose kvpress score lies 7e-8 of the head's score range from kvpress's cut-off, a float
-      rounding tie (the statistics here are running statistics of un-rotated queries, the centered
-      sums fp32 and the mean float64, kvpress's are float32 from ``q_proj``; the same figure with the
-      previous float64 running sums, which ``tests/test_expected_attention_fast.py`` holds this
-      implementation to). kvpress compresses
-      the prompt only; the decoding phase here is this project's (see the statistics note above).
+      rounding tie (the statistics here are running statistics of un-rotated queries, fp32 after a
+      float64 merge, kvpress's are float32 from ``q_proj``; the same figure with the previous float64
+      running sums, which ``tests/test_expected_attention_fast.py`` holds this implementation to).
+      kvpress compresses the prompt only; the decoding phase here is this project's (see the statistics
+      note above).
     """
 
     name: ClassVar[str] = "expected_attention"
@@ -109,9 +111,8 @@ class ExpectedAttention(Pattern):
         b, hq, q, d = query.shape
         row = state.row
         if "mean" not in row:
-            for name in ("real_seen", "count"):
-                row[name] = torch.zeros(b, dtype=torch.float64, device=query.device)
-            row["mean"] = torch.zeros(b, hq, d, dtype=torch.float64, device=query.device)
+            row["real_seen"] = torch.zeros(b, dtype=torch.float64, device=query.device)
+            row["mean"] = torch.zeros(b, hq, d, device=query.device)
             if self.use_covariance:
                 h = layer.num_kv_heads
                 row["m2"] = torch.zeros(b, h, d, hq // h, d, device=query.device)  # see _covariance_layout
@@ -122,31 +123,33 @@ class ExpectedAttention(Pattern):
         else:
             self._add_queries(row, unrotate(query, cos, sin), real)
 
+    def count(self, row: dict) -> torch.Tensor:
+        """The queries in each row's statistics ``[B]`` (float64): its real tokens past the first ``n_sink``."""
+        return (row["real_seen"] - self.n_sink).clamp_min(0.0)
+
     def _add_step(self, row: dict, query: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """A decoding step's query ``[B, Hq, 1, D]`` (rotated by ``cos``, ``sin``), its per-row counters in
-        Python (on the CPU reading them costs nothing, and a tensor op per counter costs more than the step's
-        statistics): the query counts once the row is past its sinks; Welford's update with delta the
-        un-rotated query less the mean (one product), mean += delta / count, m2 += (1 - 1 / count) delta
-        delta^T, both in place."""
+        """A decoding step's query ``[B, Hq, 1, D]`` (rotated by ``cos``, ``sin``), its per-row counter read in
+        Python (on the CPU that costs less than a tensor op per row quantity): the query counts once the row
+        is past its sinks; Welford's update with delta the un-rotated query less the mean (one product),
+        mean += delta / count, m2 += (1 - 1 / count) delta delta^T, both in place."""
         d = query.shape[-1]
-        steps, late = [], []
-        for s, c in zip(row["real_seen"].tolist(), row["count"].tolist()):
-            new = c + 1.0 if s >= self.n_sink else c
-            share = 1.0 / new if new > c else 0.0
-            steps.append((s + 1.0, new, share))
-            late.append(share * c)
+        seen = row["real_seen"].tolist()
+        shares, late = [], []
+        for s in seen:
+            c = s - self.n_sink  # queries counted before this one (negative: still among the sinks)
+            share = 1.0 / (c + 1.0) if c >= 0 else 0.0
+            shares.append(share)
+            late.append(share * c if c >= 0 else 0.0)
+        row["real_seen"].add_(1.0)
         mean = row["mean"]
         delta = unrotate_one(query, cos, sin, minus=mean)  # the un-rotated query less the mean
-        shares = {share for *_, share in steps}
-        if len(shares) == 1:  # every row weighs its step alike (one row, or rows in step)
-            mean.add_(delta, alpha=shares.pop())
+        if len(set(shares)) == 1:  # every row weighs its step alike (one row, or rows in step)
+            mean.add_(delta, alpha=shares[0])
         else:
-            mean.addcmul_(delta, torch.tensor([share for *_, share in steps], dtype=torch.float64)[:, None, None])
-        steps = torch.tensor(steps, dtype=torch.float64)
-        row["real_seen"], row["count"] = steps[:, 0], steps[:, 1]
+            mean.addcmul_(delta, torch.tensor(shares)[:, None, None])
         if self.use_covariance:
             m2 = row["m2"]
-            a = delta.float().view(*m2.shape[:2], -1, d)  # [B, Hkv, g, D]
+            a = delta.view(*m2.shape[:2], -1, d)  # [B, Hkv, g, D]
             if len(set(late)) == 1:  # likewise
                 right, value = a, late[0]
             else:
@@ -154,10 +157,11 @@ class ExpectedAttention(Pattern):
             m2.addcmul_(a.transpose(2, 3)[..., None], right[:, :, None], value=value)
 
     def _add_queries(self, row: dict, pre: torch.Tensor, real: torch.Tensor | None) -> None:
-        """Merge the statistics of this call's un-rotated queries ``pre`` ``[B, Hq, q, D]`` (those of real
-        tokens past the row's first ``n_sink``) into the running ones (Chan et al.'s pairwise update)."""
+        """Merge the statistics of this call's un-rotated queries ``pre`` ``[B, Hq, q, D]`` (float64; those of
+        real tokens past the row's first ``n_sink``) into the running ones (Chan et al.'s pairwise update,
+        in float64)."""
         b, hq, q, d = pre.shape
-        seen = row["real_seen"]
+        seen, count = row["real_seen"], self.count(row)
         if real is None:  # every query is real: their ranks among the row's real tokens are seen + 0..q-1
             weight = (seen[:, None] + torch.arange(q, device=seen.device) >= self.n_sink).double()
             row["real_seen"] = seen + q
@@ -166,12 +170,12 @@ class ExpectedAttention(Pattern):
             weight = real * (seen[:, None] + real.cumsum(-1) - 1 >= self.n_sink)
             row["real_seen"] = seen + real.sum(-1)
         w = weight[:, None, :, None]  # [B, 1, q, 1]
-        added, count = weight.sum(-1), row["count"]
+        added = weight.sum(-1)
         chunk_mean = (pre * w).sum(-2) / added.clamp_min(1.0)[:, None, None]
         total = count + added
-        delta = chunk_mean - row["mean"]
-        row["count"] = total
-        row["mean"] = torch.addcmul(row["mean"], delta, (added / total.clamp_min(1.0))[:, None, None])
+        mean = row["mean"].double()
+        delta = chunk_mean - mean
+        row["mean"] = torch.addcmul(mean, delta, (added / total.clamp_min(1.0))[:, None, None]).float()
         if self.use_covariance:
             centered = pre - chunk_mean[:, :, None]
             m2 = (centered * w).transpose(-1, -2) @ centered  # the chunk's own, about its mean
@@ -179,14 +183,6 @@ class ExpectedAttention(Pattern):
             m2 = m2 + delta[..., :, None] * delta[..., None, :] * between  # [B, Hq, D, D], float64
             h = row["m2"].shape[1]
             row["m2"] = (row["m2"].double() + _covariance_layout(m2, h)).float()
-
-    def _statistics(self, state: PatternState, h: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """For ``h`` KV heads: ``mu / sqrt(D)`` ``[B Hkv, g, D]`` fp32 and the running centered sums laid out
-        per KV head, ``[B Hkv, D, g D]`` (a view; None without the covariance)."""
-        mean = state.row["mean"]
-        b, hq, d = mean.shape
-        linear = torch.mul(mean, d**-0.5, out=torch.empty(b, hq, d, device=mean.device)).view(b * h, hq // h, d)
-        return linear, (state.row["m2"].view(b * h, d, -1) if self.use_covariance else None)
 
     # ---------------------------------------------------------------------- scores
     def _expected(self, layer: LayerView, state: PatternState, lo: int, ranking: bool = False) -> torch.Tensor:
@@ -200,28 +196,29 @@ class ExpectedAttention(Pattern):
         # n_future_positions positions, enter the score only through mu.k and k^T S k: rotate the keys back.
         start = layer.query_range.stop
         ahead = layer.rotary_cos_sin(range(start, start + self.n_future_positions))
-        back = rotate_back(keys[:, :, lo:].float(), *ahead)  # [B, Hkv, m, D]
-        m = n - lo
-        flat = back.view(b * h, m, d)
-        mu, per_head = self._statistics(state, h)
-        groups = mu.shape[1]
-        if per_head is None:
-            logits = torch.bmm(mu, flat.transpose(1, 2))  # mu.k / sqrt(D): [B Hkv, g, m]
+        # Every slot is scored and the first lo cut from the logits: rotating a slice of the cache would copy it.
+        flat = rotate_back(keys.float(), *ahead).view(b * h, n, d)
+        mean = state.row["mean"]  # [B, Hq, D]
+        groups = mean.shape[1] // h
+        mu = mean.view(b * h, groups, d)
+        if not self.use_covariance:  # mu.k / sqrt(D)
+            logits = torch.bmm(mu, flat.transpose(1, 2)).mul_(d**-0.5)  # [B Hkv, g, n]
         else:  # k^T m2 k: one [m, D] x [D, g D] product per KV head, then the dot with k; times 1 / (2 D count)
-            kc = torch.bmm(flat, per_head).view(b * h * m, groups, d)
-            quad = torch.bmm(kc, flat.reshape(b * h * m, d, 1))
-            scale = _covariance_scale(state.row["count"], d)
+            per_head = state.row["m2"].view(b * h, d, groups * d)
+            kc = torch.bmm(flat, per_head).view(b * h * n, groups, d)
+            quad = torch.bmm(kc, flat.view(b * h * n, d, 1))
+            scale = _covariance_scale(state.row["real_seen"], self.n_sink, d)
             if isinstance(scale, float):  # every row alike: baddbmm scales the quadratic form itself
-                quad, beta = quad.view(b * h, m, groups), scale
+                quad, beta = quad.view(b * h, n, groups), scale
             else:
-                quad, beta = (quad.view(b, h * m * groups) * scale[:, None]).view(b * h, m, groups), 1.0
-            logits = torch.baddbmm(quad.transpose(1, 2), mu, flat.transpose(1, 2), beta=beta)
-        logits = logits.view(b, h, groups, m)
+                quad, beta = (quad.view(b, h * n * groups) * scale[:, None]).view(b * h, n, groups), 1.0
+            logits = torch.baddbmm(quad.transpose(1, 2), mu, flat.transpose(1, 2), beta=beta, alpha=d**-0.5)
+        logits = logits.view(b, h, groups, n)[..., lo:]
         if layer.all_valid:
             probs = logits.softmax(dim=-1)
             probs = probs.sum(dim=2) if ranking else probs.mean(dim=2)  # [B, Hkv, m]
             if self.use_vnorm:
-                vnorm = layer.values[:, :, lo:].float().norm(dim=-1)
+                vnorm = torch.linalg.vector_norm(layer.values.float(), dim=-1)[..., lo:]
                 eps = float(self.epsilon) * (groups if ranking else 1)
                 probs = (probs + eps) * vnorm if eps else probs * vnorm
             return probs
@@ -266,15 +263,16 @@ class ExpectedAttention(Pattern):
         return protected_ends(layer, budget, self.n_sink, 0) if self.n_sink else None
 
 
-def _covariance_scale(count: torch.Tensor, d: int) -> torch.Tensor | float:
-    """``1 / (2 D count)`` per row ``[B]`` fp32, so that ``k^T m2 k`` times it is ``k^T S k / 2D``; on the CPU
-    computed from the counts read as Python numbers, and one float when every row has the same count."""
-    if count.device.type == "cpu":
-        scales = [(0.5 / d) / max(c, 1.0) for c in count.tolist()]
+def _covariance_scale(real_seen: torch.Tensor, n_sink: int, d: int) -> torch.Tensor | float:
+    """``1 / (2 D count)`` per row ``[B]`` fp32 (``count``: the real tokens seen past the ``n_sink`` first, at
+    least 1), so that ``k^T m2 k`` times it is ``k^T S k / 2D``; on the CPU computed from the counters read as
+    Python numbers, and one float when every row has the same count."""
+    if real_seen.device.type == "cpu":
+        scales = [(0.5 / d) / max(s - n_sink, 1.0) for s in real_seen.tolist()]
         if len(set(scales)) == 1:
             return scales[0]  # baddbmm rounds it to fp32, as the per-row tensor is
         return torch.tensor(scales)
-    return ((0.5 / d) / count.clamp_min(1.0)).float()
+    return ((0.5 / d) / (real_seen - n_sink).clamp_min(1.0)).float()
 
 
 def _covariance_layout(m2: torch.Tensor, h: int) -> torch.Tensor:

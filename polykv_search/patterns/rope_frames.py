@@ -20,6 +20,7 @@ CACHED = 8
 
 _memo: dict[tuple, tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = {}
 _lock = threading.Lock()
+_latest: dict[str, tuple] = {}  # per kind, the last entry asked for (a read needs no lock)
 
 
 def swap_halves(x: torch.Tensor) -> torch.Tensor:
@@ -39,16 +40,22 @@ def _version(t: torch.Tensor) -> int | None:
 
 
 def _remembered(kind: str, cos: torch.Tensor, sin: torch.Tensor, device, build) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (kind, id(cos), id(sin), _version(cos), _version(sin), str(device))
+    versions = (_version(cos), _version(sin))
+    last = _latest.get(kind)  # every layer of a step asks for the same tensors: check the latest first
+    if last is not None and last[0] is cos and last[1] is sin and last[2] == versions and last[3] == device:
+        return last[4]
+    key = (kind, id(cos), id(sin), *versions, str(device))
     with _lock:
         hit = _memo.get(key)
     if hit is not None and hit[0] is cos and hit[1] is sin:
-        return hit[2]
-    value = build(cos.to(device), sin.to(device))
-    with _lock:
-        while len(_memo) >= CACHED:
-            _memo.pop(next(iter(_memo)))
-        _memo[key] = (cos, sin, value)
+        value = hit[2]
+    else:
+        value = build(cos.to(device), sin.to(device))
+        with _lock:
+            while len(_memo) >= CACHED:
+                _memo.pop(next(iter(_memo)))
+            _memo[key] = (cos, sin, value)
+    _latest[kind] = (cos, sin, versions, device, value)  # one assignment: atomic for other threads
     return value
 
 
@@ -77,16 +84,16 @@ def _as_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _unrotation_matrix(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor]:
     a, b = (t[0] for t in _unrotation(cos, sin))
-    return (_as_matrix(a, b),)
+    return (_as_matrix(a, b).float(),)  # made in float64, rounded once
 
 
 def unrotate_one(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, minus: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`unrotate` of ``x`` ``[..., 1, D]`` at one position (``cos``, ``sin`` ``[1, D]``) as one
-    product: ``[..., D]`` float64; less ``minus`` (float64, ``[..., D]``) when given, in the same op."""
+    product: ``[..., D]`` fp32; less ``minus`` (fp32, ``[..., D]``) when given, in the same op."""
     (mat,) = _remembered("unrotate_one", cos, sin, x.device, _unrotation_matrix)
-    flat = x.reshape(-1, x.shape[-1]).double()
+    flat = x.reshape(-1, x.shape[-1]).float()
     out = torch.mm(flat, mat) if minus is None else torch.addmm(minus.reshape(flat.shape), flat, mat, beta=-1)
     return out.view(*x.shape[:-2], x.shape[-1])
 
