@@ -15,7 +15,10 @@
     flips near-tied scores, so kept sets may differ from an fp32 oracle without any bug.
     Kernels: ``sdpa`` and ``eager`` always, ``flash_attention_2`` when the package is installed (CUDA only).
 (b) **Speed**: ``bench_runtime.py`` at 4k/8k/16k and ``bench_score.py`` at 4k/8k on SmolLM2 on the device,
-    their JSON in ``--out`` (``--smoke``: 128-token runs of both on the CPU).
+    then the query-agnostic patterns side by side at 4k (``bench_runtime.py --pattern
+    snapkv,kvzip,keydiff,expected_attention --paired-to snapkv``, 4 repeats, k = 1: kvzip's prefill and every
+    new pattern's decode over snapkv's, per repeat, with intervals); their JSON in ``--out`` (``--smoke``:
+    128-token runs of all three on the CPU). The pattern comparison's time on a GPU is not measured yet.
 (c) **Summary**: one screen; ``summary.json`` in ``--out``.
 """
 
@@ -34,6 +37,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # runtime_pairs, when loaded as a module (tests)
+
+import runtime_pairs  # noqa: E402
 
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.patterns import PATTERNS  # noqa: E402
@@ -46,6 +52,8 @@ from tests.test_scoring_engines import entries, jobs, run_both  # noqa: E402
 from tests.tiny import FAMILIES, tiny_model  # noqa: E402
 
 EVICTING = [name for name, cls in PATTERNS.items() if not cls.keeps_all]
+#: issue 26's cost comparison: the query-agnostic patterns against the first, side by side
+PAIRED = ["snapkv", "kvzip", "keydiff", "expected_attention"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LOGIT_TOL = 1e-3  # fp32 on the device vs the fp32 CPU oracle
 
@@ -135,7 +143,7 @@ def exactness(device: str, smoke: bool) -> list[dict]:
 
 
 def speed(device: str, smoke: bool, out: Path) -> dict:
-    """Run the two benchmark scripts on the device; their JSON lands in ``out``."""
+    """Run the benchmark scripts on the device; their JSON lands in ``out``."""
     if smoke:
         runtime_args = ["--contexts", "128", "--budget", "32", "--decode-steps", "2", "--repeats", "1"]
         runtime_args += ["--intervals", "1"]
@@ -152,10 +160,18 @@ def speed(device: str, smoke: bool, out: Path) -> dict:
             "1,16",
         ]
         score_args = ["--contexts", "4096,8192", "--suite", "broad,ruler"]
+    patterns_args = ["--pattern", ",".join(PAIRED), "--paired-to", PAIRED[0], "--intervals", "1"]
+    patterns_args += (
+        ["--contexts", "128", "--budget", "32", "--decode-steps", "2", "--repeats", "3"]
+        if smoke
+        else ["--contexts", "4096", "--decode-steps", "64", "--repeats", "4"]
+    )
     result = {}
-    for name, args in (("bench_runtime", runtime_args), ("bench_score", score_args)):
+    runs = (("bench_runtime", runtime_args), ("bench_score", score_args), ("bench_runtime_patterns", patterns_args))
+    for name, args in runs:
         target = out / f"{name}.json"
-        cmd = [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--device", device, *args, "--out", str(target)]
+        script = ROOT / "benchmarks" / f"{name.removesuffix('_patterns')}.py"
+        cmd = [sys.executable, str(script), "--device", device, *args, "--out", str(target)]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         result[name] = {
@@ -177,8 +193,15 @@ def speed_lines(result: dict) -> list[str]:
             continue
         doc = json.loads(Path(r["json"]).read_text())
         for ctx, c in doc["contexts"].items():
-            if name == "bench_runtime":
-                parts = [f"{k} {v['decode_speedup']:.2f}x" for k, v in c.items() if k != "unmodified"]
+            if name == "bench_runtime_patterns":
+                pairs = c.get("paired", {})
+                base = next(iter(pairs.values()))["vs"] if pairs else PAIRED[0]
+                lines.append(f"{name} {ctx}: over {base}, decode speed and prefill time:")
+                for k, v in pairs.items():
+                    decode, prefill = (runtime_pairs.text(v[part]) for part in ("decode", "prefill"))
+                    lines.append(f"  {k.split()[0]:18s} decode {decode:21s} prefill {prefill}")
+            elif name == "bench_runtime":
+                parts = [f"{k} {v['decode_speedup']:.2f}x" for k, v in c.items() if k not in ("unmodified", "paired")]
                 lines.append(f"{name} {ctx}: decode vs unmodified: " + ", ".join(parts))
             elif c.get("speedup_wall") is None:
                 lines.append(f"{name} {ctx}: shared engine wall {c['runs']['shared'][0]['wall_s']:.1f} s (shared only)")

@@ -1,5 +1,5 @@
 """``benchmarks/gpu_check.py`` cannot rot: its CPU smoke mode runs here (the exactness part in the default
-run and CI; the two 128-token benchmarks on SmolLM2 with ``pytest -m slow``, about a minute)."""
+run and CI; the three 128-token benchmarks on SmolLM2 with ``pytest -m slow``, about a minute)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,11 @@ def test_a_missing_cuda_device_is_one_line_exit_2(gpu_check, tmp_path, capsys):
 @pytest.mark.slow
 def test_smoke_benchmarks_run_on_smollm2(gpu_check, tmp_path):
     result = gpu_check.speed("cpu", True, tmp_path)
-    assert [r["rc"] for r in result.values()] == [0, 0], result
+    assert [r["rc"] for r in result.values()] == [0, 0, 0], result
     lines = gpu_check.speed_lines(result)
     assert any(line.startswith("bench_runtime 128") for line in lines)
     assert any(line.startswith("bench_score 128: shared engine") for line in lines)
+    at = lines.index("bench_runtime_patterns 128: over snapkv B32 k1, decode speed and prefill time:")
+    paired = lines[at + 1 : at + len(gpu_check.PAIRED)]  # each new pattern over snapkv, with intervals
+    assert [line.split()[0] for line in paired] == gpu_check.PAIRED[1:], lines
+    assert all(line.count("[") == 2 and len(line) <= 80 for line in paired), paired
