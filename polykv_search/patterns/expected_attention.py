@@ -203,7 +203,7 @@ class ExpectedAttention(Pattern):
         mu = mean.view(b * h, groups, d)
         if not self.use_covariance:  # mu.k / sqrt(D)
             logits = torch.bmm(mu, flat.transpose(1, 2)).mul_(d**-0.5)  # [B Hkv, g, n]
-        else:  # k^T m2 k: one [m, D] x [D, g D] product per KV head, then the dot with k; times 1 / (2 D count)
+        else:  # k^T m2 k: one [n, D] x [D, g D] product per KV head, then the dot with k; times 1 / (2 D count)
             per_head = state.row["m2"].view(b * h, d, groups * d)
             kc = torch.bmm(flat, per_head).view(b * h * n, groups, d)
             quad = torch.bmm(kc, flat.view(b * h * n, d, 1))
