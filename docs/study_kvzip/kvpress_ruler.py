@@ -184,4 +184,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from polykv_search.cli import run_script
+
+    run_script(main)
