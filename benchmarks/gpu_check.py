@@ -167,10 +167,14 @@ def speed(device: str, smoke: bool, out: Path) -> dict:
         else ["--contexts", "4096", "--decode-steps", "64", "--repeats", "4"]
     )
     result = {}
-    runs = (("bench_runtime", runtime_args), ("bench_score", score_args), ("bench_runtime_patterns", patterns_args))
-    for name, args in runs:
+    runs = (  # (result name, script, arguments)
+        ("bench_runtime", "bench_runtime", runtime_args),
+        ("bench_score", "bench_score", score_args),
+        ("bench_runtime_patterns", "bench_runtime", patterns_args),
+    )
+    for name, script_name, args in runs:
         target = out / f"{name}.json"
-        script = ROOT / "benchmarks" / f"{name.removesuffix('_patterns')}.py"
+        script = ROOT / "benchmarks" / f"{script_name}.py"
         cmd = [sys.executable, str(script), "--device", device, *args, "--out", str(target)]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
