@@ -19,6 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from polykv_search.runtime import eviction_target
 from strategies import Strategy
+from tests.oracle_pooled import pooled, pooled_evict
 from tests.oracle_scores import expected_attention_scores, keydiff_scores, query_stats, rotation
 
 NAME = "polykv_oracle"
@@ -34,7 +35,7 @@ DEFAULTS = {
     "knorm": {},
     "random": {"seed": 0},
     "keydiff": {},
-    "kvzip": {"n_sink": 4, "chunk_size": 2048, "query_chunk": 256},
+    "kvzip": {"n_sink": 4, "chunk_size": 2048, "query_chunk": 256, "allocation": "head"},
     "expected_attention": {
         "n_future_positions": 512,
         "n_sink": 4,
@@ -234,6 +235,9 @@ def _end_call(o, L, phase, key, value, scaling, groups):
             part["since"] += 1
         name, params, budget = part["plans"][phase]
         if name == "full":
+            continue
+        if pooled(part["plans"][phase]):
+            pooled_evict(o, L, phase, part["plans"][phase])
             continue
         n_kept = int(L.kept[0, part["heads"][0]].sum())
         # the runtime's own statement of when and how far to evict; the selection below stays the oracle's

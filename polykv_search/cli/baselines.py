@@ -7,11 +7,34 @@ core below may not import. Scoring receives them as plain :class:`~polykv_search
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from polykv_search.scoring import Entry, ScoreError
 from solvers import Problem, get_solver
-from strategies import Strategy
+from strategies import Strategy, StrategyError
 
-BASELINE_SPECS = "full | uniform:PATTERN | pyramid[:PATTERN]"
+BASELINE_SPECS = "full | uniform:PATTERN[:KEY=VALUE,...] | pyramid[:PATTERN]"
+
+
+def _value(text: str) -> Any:
+    """A pattern parameter from the command line: an integer, a number, true/false, or the text itself."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _params(spec: str, text: str) -> dict[str, Any]:
+    params = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ScoreError(f"baseline {spec!r}: pattern parameters are KEY=VALUE, got {item!r}")
+        params[key] = _value(value)
+    return params
 
 
 def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -> Entry:
@@ -25,10 +48,24 @@ def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -
         raise ScoreError(f"baseline {spec!r} needs --budget")
     problem = Problem(global_budget=budget, num_layers=num_layers, b_min=min(b_min, int(budget)))
     if name == "uniform":
-        if not arg:
+        pattern, _, text = arg.partition(":")
+        if not pattern:
             raise ScoreError("baseline 'uniform' needs a pattern: uniform:snapkv")
-        strategy = get_solver("uniform", pattern=arg).solve(problem).strategy
-        return Entry(f"uniform-{arg}", strategy, "baseline", spec)
+        strategy = get_solver("uniform", pattern=pattern).solve(problem).strategy
+        params = _params(spec, text)
+        if not params:
+            return Entry(f"uniform-{pattern}", strategy, "baseline", spec)
+        try:  # the strategy validates the parameters (the pattern's own checks)
+            strategy = replace(
+                strategy,
+                prefill=[replace(c, params=params) for c in strategy.prefill],
+                decoding=[replace(c, params=params) for c in strategy.decoding],
+                provenance={**strategy.provenance, "params": params},
+            )
+        except StrategyError as err:
+            raise ScoreError(f"baseline {spec!r}: {err}") from None
+        label = ",".join(f"{k}={v}" for k, v in params.items())
+        return Entry(f"uniform-{pattern}[{label}]", strategy, "baseline", spec)
     settings = {"pattern": arg} if arg else {}
     strategy = get_solver("pyramid", **settings).solve(problem).strategy
     return Entry(f"pyramid-{arg}" if arg else "pyramid", strategy, "baseline", spec)

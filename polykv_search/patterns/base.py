@@ -136,6 +136,10 @@ class Pattern:
     #: ``reconstruct(layer, state, query, prompt_len)`` for each attention call of that pass
     #: (:mod:`polykv_search.runtime.reconstruction`).
     model_level: ClassVar[bool] = False
+    #: ``"layer"`` or ``"model"`` for a pattern whose tokens are ranked over all the KV heads of a layer or
+    #: of every layer using it, so that heads keep different numbers of tokens (``kvzip``'s
+    #: ``allocation``; :mod:`polykv_search.runtime.pooled`); None: every KV head keeps its own top-``b``.
+    pooled: ClassVar[str | None] = None
 
     # -------------------------------------------------------------- hook points
     def pre_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:

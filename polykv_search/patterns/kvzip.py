@@ -63,14 +63,21 @@ class KVzip(Pattern):
         at most one chunk (measured below).
     query_chunk : int
         Reconstruction queries scored at once, at most (memory and speed, not results).
+    allocation : {"head", "layer", "model"}
+        Which tokens share one ranking. ``"head"`` (default): every KV head keeps its own top ``budget``.
+        ``"layer"`` (kvpress's ``layerwise=True``): the layer's ``Hkv * budget`` best over all its KV heads.
+        ``"model"`` (kvpress's default): the ``sum(Hkv * budget_l)`` best over every layer using this same
+        pattern in this phase. With ``"layer"`` and ``"model"`` the heads hold different numbers of tokens
+        (:mod:`polykv_search.runtime.pooled`: the pool's total holds through the question and decoding).
 
     Notes
     -----
-    * Prefill: the deferred eviction after the pass, every KV head of every layer keeping its own top
-      ``budget`` (the cross-head and cross-layer allocation is the solvers' job). kvpress's
-      ``KVzipPress`` drops its lowest scores over several heads at once: with ``layerwise=True`` over
-      the heads of each layer (``int(Hkv * n * ratio)`` per layer), with its default
-      ``layerwise=False`` over all layers and heads; its heads then keep different numbers of tokens.
+    * Prefill: the deferred eviction after the pass. With ``allocation="head"`` every KV head of every
+      layer keeps its own top ``budget`` (the cross-head and cross-layer allocation is then the solvers'
+      job). kvpress's ``KVzipPress`` drops its lowest scores over several heads at once: with
+      ``layerwise=True`` over the heads of each layer (``int(Hkv * n * ratio)`` per layer), with its
+      default ``layerwise=False`` over all layers and heads (``allocation="layer"`` and ``"model"`` here).
+      Without them, uniform kvzip loses ruler's needles (``docs/study_kvzip.md``, exploratory section).
     * Decoding, which has no reconstruction pass: prompt tokens keep their pass scores and every
       token appended after the pass ranks above them, newest first. So kvzip in decoding evicts the
       least-reconstructed prompt tokens first and appended tokens (question, answer) only when the
@@ -111,6 +118,9 @@ class KVzip(Pattern):
     n_sink: int = 4
     chunk_size: int = 2048
     query_chunk: int = 256
+    allocation: str = "head"
+
+    ALLOCATIONS: ClassVar[tuple[str, ...]] = ("head", "layer", "model")
 
     def __post_init__(self) -> None:
         for field_name in ("n_sink", "chunk_size", "query_chunk"):
@@ -118,6 +128,13 @@ class KVzip(Pattern):
             low = 0 if field_name == "n_sink" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{field_name} must be an integer >= {low}, got {value!r}")
+        if self.allocation not in self.ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {', '.join(self.ALLOCATIONS)}, got {self.allocation!r}")
+
+    @property
+    def pooled(self) -> str | None:
+        """The pool its tokens are ranked over beyond one KV head (``"layer"`` or ``"model"``), or None."""
+        return None if self.allocation == "head" else self.allocation
 
     def reconstruct(self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int) -> None:
         """One attention call of the reconstruction pass: fold its queries' attention to the first

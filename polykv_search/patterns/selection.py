@@ -115,3 +115,16 @@ def _one_out(key: torch.Tensor, budgets: Sequence[int], counts: Sequence[int]):
     s = torch.arange(m, device=dev)
     kept = s[None, None, :] < torch.tensor(list(budgets), device=dev)[:, None, None]
     return (s + (s >= drop)).masked_fill_(~kept, 0), kept
+
+
+def keep_per_head(key: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row and KV head the ``counts[b, h]`` highest-key slots, ascending (ties: older first, as
+    :func:`select_keep`), padded to the largest count.
+
+    Returns ``keep`` ``[B, H, m]`` (slot indices; padding entries repeat slot 0) and ``kept`` ``[B, H, m]``
+    (True for the real entries), ``m = counts.max()``."""
+    m = int(counts.max()) if counts.numel() else 0
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :m]
+    kept = torch.arange(m, device=key.device) < counts[..., None]
+    keep = order.masked_fill(~kept, key.shape[-1]).sort(dim=-1).values  # the padding entries sort last
+    return keep.masked_fill(~kept, 0), kept

@@ -69,6 +69,13 @@ class PatternState:
                 if isinstance(value, torch.Tensor) and value.is_inference():
                     kind[name] = value.clone()
 
+    def heads(self, kv_heads: list[int]) -> PatternState:
+        """A copy holding only the KV heads ``kv_heads`` of every token tensor ``[B, Hkv, n]`` (a head
+        group's share); row and shared entries are copied whole."""
+        out = self.copy()
+        out.token = {name: t[:, kv_heads].clone() for name, t in self.token.items()}
+        return out
+
     def replace_with(self, other: PatternState) -> None:
         """Become a copy of ``other`` (in place, so holders of this object see it)."""
         fresh = other.copy()

@@ -21,6 +21,7 @@ from polykv_search.patterns import make_pattern
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import PhasePlan
 from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.pooled import check_groups
 from polykv_search.runtime.report import LayerReport, layer_report
 
 
@@ -51,6 +52,7 @@ class HeadGroupLayer(RuntimeLayer):
                 f"layer {layer_idx}: head groups must cover KV heads 0..{self.num_kv_heads - 1} once each, got "
                 f"{[list(g.heads) for g in self.head_groups]}"
             )
+        check_groups(self.head_groups)
         sub = {**kwargs, "on_update": None}
         self.parts = [
             EvictingLayer(
@@ -168,6 +170,31 @@ class HeadGroupLayer(RuntimeLayer):
             prefill_budget=mean([g.prefill.budget for g in self.head_groups]),
             decoding_budget=mean([g.decoding.budget for g in self.head_groups]),
         )
+
+
+def per_head_groups(prefill: PhasePlan, decoding: PhasePlan, num_kv_heads: int) -> list[HeadGroupPlan] | None:
+    """One group per KV head when a plan pools its tokens over heads (kvzip's ``allocation="layer"`` or
+    ``"model"``): each head then holds its own number of tokens in a store of its own; else None."""
+    if not any(plan.evicts and plan.pattern.pooled is not None for plan in (prefill, decoding)):
+        return None
+    return [HeadGroupPlan((h,), prefill, decoding) for h in range(num_kv_heads)]
+
+
+def cache_layer(
+    layer_idx: int,
+    prefill: PhasePlan,
+    decoding: PhasePlan,
+    head_groups: Sequence[HeadGroupPlan] | None = None,
+    *,
+    defer_prefill: bool = False,
+    **kwargs,
+) -> RuntimeLayer:
+    """The cache layer of one layer's plans: a :class:`HeadGroupLayer` of its ``head_groups`` (or of one group
+    per KV head, :func:`per_head_groups`), else an :class:`EvictingLayer`."""
+    head_groups = head_groups or per_head_groups(prefill, decoding, kwargs["num_kv_heads"])
+    if head_groups:
+        return HeadGroupLayer(layer_idx, head_groups, defer_prefill=defer_prefill, **kwargs)
+    return EvictingLayer(layer_idx, prefill, decoding, defer_prefill=defer_prefill, **kwargs)
 
 
 def choice_head_groups(prefill, decoding, num_kv_heads: int) -> list[HeadGroupPlan] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.selection import keep_per_head
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import (  # noqa: F401  (re-exported)
@@ -42,6 +43,17 @@ class EvictingLayer(RuntimeLayer):
         self.plans = {PREFILL: prefill, DECODING: decoding}
         self.defer_prefill = defer_prefill
         super().__init__(layer_idx, **kwargs)
+        if self.ragged and self.decode_interval != 1:
+            raise ValueError(
+                f"layer {layer_idx}: a pooled allocation (kvzip's allocation='layer' or 'model') evicts every "
+                f"decoding step; decode_interval must be 1, got {self.decode_interval}"
+            )
+
+    @property
+    def ragged(self) -> bool:
+        """True when a plan uses a pooled pattern, whose KV heads hold different numbers of tokens
+        (:mod:`polykv_search.runtime.pooled`)."""
+        return any(plan.evicts and plan.pattern.pooled is not None for plan in self.plans.values())
 
     def reset(self) -> None:
         super().reset()
@@ -50,6 +62,8 @@ class EvictingLayer(RuntimeLayer):
         self.deferred = False
         #: The prompt length while a reconstruction pass runs, else None.
         self.pass_prompt: int | None = None
+        #: Per phase, this layer's part of a pooled allocation (:func:`polykv_search.runtime.pooled.allocate`).
+        self.shares: dict = {}
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, _ = key_states.shape
@@ -125,6 +139,8 @@ class EvictingLayer(RuntimeLayer):
         self.peak_length = self.length
         for state in self.states.values():
             state.map_rows(fn)
+        for share in self.shares.values():
+            share.map_rows(fn)
 
     # ------------------------------------------------------------ runtime side
     @property
@@ -229,7 +245,9 @@ class EvictingLayer(RuntimeLayer):
         plan = self.plans[phase]
         if phase == DECODING:
             self.steps_since_eviction += 1
-        if plan.evicts:
+        if plan.evicts and plan.pattern.pooled is not None:
+            self._evict_pooled(phase, plan)
+        elif plan.evicts:
             target = eviction_target(
                 phase,
                 self.length,
@@ -256,6 +274,39 @@ class EvictingLayer(RuntimeLayer):
         self._expose(store.gathered(keep, budget + self._slack()), budget)
         if self._all_valid is False:
             self._all_valid = None
+        for state in self.states.values():
+            state.gather(keep)
+        self.num_evictions += 1
+        self.steps_since_eviction = 0
+
+    def _evict_pooled(self, phase: str, plan: PhasePlan) -> None:
+        """Evict to this layer's counts in its pool (:mod:`polykv_search.runtime.pooled`)."""
+        share = self.shares.get(phase)
+        if share is None:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {plan.pattern.name} with allocation {plan.pattern.pooled!r} evicts "
+                "after the runtime's reconstruction pass has allocated its pool; apply it through "
+                "polykv_search.runtime.apply_strategy"
+            )
+        counts = share.counts(self.seen)
+        if bool((self._valid.sum(-1) > counts).any()):
+            self.evict_per_head(plan, counts)
+
+    def evict_per_head(self, plan: PhasePlan, counts: torch.Tensor) -> None:
+        """Keep ``counts[b, h]`` tokens ``[B, Hkv]`` in each row and KV head, chosen by the plan's pattern;
+        the store is as long as the largest count, the other heads' extra slots padding."""
+        with torch.no_grad():
+            key = plan.pattern.selection_key(self, self._state(plan.pattern), [plan.budget])
+            keep, kept = keep_per_head(key, counts)
+        store = self._store
+        if store is None:
+            store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, self.length)
+        m = keep.shape[-1]
+        new = store.gathered(keep, m + self._slack())
+        new.valid[:, :, :m] &= kept
+        new.positions[:, :, :m].masked_fill_(~kept, -1)
+        self._expose(new, m)
+        self._all_valid = None
         for state in self.states.values():
             state.gather(keep)
         self.num_evictions += 1

@@ -13,7 +13,8 @@ evicts as its prefill plan says. Positions and ``seen`` are those of a run witho
 whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
 attention), plus kvzip's scores: one product of the pass's queries with the prompt's keys per call,
 normalised by the log-sum-exp the kernel itself computed (:func:`flash_with_lse`, CPU SDPA) instead of a
-second softmax over the whole cache.
+second softmax over the whole cache. Pooled allocations (``kvzip``'s ``allocation``) are formed between the pass
+and the deferred evictions (:mod:`polykv_search.runtime.pooled`).
 
 The repeat prompts (:class:`ReconstructionInputs`) are token ids; ``load_model`` attaches them to the
 model it loads (``model.polykv_reconstruction``), built from its tokenizer as KVzip builds them.
@@ -30,6 +31,8 @@ from torch.nn.attention import SDPBackend
 
 from polykv_search.patterns.kvzip import note_kernel_lse
 from polykv_search.runtime.attention import ACTIVE
+from polykv_search.runtime.eviction import DECODING, PREFILL
+from polykv_search.runtime.pooled import allocate, pool_entries
 
 FIRST_PROMPT = "\n\nRepeat the previous context exactly."
 LATER_PROMPT = "\n\nRepeat the part of the previous context exactly, starting with"
@@ -115,8 +118,11 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     finally:
         for layer in layers:
             layer.end_pass()
+    entries = pool_entries(layers)
+    allocate(entries, PREFILL)  # pooled allocations (kvzip's allocation="layer"/"model") rank the pass's scores
     for layer in layers:  # in the caller's grad mode: a store made without it could not take later tokens
         layer.finish_deferred()
+    allocate(entries, DECODING)
 
 
 @contextmanager

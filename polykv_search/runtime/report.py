@@ -58,7 +58,7 @@ def layer_report(layer) -> LayerReport:
     return LayerReport(
         layer=layer.layer_idx,
         seen=layer.seen,
-        kept=layer.length,
+        kept=_kept(layer),
         kv_bytes=layer.kv_bytes(),
         peak_kv_bytes=_peak_bytes(layer),
         full_kv_bytes=_full_bytes(layer),
@@ -70,6 +70,14 @@ def layer_report(layer) -> LayerReport:
 def cache_report(layers) -> CacheReport:
     """Per-layer lengths and KV bytes of a sequence of cache layers (one per model layer)."""
     return CacheReport([layer_report(layer) for layer in layers])
+
+
+def _kept(layer) -> int:
+    """Tokens held per KV head: the slots, or for a layer whose heads differ in length (a pooled allocation)
+    the mean over rows and KV heads of the real tokens."""
+    if not getattr(layer, "ragged", False) or layer.valid is None or not layer.valid.numel():
+        return layer.length
+    return round(layer.valid.sum().item() / (layer.valid.shape[0] * layer.valid.shape[1]))
 
 
 def _full_bytes(layer) -> int:

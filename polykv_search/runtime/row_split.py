@@ -141,8 +141,9 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
     """One layer of a decoding batch over ``members`` (the rows' own layers, in batch order): runs of
     consecutive :class:`EvictingLayer` rows share a :class:`RowBatchLayer` (cut in two by
     :func:`best_split` when that saves ``split`` padded slots; None: never), its rows in
-    :func:`by_decoding_group` order; any other row's layer (head groups) is a part of its own. A single
-    row batch whose rows need no reordering is returned as is."""
+    :func:`by_decoding_group` order; any other row's layer (head groups; a pooled allocation's heads of
+    different lengths, ``EvictingLayer.ragged``) is a part of its own. A single row batch whose rows need
+    no reordering is returned as is."""
 
     def pieces(run: list[int]) -> list[list[int]]:
         cut = None if split is None else best_split([members[i].length for i in run], split)
@@ -151,8 +152,11 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
     def grouped(piece: list[int]) -> list[int]:
         return [piece[i] for i in by_decoding_group([members[i] for i in piece])]
 
+    def batchable(m: RuntimeLayer) -> bool:
+        return type(m) is EvictingLayer and not m.ragged
+
     everyone = list(range(len(members)))
-    if all(type(m) is EvictingLayer for m in members):
+    if all(batchable(m) for m in members):
         (only, *more) = pieces(everyone)
         if not more and grouped(only) == only:
             return RowBatchLayer(layer_idx, members, **kwargs)
@@ -160,7 +164,7 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
     parts: list[tuple[RuntimeLayer, list[int]]] = []
     run: list[int] = []
     for i in [*everyone, None]:  # None closes the last run
-        if i is not None and type(members[i]) is EvictingLayer:
+        if i is not None and batchable(members[i]):
             run.append(i)
             continue
         for piece in pieces(run) if run else []:

@@ -25,8 +25,9 @@ from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import FULL_PLAN, INTERVAL_MODES, PhasePlan
-from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan, choice_head_groups
+from polykv_search.runtime.head_groups import HeadGroupPlan, cache_layer, choice_head_groups
 from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.pooled import check_plans
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
 from polykv_search.runtime.report import CacheReport, cache_report
 from strategies import Strategy
@@ -130,6 +131,7 @@ class PolyKVRuntime:
         self.head_groups.update(head_groups or {})
         self.reconstruction = reconstruction or getattr(model, "polykv_reconstruction", None)
         group_plans = [(g.prefill, g.decoding) for groups in self.head_groups.values() for g in groups]
+        check_plans(self.plans, [g for groups in self.head_groups.values() for g in groups], decode_interval)
         self.defer_prefill = needs_pass(self.plans + group_plans)
         if self.defer_prefill:
             self.pass_inputs()  # refuse now, not after the prefill
@@ -168,10 +170,8 @@ class PolyKVRuntime:
     def new_cache(self) -> PolyKVCache:
         """An empty evicting cache for this model and strategy."""
         layers = [
-            HeadGroupLayer(i, self.head_groups[i], defer_prefill=self.defer_prefill, **self.layer_kwargs(i))
-            if i in self.head_groups
-            else EvictingLayer(i, prefill, decoding, defer_prefill=self.defer_prefill, **self.layer_kwargs(i))
-            for i, (prefill, decoding) in enumerate(self.plans)
+            cache_layer(i, p, d, self.head_groups.get(i), defer_prefill=self.defer_prefill, **self.layer_kwargs(i))
+            for i, (p, d) in enumerate(self.plans)
         ]
         return PolyKVCache(layers)
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
 from polykv_search.runtime.threads import small_ops
@@ -172,21 +173,27 @@ def _heads_of(query: torch.Tensor, heads: tuple[int, ...] | None) -> torch.Tenso
 class _SharedPass:
     """The observer of a :class:`FanoutLayer` during a reconstruction pass: each distinct model-level
     pattern of the deferred rows reconstructs once, over the fan-out layer's own FullKV prompt and
-    pass tokens, into its first row's state; the other rows of that pattern get a copy."""
+    pass tokens, into a state of the pass's own (``states``, one per pattern, for every KV head); every
+    row of that pattern gets a copy, a head group's row the rows of its KV heads."""
 
     def __init__(self, fanout: FanoutLayer):
         self.fanout = fanout
+        self.states: dict = {}
 
     def pre_kernel(self, layer, state, query) -> None:
         pass
 
     def post_kernel(self, layer, state, query) -> None:
         fanout = self.fanout
-        for (pattern, _), members in fanout.pattern_groups.items():
-            st = members[0][1]
-            pattern.reconstruct(fanout, st, query, fanout.pass_prompt)
-            for _, other in members[1:]:
-                other.replace_with(st)
+        done = set()
+        for (pattern, kv_heads), members in fanout.pattern_groups.items():
+            st = self.states.setdefault(pattern, PatternState())
+            if pattern not in done:
+                pattern.reconstruct(fanout, st, query, fanout.pass_prompt)
+                done.add(pattern)
+            part = st if kv_heads is None else st.heads(list(kv_heads))
+            for _, other in members:
+                other.replace_with(part)
 
 
 class FanoutLayer(EvictingLayer):
@@ -221,9 +228,13 @@ class FanoutLayer(EvictingLayer):
         self.pattern_groups = {}
         if self.pass_prompt is not None:
             for row in self.rows:
-                if row.awaits_pass():
-                    for pattern, state in row.model_level_states():
-                        self.pattern_groups.setdefault((pattern, None), []).append((row, state))
+                if not row.awaits_pass():
+                    continue
+                groups = getattr(row, "head_groups", None)
+                cells = [(row, None)] if groups is None else [(p, g.heads) for p, g in zip(row.parts, groups)]
+                for layer, kv_heads in cells:
+                    for pattern, state in layer.model_level_states():
+                        self.pattern_groups.setdefault((pattern, kv_heads), []).append((layer, state))
             return
         for layer, heads in self._members():
             layer.begin_call(q_len, padding_mask)
@@ -262,6 +273,10 @@ class FanoutLayer(EvictingLayer):
         super().thaw()
         for row in self.rows:
             row.thaw()
+
+    def end_pass(self) -> None:
+        super().end_pass()
+        self._pass.states = {}
 
     def awaits_pass(self) -> bool:
         return any(row.awaits_pass() for row in self.rows)

@@ -33,7 +33,7 @@ from polykv_search.runtime import (
     RowSplitLayer,
     cache_report,
 )
-from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan
+from polykv_search.runtime.head_groups import HeadGroupPlan, cache_layer
 from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.runtime.row_split import SPLIT_MIN_SAVING, layer_slots, row_parts
 from polykv_search.scoring.job import SampleJob, SampleOutcome
@@ -130,10 +130,7 @@ class SharedScorer:
         groups = groups or {}
         detached = [{**self.runtime.layer_kwargs(l), "on_update": None} for l in range(len(plan))]
         return [
-            HeadGroupLayer(l, groups[l], defer_prefill=defer, **detached[l])
-            if l in groups
-            else EvictingLayer(l, p, d, defer_prefill=defer, **detached[l])
-            for l, (p, d) in enumerate(plan)
+            cache_layer(l, p, d, groups.get(l), defer_prefill=defer, **detached[l]) for l, (p, d) in enumerate(plan)
         ]
 
     def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:

@@ -1,0 +1,136 @@
+"""Pooled allocation: a pattern whose tokens are ranked over many KV heads at once, so heads keep
+different numbers of tokens (``kvzip`` with ``allocation="layer"`` or ``"model"``, KVzip's own rule:
+https://arxiv.org/abs/2505.23416).
+
+After the reconstruction pass, :func:`allocate` forms each entry's *pools* in a phase: with ``"model"``
+every layer whose plan in that phase uses the same pattern, with ``"layer"`` each such layer alone. A
+pool's *cells* are its layers' KV heads, ``P`` of them, and its capacity is ``C = sum_l Hkv * b_l`` (the
+same total the per-head rule keeps). Per batch row, every token the cells hold is ranked once by the
+pattern's selection key: protected tokens (sinks) first, then the score, padding last; ties go to the
+lower layer, then the lower head, then the older token, so that within a cell the order is the one
+:func:`~polykv_search.patterns.selection.select_keep` uses. Each layer gets a :class:`PoolShare` holding
+those ranks of its own cells, and evicts from them alone, in its own attention call:
+
+- after ``a`` tokens were appended to every cell (the question, the answer; kvzip ranks them above every
+  prompt token, the newest first), a cell keeps all ``a`` of them plus its prompt tokens ranked below
+  ``K = C - P * a``: the pool's top ``C`` as one ranking (in prefill ``a = 0``);
+- once ``K`` falls below the ``S`` protected tokens, a cell keeps its protected tokens and the newest
+  ``(C - S) // P`` appended ones (the pool then holds at most ``C``).
+
+The prompt tokens' ranks are fixed after the pass and ``K`` only falls, so every layer finds its counts
+without the others. Unlike kvpress, which keeps the question and answer on top of its budget, the pool's
+total holds ``C`` through the question call and decoding.
+
+Memory: a layer's store is as long as its longest head (the other heads' extra slots are padding), and
+``kv_bytes`` reports that; the report's ``kept`` is the mean over KV heads of the tokens really held.
+Limits: ``decode_interval = 1`` only (the layer refuses others), and not inside head groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from polykv_search.patterns.selection import NEG_INF, POS_INF
+
+#: The rank of a padding slot: above any real one.
+_NEVER = torch.iinfo(torch.long).max
+
+
+@dataclass
+class PoolShare:
+    """One layer's part of a pool: ``ranks`` ``[B, Hkv, n]`` of the tokens it held when the pool was
+    formed (padding: never kept), the pool's ``capacity`` C, ``cells`` P, ``protected`` S per row
+    ``[B]``, and ``seen`` then (tokens appended since are counted from it)."""
+
+    ranks: torch.Tensor
+    capacity: int
+    cells: int
+    protected: torch.Tensor
+    seen: int
+
+    def counts(self, seen: int) -> torch.Tensor:
+        """Tokens each cell keeps ``[B, Hkv]`` once ``seen`` tokens were seen (module docstring)."""
+        appended = seen - self.seen
+        cut = self.capacity - self.cells * appended
+        cut_rows = torch.clamp(self.protected, min=cut)  # [B]
+        prompt = (self.ranks < cut_rows[:, None, None]).sum(-1)
+        spare = torch.clamp((self.capacity - self.protected) // self.cells, min=0, max=appended)
+        kept_appended = torch.where(self.protected <= cut, appended, spare)
+        return prompt + kept_appended[:, None]
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Move the batch rows as the layer's own tensors move (beam search, batch selection)."""
+        self.ranks, self.protected = fn(self.ranks), fn(self.protected)
+
+
+def _any_pooled(pairs) -> bool:
+    return any(plan.evicts and plan.pattern.pooled is not None for pair in pairs for plan in pair)
+
+
+def check_groups(groups) -> None:
+    """Refuse (``ValueError``, one line) a pooled plan in a head group of several KV heads: a pool's cells
+    are single KV heads (the runtime gives a pooled layer one group per head)."""
+    for g in groups:
+        if len(g.heads) > 1 and _any_pooled([(g.prefill, g.decoding)]):
+            raise ValueError(
+                f"head group {list(g.heads)} uses a pooled allocation (kvzip's allocation='layer' or 'model'); "
+                "a pooled plan applies to whole layers or to single-head groups"
+            )
+
+
+def check_plans(plans, groups, decode_interval: int) -> None:
+    """Refuse (``ValueError``, one line) what a pooled allocation does not support: ``decode_interval > 1``
+    and head groups of several KV heads. ``plans``: ``(prefill, decoding)`` pairs; ``groups``: head groups."""
+    check_groups(groups)
+    if decode_interval != 1 and _any_pooled(list(plans) + [(g.prefill, g.decoding) for g in groups]):
+        raise ValueError(
+            "a pooled allocation (kvzip's allocation='layer' or 'model') evicts every decoding step; "
+            f"decode_interval must be 1, got {decode_interval}"
+        )
+
+
+def pool_entries(layers: Sequence) -> list[list]:
+    """Per entry, its cells' layers in model order (a layer of head groups: its groups' layers, in head
+    order): a cache's own layers are one entry; the scorer's shared context layers (``rows``) give one
+    entry per row."""
+    rows = [getattr(layer, "rows", None) or [layer] for layer in layers]
+    return [[part for layer in entry for part in getattr(layer, "parts", None) or [layer]] for entry in zip(*rows)]
+
+
+def allocate(entries: Sequence[Sequence], phase: str) -> None:
+    """Give every layer whose ``phase`` plan uses a pooled pattern its :class:`PoolShare` of that phase."""
+    for layers in entries:
+        pools: dict = {}
+        for layer in layers:
+            plan = getattr(layer, "plans", {}).get(phase)
+            if plan is None or not plan.evicts or plan.pattern.pooled is None:
+                continue
+            key = plan.pattern if plan.pattern.pooled == "model" else (plan.pattern, layer.layer_idx)
+            pools.setdefault(key, []).append(layer)
+        for members in pools.values():
+            _share(members, phase)
+
+
+def _share(members: Sequence, phase: str) -> None:
+    keys = []
+    for layer in members:
+        plan = layer.plans[phase]
+        state = layer._state(plan.pattern)
+        keys.append(plan.pattern.selection_key(layer, state, [plan.budget]).float())
+    rows = keys[0].shape[0]
+    flat = torch.cat([key.reshape(rows, -1) for key in keys], dim=1)
+    order = torch.sort(flat, dim=1, descending=True, stable=True).indices
+    place = torch.arange(flat.shape[1], device=flat.device).expand(rows, -1)
+    ranks = torch.empty_like(order).scatter_(1, order, place).masked_fill_(flat == NEG_INF, _NEVER)
+    protected = (flat == POS_INF).sum(1)
+    capacity = sum(layer.num_kv_heads * layer.plans[phase].budget for layer in members)
+    cells = sum(layer.num_kv_heads for layer in members)
+    start = 0
+    for layer, key in zip(members, keys):
+        size = key[0].numel()
+        part = ranks[:, start : start + size].reshape(key.shape)
+        layer.shares[phase] = PoolShare(part, capacity, cells, protected, layer.seen)
+        start += size
