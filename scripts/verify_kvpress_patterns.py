@@ -38,75 +38,15 @@ import argparse
 import json
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from kvpress_checks import PRESSES, Press  # noqa: E402, F401  (Press: re-exported)
 from kvpress_kept import budget_for, compare, kept_share, print_table, top_b_side, verdict  # noqa: E402
 from kvpress_venv import DEFAULT_KVPRESS, DEFAULT_TORCH, DEFAULT_VENV, ensure_venv, run_in_venv  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Press:
-    """How one of our patterns maps to a kvpress press, in one check."""
-
-    press: str  # class name in ``kvpress``
-    kwargs: dict = field(default_factory=dict)  # besides compression_ratio
-    params: dict = field(default_factory=dict)  # our pattern's parameters
-    kept: str = "cache"  # how kvpress's kept positions are read: "cache" or "masked"
-    pattern: str = ""  # our pattern (default: the check's name)
-    setup: dict = field(default_factory=dict)  # press attributes set once its context is entered
-    chat_prefix: bool = False  # prompts start with the chat template's prefix, as kvpress's pipeline feeds them
-    same: bool = True  # expected to keep the same sets (decides the exit status)
-    note: str = ""
-
-
-#: KVzipPress computes ``prefix_length`` (the chat template's prefix, which its pass neither repeats nor
-#: scores) from the tokenizer when its context is entered; the like-for-like checks feed the raw prompt,
-#: so they set it to 0 before the prefill: the whole prompt is then repeated and scored, as ours does.
-_RAW = {"prefix_length": 0}
-PRESSES: dict[str, Press] = {
-    "keydiff": Press("KeyDiffPress"),
-    "expected_attention": Press("ExpectedAttentionPress"),
-    "kvzip": Press(
-        "KVzipPress",
-        {"layerwise": True},
-        kept="masked",
-        setup=_RAW,
-        note="layerwise=True (each layer drops int(Hkv*n*ratio) tokens over its heads), raw prompt",
-    ),
-    "kvzip-global": Press(
-        "KVzipPress",
-        {"layerwise": False},
-        kept="masked",
-        pattern="kvzip",
-        setup=_RAW,
-        same=False,
-        note="kvpress's default layerwise=False: the lowest scores over all layers and heads",
-    ),
-    "kvzip-chunked": Press(
-        "KVzipPress",
-        {"layerwise": True, "chunk_size": 128},
-        {"chunk_size": 128},
-        kept="masked",
-        pattern="kvzip",
-        setup=_RAW,
-        same=False,
-        note="chunk_size=128 on both sides",
-    ),
-    "kvzip-template": Press(
-        "KVzipPress",
-        {"layerwise": True},
-        kept="masked",
-        pattern="kvzip",
-        chat_prefix=True,
-        same=False,
-        note="the chat template's prefix + the prompt, kvpress's own prefix_length",
-    ),
-}
 
 CHILD = r"""
 import importlib.metadata, json, logging, sys
@@ -244,10 +184,21 @@ def ours(model, name: str, params: dict, prompts, ratios) -> dict:
             with apply_strategy(model, strategy) as rt, torch.no_grad():
                 model(torch.tensor([ids]), use_cache=True)
                 cache = rt.last_cache
-            heads = range(cache.layers[0].positions.shape[1])
-            rows.append([[sorted(layer.positions[0, h].tolist()) for h in heads] for layer in cache.layers])
+            rows.append([held_positions(layer) for layer in cache.layers])
         out[str(ratio)] = rows
     return out
+
+
+def held_positions(layer) -> list[list[int]]:
+    """Per KV head, the sorted positions layer ``layer`` holds for row 0 (a layer of head groups: its groups')."""
+    groups = getattr(layer, "head_groups", None)
+    if groups is None:
+        return [sorted(layer.positions[0, h][layer.valid[0, h]].tolist()) for h in range(layer.positions.shape[1])]
+    out: dict[int, list[int]] = {}
+    for part, group in zip(layer.parts, groups):
+        for i, h in enumerate(group.heads):
+            out[h] = sorted(part.positions[0, i][part.valid[0, i]].tolist())
+    return [out[h] for h in sorted(out)]
 
 
 def selected_checks(names: list[str]) -> tuple[list[str], list[str]]:
@@ -354,7 +305,11 @@ def main(argv=None) -> int:
             "as_kept": as_kept,
         }
         decisive, n_sink = as_kept, 0
-        if masked:
+        if masked and entry.params.get("allocation", "head") != "head":
+            # our pooled allocation is kvpress's own: its masks decide (near-ties judged on its scores)
+            decisive = row["as_kept"] = compare(mine[c], theirs[c], n, args.tie_tol)
+            print_table("-- kvpress's own selection (its masks), our pooled allocation", decisive)
+        elif masked:
             print_table("-- kvpress's own selection (its masks)", as_kept)
             pattern = PATTERNS[entry.pattern or c](**entry.params)
             n_sink = getattr(pattern, "n_sink", 0)
