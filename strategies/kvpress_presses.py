@@ -93,6 +93,12 @@ def prefill_press(choice: LayerChoice) -> Press | None:
             ("kvpress estimates the query statistics in the model's dtype (polykv-search: float64 sums)",),
         )
     if name == "kvzip":
+        allocation = {
+            "head": ", and layerwise=True splits each layer's budget across its heads (here: each head its own top b)",
+            "layer": "",  # layerwise=True ranks a layer's heads together, as allocation='layer' does
+            "model": ", and layerwise=True ranks each layer's heads alone (here allocation='model' ranks every "
+            "such layer together, as one KVzipPress(layerwise=False) over the whole model does)",
+        }[p.get("allocation", "head")]
         return Press(
             "KVzipPress",
             {"layerwise": True},
@@ -100,8 +106,7 @@ def prefill_press(choice: LayerChoice) -> Press | None:
                 "kvpress's KVzipPress runs its own reconstruction pass: the softmax of a chunk's queries covers "
                 "the sinks, that chunk and the repeat tokens only (polykv-search: the whole cache; the same for "
                 "prompts of one chunk); its pass neither repeats nor scores the chat template's prefix (evicted "
-                "first past the sinks, which are fixed at 4: "
-                f"n_sink={p['n_sink']} here), and layerwise=True splits each layer's budget across its heads",
+                f"first past the sinks, which are fixed at 4: n_sink={p['n_sink']} here){allocation}",
             ),
         )
     if name == "random":

@@ -317,3 +317,16 @@ def test_differences_are_grouped_by_layer_ranges(tmp_path):
 def test_out_must_be_a_python_file(tmp_path):
     with pytest.raises(ExportError, match=r"--out for --format kvpress must end in \.py"):
         render_export(mixed(), "kvpress", tmp_path / "press.json")
+
+
+def test_kvzip_exports_note_how_its_allocation_differs_from_layerwise_kvzip_press():
+    from strategies.kvpress_presses import prefill_press
+
+    def note(allocation: str) -> str:
+        press = prefill_press(LayerChoice("kvzip", 64, {"allocation": allocation}))
+        assert (press.cls, press.params) == ("KVzipPress", {"layerwise": True})
+        return press.differences[0]
+
+    assert "each head its own top b" in note("head")
+    assert "layerwise" not in note("layer")  # layerwise=True is what allocation='layer' does
+    assert "KVzipPress(layerwise=False) over the whole model" in note("model")
