@@ -221,3 +221,27 @@ def test_shared_engine_scores_pooled_entries_as_the_per_entry_engine(kind):
     with apply_strategy(model, Strategy.full(3)) as rt:
         shared = SharedScorer(model, rt, [strategy_plans(e.strategy) for e in es]).run(job)
     assert_same(reference, shared, job)
+
+
+def test_keep_per_head_with_one_count_is_the_single_budget_selection():
+    key = torch.randn(2, 3, 9, generator=torch.Generator().manual_seed(1))
+    for c in (8, 4, 9):  # one token out (the decoding step), several, none
+        keep, kept = keep_per_head(key, torch.full((2, 3), c))
+        assert torch.equal(keep, select_keep(key, None, None, c)) and bool(kept.all())
+
+
+def test_a_share_whose_rows_moved_counts_alone_as_its_pool_did():
+    from polykv_search.runtime.pooled import Pool, PoolShare
+
+    g = torch.Generator().manual_seed(2)
+    ranks = torch.randperm(2 * 5 * 7, generator=g).view(2, 5, 7)
+    protected = torch.tensor([10, 9])
+    pool = Pool(ranks, 40, protected, seen=30)
+    shares = [PoolShare(ranks[:, i : i + 1], 40, 5, protected, 30, pool, i) for i in range(5)]
+    for seen in (30, 31, 34, 38):  # no appended token, a few, and more than the pool holds
+        pooled = [share.counts(seen) for share in shares]
+        for share in shares:
+            share.map_rows(lambda t: t)  # rows moved (here: in place): the share computes alone
+        assert all(torch.equal(a, share.counts(seen)) for a, share in zip(pooled, shares))
+        for i, share in enumerate(shares):
+            share.pool, share.first = pool, i

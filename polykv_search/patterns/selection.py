@@ -124,6 +124,8 @@ def keep_per_head(key: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor
     Returns ``keep`` ``[B, H, m]`` (slot indices; padding entries repeat slot 0) and ``kept`` ``[B, H, m]``
     (True for the real entries), ``m = counts.max()``."""
     m = int(counts.max()) if counts.numel() else 0
+    if counts.numel() and int(counts.min()) == m:  # one count for all: the single-budget selection itself
+        return select_keep(key, None, None, m), torch.ones(key.shape[:-1] + (m,), dtype=torch.bool, device=key.device)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :m]
     kept = torch.arange(m, device=key.device) < counts[..., None]
     keep = order.masked_fill(~kept, key.shape[-1]).sort(dim=-1).values  # the padding entries sort last

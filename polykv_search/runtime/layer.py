@@ -303,10 +303,15 @@ class EvictingLayer(RuntimeLayer):
             store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, self.length)
         m = keep.shape[-1]
         new = store.gathered(keep, m + self._slack())
-        new.valid[:, :, :m] &= kept
-        new.positions[:, :, :m].masked_fill_(~kept, -1)
+        ragged = m and not bool(kept.all())
+        if ragged:
+            new.valid[:, :, :m] &= kept
+            new.positions[:, :, :m].masked_fill_(~kept, -1)
         self._expose(new, m)
-        self._all_valid = None
+        if ragged:
+            self._all_valid = False
+        elif self._all_valid is False:  # the padding may be gone
+            self._all_valid = None
         for state in self.states.values():
             state.gather(keep)
         self.num_evictions += 1

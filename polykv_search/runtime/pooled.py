@@ -39,31 +39,60 @@ from polykv_search.patterns.selection import NEG_INF, POS_INF
 _NEVER = torch.iinfo(torch.long).max
 
 
+def _counts(ranks, capacity: int, cells: int, protected, appended: int) -> torch.Tensor:
+    """Tokens each cell of ``ranks`` ``[B, h, n]`` keeps after ``appended`` tokens (module docstring)."""
+    cut = capacity - cells * appended
+    cut_rows = torch.clamp(protected, min=cut)  # [B]
+    prompt = (ranks < cut_rows[:, None, None]).sum(-1)
+    spare = torch.clamp((capacity - protected) // cells, min=0, max=appended)
+    kept_appended = torch.where(protected <= cut, appended, spare)
+    return prompt + kept_appended[:, None]
+
+
+@dataclass
+class Pool:
+    """A whole pool's ranks ``[B, P, n]`` (cells padded with never-kept ranks), so that one call finds every
+    cell's count at a step (each layer of the step reads its slice of the same result)."""
+
+    ranks: torch.Tensor
+    capacity: int
+    protected: torch.Tensor
+    seen: int
+    memo: tuple[int, torch.Tensor] | None = None
+
+    def counts(self, seen: int) -> torch.Tensor:
+        if self.memo is None or self.memo[0] != seen:
+            counts = _counts(self.ranks, self.capacity, self.ranks.shape[1], self.protected, seen - self.seen)
+            self.memo = (seen, counts)
+        return self.memo[1]
+
+
 @dataclass
 class PoolShare:
     """One layer's part of a pool: ``ranks`` ``[B, Hkv, n]`` of the tokens it held when the pool was
     formed (padding: never kept), the pool's ``capacity`` C, ``cells`` P, ``protected`` S per row
-    ``[B]``, and ``seen`` then (tokens appended since are counted from it)."""
+    ``[B]``, and ``seen`` then (tokens appended since are counted from it); ``pool`` and ``first`` (its first
+    cell there) while the batch rows have not moved."""
 
     ranks: torch.Tensor
     capacity: int
     cells: int
     protected: torch.Tensor
     seen: int
+    pool: Pool | None = None
+    first: int = 0
 
     def counts(self, seen: int) -> torch.Tensor:
         """Tokens each cell keeps ``[B, Hkv]`` once ``seen`` tokens were seen (module docstring)."""
-        appended = seen - self.seen
-        cut = self.capacity - self.cells * appended
-        cut_rows = torch.clamp(self.protected, min=cut)  # [B]
-        prompt = (self.ranks < cut_rows[:, None, None]).sum(-1)
-        spare = torch.clamp((self.capacity - self.protected) // self.cells, min=0, max=appended)
-        kept_appended = torch.where(self.protected <= cut, appended, spare)
-        return prompt + kept_appended[:, None]
+        if self.pool is not None:
+            return self.pool.counts(seen)[:, self.first : self.first + self.ranks.shape[1]]
+        return _counts(self.ranks, self.capacity, self.cells, self.protected, seen - self.seen)
 
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Move the batch rows as the layer's own tensors move (beam search, batch selection)."""
+        """Move the batch rows as the layer's own tensors move (beam search, batch selection); the share then
+        finds its counts alone."""
         self.ranks, self.protected = fn(self.ranks), fn(self.protected)
+        self.pool = None
 
 
 def _any_pooled(pairs) -> bool:
@@ -128,9 +157,14 @@ def _share(members: Sequence, phase: str) -> None:
     protected = (flat == POS_INF).sum(1)
     capacity = sum(layer.num_kv_heads * layer.plans[phase].budget for layer in members)
     cells = sum(layer.num_kv_heads for layer in members)
-    start = 0
+    longest = max(key.shape[-1] for key in keys)
+    padded = ranks.new_full((rows, cells, longest), _NEVER)
+    pool = Pool(padded, capacity, protected, members[0].seen)
+    start = cell = 0
     for layer, key in zip(members, keys):
         size = key[0].numel()
         part = ranks[:, start : start + size].reshape(key.shape)
-        layer.shares[phase] = PoolShare(part, capacity, cells, protected, layer.seen)
+        padded[:, cell : cell + key.shape[1], : key.shape[-1]] = part
+        layer.shares[phase] = PoolShare(part, capacity, cells, protected, layer.seen, pool, cell)
         start += size
+        cell += key.shape[1]
