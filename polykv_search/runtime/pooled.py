@@ -21,9 +21,11 @@ The prompt tokens' ranks are fixed after the pass and ``K`` only falls, so every
 without the others. Unlike kvpress, which keeps the question and answer on top of its budget, the pool's
 total holds ``C`` through the question call and decoding.
 
-Memory: a layer's store is as long as its longest head (the other heads' extra slots are padding), and
-``kv_bytes`` reports that; the report's ``kept`` is the mean over KV heads of the tokens really held.
-Limits: ``decode_interval = 1`` only (the layer refuses others), and not inside head groups.
+Memory: the runtime builds a pooled layer as one head group per KV head
+(:func:`~polykv_search.runtime.head_groups.per_head_groups`), each a store of its own length, so the KV bytes
+are those of the tokens held. A store of several KV heads (a layer built directly) pads its shorter heads with
+invalid slots, and the report's ``kept`` counts real tokens. Limits: ``decode_interval = 1`` only, and no
+pooled plan in a head group of several KV heads (:func:`check_plans`).
 """
 
 from __future__ import annotations
