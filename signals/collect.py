@@ -37,7 +37,7 @@ from polykv_search import __version__
 from polykv_search.data import samples_fingerprint
 from polykv_search.data.evidence import describe_evidence
 from polykv_search.models import model_fingerprint
-from polykv_search.patterns import make_pattern
+from polykv_search.patterns import make_spec
 from polykv_search.runtime import model_spec
 from signals.collect_assemble import assemble
 from signals.collect_parallel import BACKENDS, ModelLoader, Progress, _GivenModel, run_parallel
@@ -310,8 +310,8 @@ def _finished_table(out, key) -> SignalTable | None:
     return table if table.provenance.get("collect_key") == key else None
 
 
-def _pattern_params(name: str) -> dict:
-    return make_pattern(name).params()
+def _pattern_params(spec: str) -> dict:
+    return make_spec(spec).params()
 
 
 __all__ = [

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from polykv_search.patterns import make_pattern
+from polykv_search.patterns import make_spec, pattern_spec
 from polykv_search.runtime import apply_strategy, model_spec
 from signals.collect_assemble import unit_record
 from signals.collect_settings import CollectSettings, Unit
@@ -58,7 +58,7 @@ def sample_records(
             full["seconds"] = time.perf_counter() - t0
             if need_full:
                 yield full
-            patterns = [make_pattern(p) for p in settings.patterns]
+            patterns = [make_spec(p) for p in settings.patterns]
             record.reconstruction = reconstruction_states(model, rt, record, context_ids, patterns)
             for unit in units:
                 t1 = time.perf_counter()
@@ -88,8 +88,8 @@ def _naive_records(model, context_ids, continuation_ids, units, settings, full, 
     for unit in units:
         t1 = time.perf_counter()
         cells = [
-            naive_cell(model, reference, context_ids, continuation_ids, unit.layer, unit.phase, pattern, budget)
-            for pattern in settings.patterns
+            naive_cell(model, reference, context_ids, continuation_ids, unit.layer, unit.phase, name, budget, params)
+            for name, params in map(pattern_spec, settings.patterns)
             for budget in settings.budgets
         ]
         tokens = TokenSignals(*(np.stack([c[k].numpy() for c in cells]) for k in range(3)))

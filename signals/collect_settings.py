@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polykv_search.data.evidence import scored_span
-from polykv_search.patterns import PATTERNS
+from polykv_search.patterns import canonical_spec
 from signals.uncertainty import DEFAULT_BLOCKS
 from strategies import PHASES
 
@@ -102,9 +102,10 @@ def make_settings(
     patterns = tuple(patterns)
     if not patterns:
         raise CollectError("patterns: give at least one")
-    unknown = [p for p in patterns if p not in PATTERNS]
-    if unknown:
-        raise CollectError(f"patterns: unknown {', '.join(map(repr, unknown))} (known: {', '.join(PATTERNS)})")
+    try:  # a pattern with parameters is a column of its own, named canonically (kvzip[allocation=model])
+        patterns = tuple(canonical_spec(p) for p in patterns)
+    except ValueError as err:
+        raise CollectError(f"patterns: {err}") from None
     if len(set(patterns)) != len(patterns):
         raise CollectError(f"patterns: duplicates in {list(patterns)}")
     try:

@@ -35,6 +35,8 @@ import torch
 
 from polykv_search.patterns import Pattern
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan, PolyKVCache, StackedLayer
+from polykv_search.runtime.eviction import DECODING, PREFILL
+from polykv_search.runtime.pooled import allocate
 from signals import model_parts
 from signals.cosine import cosine_per_token
 from signals.fullkv import FullKVRecord
@@ -133,12 +135,16 @@ def cell_layers(
             base = prime_layer(runtime, record, layer_idx, PhasePlan(pattern, budgets[0]), FULL_PLAN)
             for b in budgets:
                 row = fork_layer(runtime, base, PhasePlan(pattern, b), FULL_PLAN)
+                allocate([[row]], PREFILL)  # a pooled pattern's pool: layer l alone, as the naive cell's runtime
                 row.end_call()  # compress the prompt to b
                 rows.append(row)
         else:
             base = prime_layer(runtime, record, layer_idx, FULL_PLAN, PhasePlan(pattern, budgets[0]))
             base.end_call()  # prefill keeps all; only the decoding pattern's state survives
-            rows.extend(fork_layer(runtime, base, FULL_PLAN, PhasePlan(pattern, b)) for b in budgets)
+            for b in budgets:
+                row = fork_layer(runtime, base, FULL_PLAN, PhasePlan(pattern, b))
+                allocate([[row]], DECODING)
+                rows.append(row)
     return rows
 
 

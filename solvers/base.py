@@ -54,7 +54,7 @@ from signals.predict import cost_tensor as _table_costs
 from signals.predict import predict_degradation as _table_prediction
 from signals.table import SignalTable, SignalTableError
 from solvers.allocation import allocate, round_to_total
-from solvers.problem import UNOPTIMIZED_RULE, Problem
+from solvers.problem import UNOPTIMIZED_RULE, Problem, layer_choice
 from solvers.result import Choice, Plan, SolveResult, jsonable
 from solvers.settings import SettingInfo, Settings, SolverError, setting
 from strategies.strategy import PHASES, LayerChoice, Strategy, StrategyError
@@ -115,7 +115,7 @@ class Solver(ABC):
             elif phase in plan.follows:
                 per_phase[phase] = list(per_phase[plan.follows[phase]])
             else:
-                per_phase[phase] = [LayerChoice(problem.default_pattern, problem.uniform_budget)] * L
+                per_phase[phase] = [layer_choice(problem.default_pattern, problem.uniform_budget)] * L
         table = problem.table
         provenance: dict[str, Any] = {
             "solver": self.name,
@@ -188,12 +188,12 @@ def _phase_choices(name: str, problem: Problem, plan: Plan, chosen: Sequence) ->
     if any(isinstance(c, LayerChoice) for c in chosen):
         if problem.fixed_pattern is not None or problem.uniform_budgets:
             raise SolverError(f"{name}: the ablations --fixed-pattern and --uniform-budgets apply to layer-level plans")
-        return [c if isinstance(c, LayerChoice) else LayerChoice(c[0], int(c[1])) for c in chosen]
+        return [c if isinstance(c, LayerChoice) else layer_choice(c[0], int(c[1])) for c in chosen]
     chosen = _apply_ablation(problem, chosen)
     total = sum(b for _, b in chosen)
     if total > problem.total or any(b < problem.b_min for _, b in chosen):
         raise SolverError(f"{name}: internal error, budgets break the constraints")
-    return [LayerChoice(p, int(b)) for p, b in chosen]
+    return [layer_choice(p, int(b)) for p, b in chosen]
 
 
 def _unused(total: int, budgets: Sequence[int | float | None]) -> int | float:

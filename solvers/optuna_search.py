@@ -106,7 +106,8 @@ from solvers.optuna_study import (
     progress,
     stored_values,
 )
-from strategies.strategy import PHASES, LayerChoice, Strategy
+from solvers.problem import layer_choice
+from strategies.strategy import PHASES, Strategy
 
 
 class OptunaSolver(Solver):
@@ -292,8 +293,8 @@ class OptunaSolver(Solver):
                 for phase in PHASES
             }
             strategy = Strategy(
-                [LayerChoice(p, b) for p, b in per_phase["prefill"]],
-                [LayerChoice(p, b) for p, b in per_phase["decoding"]],
+                [layer_choice(p, b) for p, b in per_phase["prefill"]],
+                [layer_choice(p, b) for p, b in per_phase["decoding"]],
                 sub.global_budget,
                 sub.b_min,
                 {"solver": "optuna", "trial": trial.number},

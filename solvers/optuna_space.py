@@ -13,8 +13,9 @@ from solvers.base import Problem, SolverError, allocate, predict_degradation
 from solvers.ilp import ILPSolver
 from solvers.optuna_settings import FLOOR_SHARE_MAX, GAMMA_MAX, ILP_OBJECTIVES, PROPORTIONAL_POINT, OptunaSettings
 from solvers.optuna_study import lowest_budget
+from solvers.problem import layer_choice
 from solvers.proportional import ProportionalSolver
-from strategies.strategy import LayerChoice, Strategy
+from strategies.strategy import Strategy
 
 
 class RuleSignals:
@@ -121,7 +122,7 @@ def best_uniform_pattern(problem: Problem, degradation: str = "dppl") -> tuple[s
     for kind in (degradation, "1-cosine"):
         scored = []
         for p in problem.patterns:
-            s = Strategy([LayerChoice(p, b)] * L, [LayerChoice(p, b)] * L, problem.global_budget, problem.b_min)
+            s = Strategy([layer_choice(p, b)] * L, [layer_choice(p, b)] * L, problem.global_budget, problem.b_min)
             v = predict_degradation(table, s, problem.phases, kind)
             if v is not None:
                 scored.append((v, p))

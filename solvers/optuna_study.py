@@ -15,7 +15,8 @@ from typing import Any
 from polykv_search.paths import cache_dir
 from solvers.base import Problem, SolverError, SolveResult, jsonable
 from solvers.optuna_settings import OptunaSettings
-from strategies.strategy import LayerChoice, Strategy
+from solvers.problem import layer_choice
+from strategies.strategy import Strategy
 
 # optuna itself is imported inside the functions that use it (import_optuna turns its absence into a
 # SolverError): listing or registering solvers loads this module without running a study.
@@ -100,8 +101,8 @@ def point_strategy(template, point: dict[str, Any], cap: float, index: int | Non
     )
     ch = point["choices"]
     return Strategy(
-        [LayerChoice(p, int(b)) for p, b in ch["prefill"]],
-        [LayerChoice(p, int(b)) for p, b in ch["decoding"]],
+        [layer_choice(p, int(b)) for p, b in ch["prefill"]],
+        [layer_choice(p, int(b)) for p, b in ch["decoding"]],
         float(point["budget"]),
         template.b_min,
         provenance,

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from polykv_search.patterns import PATTERNS
+from polykv_search.patterns import pattern_spec, spec_label
 from signals.table import SignalTable
 from solvers.settings import SolverError, is_int
-from strategies.strategy import PHASES
+from strategies.strategy import PHASES, LayerChoice
 
 #: What the phases that are not optimized get (recorded in every strategy's provenance).
 UNOPTIMIZED_RULE = "uniform default: default_pattern at floor(B) in every layer (capped at max_budget)"
@@ -135,18 +135,17 @@ class Problem:
             pats = [self.patterns] if isinstance(self.patterns, str) else list(self.patterns)
             if not pats:
                 raise SolverError("patterns: the list of allowed patterns is empty")
+            pats = [_canonical(p, "patterns") for p in pats]
             for p in pats:
-                if p not in PATTERNS:
-                    raise SolverError(f"patterns: unknown pattern {p!r}; known: {', '.join(PATTERNS)}")
                 if p == "full":
                     raise SolverError("patterns: 'full' keeps every token and cannot be given a budget")
                 if t is not None and p not in t.patterns:
                     raise SolverError(f"patterns: {p!r} is not in the signal table ({list(t.patterns)})")
             self.patterns = tuple(dict.fromkeys(pats))
         if self.fixed_pattern is not None:
-            fp = self.fixed_pattern
-            if fp not in PATTERNS or fp == "full":
-                raise SolverError(f"fixed_pattern: {fp!r} is not a budgeted pattern; known: {', '.join(PATTERNS)}")
+            fp = self.fixed_pattern = _canonical(self.fixed_pattern, "fixed_pattern")
+            if fp == "full":
+                raise SolverError(f"fixed_pattern: {fp!r} is not a budgeted pattern")
             if t is not None and fp not in t.patterns:
                 raise SolverError(f"fixed_pattern: {fp!r} is not in the signal table ({list(t.patterns)})")
             if self.patterns is not None and fp not in self.patterns:
@@ -154,7 +153,8 @@ class Problem:
             self.patterns = (fp,)
         if not isinstance(self.uniform_budgets, bool):
             raise SolverError(f"uniform_budgets: must be true or false, got {self.uniform_budgets!r}")
-        if self.default_pattern not in PATTERNS or self.default_pattern == "full":
+        self.default_pattern = _canonical(self.default_pattern, "default_pattern")
+        if self.default_pattern == "full":
             raise SolverError(f"default_pattern: {self.default_pattern!r} is not a budgeted pattern")
         if not is_int(self.seed):
             raise SolverError(f"seed: must be an integer, got {self.seed!r}")
@@ -241,3 +241,21 @@ class Problem:
         if self.uniform_budgets and self.budgets and b in self.budgets:
             return dataclasses.replace(self, budgets=(b,))
         return self
+
+
+def _canonical(spec: Any, field: str) -> str:
+    """A pattern spec's canonical text (``kvzip[allocation=head]`` is ``kvzip``), or a one-line
+    :class:`SolverError`."""
+    if not isinstance(spec, str):
+        raise SolverError(f"{field}: a pattern name, got {spec!r}")
+    try:
+        return spec_label(*pattern_spec(spec))
+    except ValueError as err:
+        raise SolverError(f"{field}: {err}") from None
+
+
+def layer_choice(spec: str, budget: int | float | None) -> LayerChoice:
+    """The strategy's choice for a pattern spec at ``budget``: ``kvzip[allocation=model]`` becomes pattern
+    ``kvzip`` with params ``{"allocation": "model"}``."""
+    name, params = pattern_spec(spec)
+    return LayerChoice(name, budget, params)

@@ -121,7 +121,7 @@ CASES = [
     row("collect --budgets 0,32 --out o.json", "expected a positive integer", id="collect-budget-0"),
     row("collect --budgets 32,abc --out o.json", "'abc' in '32,abc'", id="collect-budget-not-int"),
     row("collect --budgets , --out o.json", "expected a comma-separated list of budgets", id="collect-empty-list"),
-    row("collect --patterns snapkv,nosuch --out o.json", "unknown 'nosuch'", id="collect-unknown-pattern"),
+    row("collect --patterns snapkv,nosuch --out o.json", "unknown pattern 'nosuch'", id="collect-unknown-pattern"),
     row("collect --phases prefill,bogus --out o.json", "phases", id="collect-unknown-phase"),
     row(
         "collect --context-len 1 --out o.json",

@@ -176,7 +176,7 @@ def test_bad_input_is_a_one_line_error():
     model = tiny_model("llama", layers=2)
     samples = make_samples(1, n=16, m=3)
     for kw, match in [
-        (dict(patterns=["nope"]), "unknown 'nope'"),
+        (dict(patterns=["nope"]), "unknown pattern 'nope'; known:"),
         (dict(budgets=[0, 4]), "budgets"),
         (dict(phases=["training"]), "phases"),
         (dict(layers="7"), "out of range"),

@@ -130,7 +130,7 @@ def test_cli_jobs_load_the_model_by_name_in_each_worker(tiny_checkpoint, tmp_pat
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--patterns", "snapkv,bogus"], "unknown 'bogus'"),
+        (["--patterns", "snapkv,bogus"], "unknown pattern 'bogus'"),
         (["--budgets", "8,x"], "budgets"),
         (["--phases", "prefill,train"], "phases"),
         (["--continuation-len", "1"], "continuation-len"),

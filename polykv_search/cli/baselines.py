@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from polykv_search.patterns import spec_label
+from polykv_search.patterns.spec import parse_params
 from polykv_search.scoring import Entry, ScoreError
 from solvers import Problem, get_solver
 from strategies import Strategy, StrategyError
@@ -17,24 +19,11 @@ from strategies import Strategy, StrategyError
 BASELINE_SPECS = "full | uniform:PATTERN[:KEY=VALUE,...] | pyramid[:PATTERN]"
 
 
-def _value(text: str) -> Any:
-    """A pattern parameter from the command line: an integer, a number, true/false, or the text itself."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def _params(spec: str, text: str) -> dict[str, Any]:
-    params = {}
-    for item in filter(None, text.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ScoreError(f"baseline {spec!r}: pattern parameters are KEY=VALUE, got {item!r}")
-        params[key] = _value(value)
-    return params
+    try:
+        return parse_params(text)
+    except ValueError as err:
+        raise ScoreError(f"baseline {spec!r}: {err}") from None
 
 
 def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -> Entry:
@@ -64,8 +53,7 @@ def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -
             )
         except StrategyError as err:
             raise ScoreError(f"baseline {spec!r}: {err}") from None
-        label = ",".join(f"{k}={v}" for k, v in params.items())
-        return Entry(f"uniform-{pattern}[{label}]", strategy, "baseline", spec)
+        return Entry(f"uniform-{spec_label(pattern, params)}", strategy, "baseline", spec)
     settings = {"pattern": arg} if arg else {}
     strategy = get_solver("pyramid", **settings).solve(problem).strategy
     return Entry(f"pyramid-{arg}" if arg else "pyramid", strategy, "baseline", spec)

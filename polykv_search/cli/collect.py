@@ -53,6 +53,7 @@ DEFAULT_CONTINUATION = 32
 
 def add_parser(sub) -> None:
     from polykv_search.patterns import PATTERNS
+    from polykv_search.patterns.spec import split_specs
     from signals.collect import DEFAULT_BUDGETS, DEFAULT_PATTERNS
 
     p = sub.add_parser(
@@ -111,9 +112,10 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("grid")
     g.add_argument(
         "--patterns",
-        type=comma_list(str, "pattern"),
+        type=comma_list(str, "pattern", split=split_specs),
         default=",".join(DEFAULT_PATTERNS),
-        help=f"comma separated, any of {','.join(PATTERNS)} (default {','.join(DEFAULT_PATTERNS)})",
+        help=f"comma separated, any of {','.join(PATTERNS)}, each with parameters if wanted, e.g. "
+        f"kvzip[allocation=model] (default {','.join(DEFAULT_PATTERNS)})",
     )
     g.add_argument(
         "--budgets",

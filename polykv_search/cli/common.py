@@ -290,14 +290,17 @@ def positive_float(text: str) -> float:
     return value
 
 
-def comma_list(cast: Callable[[str], Any] = str, what: str = "item") -> Callable[[str], list]:
+def comma_list(
+    cast: Callable[[str], Any] = str, what: str = "item", split: Callable[[str], list[str]] | None = None
+) -> Callable[[str], list]:
     """An argparse type: ``a,b,c`` -> ``[cast(a), cast(b), cast(c)]``; empty lists and empty items are refused.
 
     ``cast`` may be ``int``, one of the types above (``positive_int``), or any callable raising
-    ``ValueError`` / ``argparse.ArgumentTypeError``; ``what`` names one item in messages."""
+    ``ValueError`` / ``argparse.ArgumentTypeError``; ``what`` names one item in messages; ``split`` replaces
+    the plain split at commas (pattern specs keep the commas inside their brackets)."""
 
     def parse(text: str) -> list:
-        items = [x.strip() for x in text.split(",")]
+        items = [x.strip() for x in (split(text) if split else text.split(","))]
         if not any(items):
             raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}s, got {text!r}")
         if not all(items):

@@ -30,6 +30,8 @@ _PROBLEM_DESTS = {
 
 
 def add_parser(sub) -> None:
+    from polykv_search.patterns.spec import split_specs
+
     p = sub.add_parser(
         "solve",
         help="compute a strategy with a solver",
@@ -61,8 +63,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--patterns",
-        type=comma_list(str, "pattern"),
-        help="patterns the solver may choose, comma separated (default: the table's)",
+        type=comma_list(str, "pattern", split=split_specs),
+        help="patterns the solver may choose, comma separated (default: the table's); a pattern with parameters "
+        "is a column of the table such as kvzip[allocation=model]",
     )
     p.add_argument("--max-budget", type=positive_int, help="the most a layer can use (e.g. the context length)")
     p.add_argument(

@@ -19,6 +19,7 @@ from polykv_search.patterns.kvzip import KVzip
 from polykv_search.patterns.pyramidkv import PyramidKV
 from polykv_search.patterns.random import Random
 from polykv_search.patterns.snapkv import SnapKV
+from polykv_search.patterns.spec import parse_spec, spec_label, split_specs
 from polykv_search.patterns.state import PatternState
 from polykv_search.patterns.streaming_llm import StreamingLLM
 from polykv_search.patterns.tova import TOVA
@@ -53,12 +54,43 @@ def make_pattern(name: str, **params: Any) -> Pattern:
     return get_pattern_class(name)(**params)
 
 
+def pattern_spec(text: str) -> tuple[str, dict[str, Any]]:
+    """A checked pattern spec (:mod:`~polykv_search.patterns.spec`) as ``(name, params)``: the parameters
+    that differ from the pattern's defaults, in the order given. ``ValueError`` (one line) names what is wrong."""
+    name, params = parse_spec(text)
+    if name not in PATTERNS:
+        where = "" if text.strip() == name else f" in {text!r}"
+        raise ValueError(f"unknown pattern {name!r}{where}; known: {', '.join(PATTERNS)}")
+    try:
+        made = make_pattern(name, **params).params()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"pattern {text!r}: {err}") from None
+    defaults = PATTERNS[name]().params()
+    return name, {k: made[k] for k in params if made[k] != defaults.get(k)}
+
+
+def make_spec(text: str) -> Pattern:
+    """The pattern a spec names (``kvzip[allocation=model]``)."""
+    name, params = pattern_spec(text)
+    return make_pattern(name, **params)
+
+
+def canonical_spec(text: str) -> str:
+    """The spec's canonical text: ``kvzip[allocation=head]`` is ``kvzip``."""
+    return spec_label(*pattern_spec(text))
+
+
 __all__ = [
     "PATTERNS",
     "LayerView",
     "Pattern",
     "PatternState",
+    "canonical_spec",
     "get_pattern_class",
     "make_pattern",
+    "make_spec",
+    "pattern_spec",
+    "spec_label",
+    "split_specs",
     *[c.__name__ for c in PATTERNS.values()],
 ]
