@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from polykv_search.patterns import pattern_spec, spec_label
+from polykv_search.patterns import canonical_spec, pattern_spec
 from signals.table import SignalTable
 from solvers.settings import SolverError, is_int
 from strategies.strategy import PHASES, LayerChoice
@@ -249,7 +249,7 @@ def _canonical(spec: Any, field: str) -> str:
     if not isinstance(spec, str):
         raise SolverError(f"{field}: a pattern name, got {spec!r}")
     try:
-        return spec_label(*pattern_spec(spec))
+        return canonical_spec(spec)
     except ValueError as err:
         raise SolverError(f"{field}: {err}") from None
 

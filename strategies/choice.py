@@ -23,6 +23,14 @@ class StrategyError(ValueError):
     """A strategy file or object that breaks the schema or the budget constraints."""
 
 
+def spec_label(name: str, params: Mapping[str, Any]) -> str:
+    """``name`` alone, or ``name[k=v,...]`` (a pattern spec, :mod:`polykv_search.patterns.spec`)."""
+    if not params:
+        return name
+    text = (str(v).lower() if isinstance(v, bool) else str(v) for v in params.values())
+    return f"{name}[{','.join(f'{k}={v}' for k, v in zip(params, text))}]"
+
+
 @dataclass(frozen=True)
 class LayerChoice:
     """What one layer does in one phase.
@@ -51,9 +59,10 @@ class LayerChoice:
         return self.head_groups is not None
 
     def label(self) -> str:
-        """``snapkv@64``, or ``full@1024[1] + streaming_llm@48[0,2]`` for head groups."""
+        """``snapkv@64``, ``kvzip[allocation=model]@64`` with parameters, or ``full@1024[1] + streaming_llm@48[0,2]``
+        for head groups."""
         if self.head_groups is None:
-            return f"{self.pattern}@{self.budget}"
+            return f"{spec_label(self.pattern, self.params)}@{self.budget}"
         return " + ".join(g.label() for g in self.head_groups)
 
     def to_json(self) -> dict[str, Any]:
@@ -70,4 +79,5 @@ __all__ = [
     "SCHEMA_VERSIONS",
     "LayerChoice",
     "StrategyError",
+    "spec_label",
 ]

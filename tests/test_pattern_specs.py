@@ -104,6 +104,8 @@ def test_solvers_write_a_spec_as_its_pattern_and_parameters():
         ("kvzip", "model"),
     }, "the seed should make ilp mix the three columns"
     assert all(dict(c.params) == {"allocation": "model"} for c in chosen if c.pattern == "kvzip")
+    labels = {c.label().split("@")[0] for c in chosen}
+    assert labels == {"snapkv", "tova", MODEL}, "a choice is labelled by its spec"
     fixed = Problem(global_budget=12, num_layers=4, b_min=8, table=table, fixed_pattern="kvzip[allocation=model]")
     strategy = get_solver("proportional").solve(fixed).strategy
     assert {(c.pattern, c.params["allocation"]) for c in strategy.phase("prefill")} == {("kvzip", "model")}
@@ -137,6 +139,8 @@ def test_solve_takes_spec_patterns_on_the_command_line(tmp_path, capsys):
     argv = ["solve", "--method", "ilp", "--signals", str(signals), "--budget", "12", "--b-min", "8"]
     assert main([*argv, "--patterns", f"tova,{MODEL}", "--out", str(out)]) == 0
     assert {c.pattern for c in Strategy.load(out).phase("prefill")} <= {"tova", "kvzip"}
+    assert main(["show", str(out)]) == 0
+    assert MODEL in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     assert main([*argv, "--patterns", "tova,kvzip[allocation=pool]", "--out", str(bad)]) == 2
     err = capsys.readouterr().err

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.markup import escape
 from rich.table import Table
 
 from polykv_search.cli.common import CLIError, check_output_path, out, read_text
 from strategies import PHASES
+from strategies.choice import spec_label
 
 
 def add_parser(sub) -> None:
@@ -82,8 +84,7 @@ def show_strategy(strategy, title: str) -> None:
 def _pat(choice) -> str:
     if choice.head_groups is not None:  # schema v2: pattern@budget[KV heads], one group per line
         return "\n".join(g.label() for g in choice.head_groups)
-    extra = ",".join(f"{k}={v}" for k, v in choice.params.items())
-    return f"{choice.pattern}({extra})" if extra else choice.pattern
+    return escape(spec_label(choice.pattern, choice.params))  # kvzip[allocation=model], as collect and solve name it
 
 
 def _b(budget) -> str:

@@ -14,8 +14,9 @@ parameters that differ from the defaults, in the order given.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
+
+from strategies.choice import spec_label
 
 _SPEC = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(.*)\])?")
 
@@ -49,13 +50,6 @@ def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
     return match.group(1), parse_params(match.group(2) or "")
 
 
-def spec_label(name: str, params: Mapping[str, Any]) -> str:
-    """``name`` alone, or ``name[k=v,...]``: the inverse of :func:`parse_spec`."""
-    if not params:
-        return name
-    return f"{name}[{','.join(f'{k}={_text(v)}' for k, v in params.items())}]"
-
-
 def split_specs(text: str) -> list[str]:
     """Split a comma-separated list of specs at the commas outside brackets."""
     items, depth, start = [], 0, 0
@@ -66,10 +60,6 @@ def split_specs(text: str) -> list[str]:
             start = i + 1
     items.append(text[start:].strip())
     return items
-
-
-def _text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 __all__ = ["parse_params", "parse_spec", "parse_value", "spec_label", "split_specs"]
