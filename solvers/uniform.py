@@ -7,18 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from polykv_search.patterns import PATTERNS
+from polykv_search.patterns import pattern_spec
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, setting
 
 
 @dataclass(frozen=True)
 class UniformSettings(Settings):
-    pattern: str = setting("snapkv", "pattern used in every layer")
+    pattern: str = setting("snapkv", "pattern used in every layer; a spec with parameters, kvzip[allocation=model]")
 
     def check(self) -> None:
-        if self.pattern not in PATTERNS:
-            raise SolverError(f"pattern: unknown pattern {self.pattern!r}; known: {', '.join(PATTERNS)}")
-        if self.pattern == "full":
+        try:
+            name = pattern_spec(self.pattern)[0]
+        except ValueError as err:
+            raise SolverError(f"pattern: {err}") from None
+        if name == "full":
             raise SolverError("pattern: 'full' has no budget; use Strategy.full() for FullKV")
 
 

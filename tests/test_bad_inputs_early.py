@@ -70,7 +70,7 @@ CASES = [
     row(SCORE, "cannot read o/r.json.partial", partial("dir"), id="score-partial-is-dir"),
     # ---- quickstart: every step's arguments before the output folder is made
     row("quickstart --device cuda --out q", "CUDA is not available", id="quickstart-cuda-missing", marks=no_cuda),
-    row("quickstart --patterns nosuch --out q", "unknown 'nosuch'", id="quickstart-unknown-pattern"),
+    row("quickstart --patterns nosuch --out q", "unknown pattern 'nosuch'", id="quickstart-unknown-pattern"),
     row(
         "quickstart --budgets 32,1024 --out q", "must exceed the largest of --budgets", id="quickstart-budget-over-ctx"
     ),

@@ -146,3 +146,22 @@ def test_solve_takes_spec_patterns_on_the_command_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "allocation must be one of head, layer, model, got 'pool'" in err and "Traceback" not in err
     assert not bad.exists()
+
+
+def test_a_uniform_baseline_takes_a_spec_or_colon_parameters_and_names_the_entry_canonically():
+    from polykv_search.cli.baselines import baseline
+    from polykv_search.scoring import ScoreError
+
+    for spec in ("uniform:kvzip[allocation=model]", "uniform:kvzip:allocation=model"):
+        entry = baseline(spec, 3, 64)
+        assert entry.name == "uniform-kvzip[allocation=model]"
+        assert {(c.pattern, c.budget, c.params["allocation"]) for c in entry.strategy.phase("prefill")} == {
+            ("kvzip", 64, "model")
+        }
+    assert baseline("uniform:kvzip[allocation=head]", 3, 64).name == "uniform-kvzip"
+    assert (
+        baseline("uniform:kvzip[allocation=model]:n_sink=2", 3, 64).name == "uniform-kvzip[allocation=model,n_sink=2]"
+    )
+    for bad, message in (("uniform:kvzip[allocation=x]", "got 'x'"), ("uniform:kvzip:allocation", "KEY=VALUE")):
+        with pytest.raises(ScoreError, match=message):
+            baseline(bad, 3, 64)

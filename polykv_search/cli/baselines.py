@@ -7,23 +7,13 @@ core below may not import. Scoring receives them as plain :class:`~polykv_search
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
-from polykv_search.patterns import spec_label
+from polykv_search.patterns import canonical_spec, pattern_spec, spec_label
 from polykv_search.patterns.spec import parse_params
 from polykv_search.scoring import Entry, ScoreError
 from solvers import Problem, get_solver
-from strategies import Strategy, StrategyError
+from strategies import Strategy
 
-BASELINE_SPECS = "full | uniform:PATTERN[:KEY=VALUE,...] | pyramid[:PATTERN]"
-
-
-def _params(spec: str, text: str) -> dict[str, Any]:
-    try:
-        return parse_params(text)
-    except ValueError as err:
-        raise ScoreError(f"baseline {spec!r}: {err}") from None
+BASELINE_SPECS = "full | uniform:PATTERN[:KEY=VALUE,...] (or uniform:PATTERN[KEY=VALUE,...]) | pyramid[:PATTERN]"
 
 
 def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -> Entry:
@@ -40,20 +30,13 @@ def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -
         pattern, _, text = arg.partition(":")
         if not pattern:
             raise ScoreError("baseline 'uniform' needs a pattern: uniform:snapkv")
-        strategy = get_solver("uniform", pattern=pattern).solve(problem).strategy
-        params = _params(spec, text)
-        if not params:
-            return Entry(f"uniform-{pattern}", strategy, "baseline", spec)
-        try:  # the strategy validates the parameters (the pattern's own checks)
-            strategy = replace(
-                strategy,
-                prefill=[replace(c, params=params) for c in strategy.prefill],
-                decoding=[replace(c, params=params) for c in strategy.decoding],
-                provenance={**strategy.provenance, "params": params},
-            )
-        except StrategyError as err:
+        try:  # uniform:kvzip[allocation=model] and uniform:kvzip:allocation=model name the same entry
+            base, params = pattern_spec(pattern)
+            pattern = canonical_spec(spec_label(base, {**params, **parse_params(text)}))
+        except ValueError as err:
             raise ScoreError(f"baseline {spec!r}: {err}") from None
-        return Entry(f"uniform-{spec_label(pattern, params)}", strategy, "baseline", spec)
+        strategy = get_solver("uniform", pattern=pattern).solve(problem).strategy
+        return Entry(f"uniform-{pattern}", strategy, "baseline", spec)
     settings = {"pattern": arg} if arg else {}
     strategy = get_solver("pyramid", **settings).solve(problem).strategy
     return Entry(f"pyramid-{arg}" if arg else "pyramid", strategy, "baseline", spec)

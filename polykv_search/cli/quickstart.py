@@ -45,6 +45,8 @@ METHODS, BASELINES, EVAL_SAMPLES = D.METHODS, D.BASELINES, D.EVAL_SAMPLES
 
 
 def add_parser(sub) -> None:
+    from polykv_search.patterns.spec import split_specs
+
     p = sub.add_parser(
         "quickstart",
         help="collect -> solve (every method) -> score -> compare, on the default model, in one command",
@@ -71,7 +73,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--patterns",
-        type=comma_list(str, "pattern"),
+        type=comma_list(str, "pattern", split=split_specs),
         default="snapkv,tova,h2o,streaming_llm",
         help="signal grid patterns (default snapkv,tova,h2o,streaming_llm)",
     )
