@@ -165,3 +165,13 @@ def test_a_uniform_baseline_takes_a_spec_or_colon_parameters_and_names_the_entry
     for bad, message in (("uniform:kvzip[allocation=x]", "got 'x'"), ("uniform:kvzip:allocation", "KEY=VALUE")):
         with pytest.raises(ScoreError, match=message):
             baseline(bad, 3, 64)
+
+
+def test_terminal_output_prints_spec_names_whole_not_as_rich_markup(tmp_path, capsys):
+    """``[allocation=model]`` looks like a rich markup tag; printed through markup it would vanish."""
+    out = tmp_path / "u.json"
+    assert main(["solve", "--method", "uniform", "--pattern", MODEL, "--budget", "64", "--out", str(out)]) == 0
+    assert f"{MODEL} at 64 tokens in every layer" in capsys.readouterr().err
+    results = "docs/study_kvzip/h18b-aware-B256.json"  # a committed run with a uniform-kvzip[allocation=model] entry
+    assert main(["compare", results]) == 0
+    assert f"best uniform at B=256: ruler uniform-{MODEL}" in " ".join(capsys.readouterr().err.split())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rich.markup import escape
+
 from polykv_search.cli.common import CLIError, check_output_path, console, non_negative_int, out, positive_int
 from signals.predict import OBJECTIVES as OBJECTIVE_CHOICES
 
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if not comparison.rows:
         raise CLIError("the results files hold no entries")
     for warning in comparison.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     if args.markdown:
         sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
         sys.stdout.write("".join(f"\n- {line}" for line in cmp.notes(comparison)) + "\n")
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(cmp.describe(comparison), highlight=False)
         _print_uncut(comparison, args.tasks, args.details)
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
-            console.print(line, style="dim", highlight=False)
+            console.print(line, style="dim", highlight=False, markup=False)  # entry names hold [k=v]
     agreement = _agreement(args, comparison, predict) if predict else None
     if args.json_out:
         doc = comparison.to_json()

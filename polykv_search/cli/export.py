@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from polykv_search.cli.common import CLIError, check_output_path, console, positive_int
 
 
@@ -56,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
     except ExportError as err:
         raise CLIError(str(err)) from None
     for line in export.warnings:
-        console.print(f"[yellow]warning:[/yellow] approximated {line}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] approximated {escape(line)}", highlight=False, soft_wrap=True)
     for line in export.notes:
-        console.print(f"[dim]note:[/dim] {line}", highlight=False, soft_wrap=True)
+        console.print(f"[dim]note:[/dim] {escape(line)}", highlight=False, soft_wrap=True)
     extra = f" (+ {', '.join(str(p) for p in written[1:])})" if len(written) > 1 else ""
     approx = (
         f", {len(export.warnings)} approximation{'s' if len(export.warnings) != 1 else ''}" if export.warnings else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from polykv_search.cli.common import (
@@ -340,7 +341,7 @@ def print_results(doc: dict) -> None:
     out.print(cmp.summary_table(comparison))
     warning = cmp.unresolved_warning(comparison)
     if warning:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def _list_tasks() -> int:

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from polykv_search.cli.common import CLIError, out
@@ -118,7 +119,7 @@ def _count(value) -> int | None:
 
 def _best_names(row: dict, keys: list[str]) -> str:
     """The best patterns by each metric, ``a / b / c``; once when they all agree."""
-    names = [row[k][0] if row.get(k) else "-" for k in keys]
+    names = [escape(row[k][0]) if row.get(k) else "-" for k in keys]  # kvzip[allocation=model] is not markup
     return names[0] if len(set(names)) == 1 else " / ".join(names)
 
 
@@ -241,7 +242,7 @@ def _show_layers(table) -> None:
         if counts:
             out.print(
                 f"{phase}: layers won by cosine: "
-                + ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])),
+                + ", ".join(f"{escape(p)} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])),
                 highlight=False,
             )
 

@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         path = Path(args.out)
         path = path.with_name(path.stem + suffix + path.suffix)
         strategy.save(path)
-        console.print(f"wrote {path}: {args.method}, B={strategy.global_budget:g}, b_min={b_min}")
+        console.print(f"wrote {path}: {args.method}, B={strategy.global_budget:g}, b_min={b_min}", markup=False)
     pred = ", ".join(f"{k} {v:.4g}" for k, v in result.predicted.items() if v is not None)
     if pred:
         console.print(f"predicted degradation (sum over optimized layers and phases): {pred}")
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         spare = ", ".join(f"{p} {n} ({n / total:.1%})" for p, n in unused.items()) if total else ""
         console.print(f"unused budget (of {total} tokens per phase): {spare}", highlight=False)
     if result.message:
-        console.print(result.message, highlight=False)
+        console.print(result.message, highlight=False, markup=False)  # may name kvzip[allocation=model]
     return 0
 
 
