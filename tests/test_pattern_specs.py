@@ -138,7 +138,11 @@ def test_solve_takes_spec_patterns_on_the_command_line(tmp_path, capsys):
     out = tmp_path / "s.json"
     argv = ["solve", "--method", "ilp", "--signals", str(signals), "--budget", "12", "--b-min", "8"]
     assert main([*argv, "--patterns", f"tova,{MODEL}", "--out", str(out)]) == 0
-    assert {c.pattern for c in Strategy.load(out).phase("prefill")} <= {"tova", "kvzip"}
+    solved = Strategy.load(out)
+    assert {c.pattern for c in solved.phase("prefill")} <= {"tova", "kvzip"}
+    pooled = {p: sum(c.pattern == "kvzip" for c in solved.phase(p)) for p in ("prefill", "decoding")}
+    note = " ".join(capsys.readouterr().err.split())
+    assert f"note: {pooled['prefill']} prefill and {pooled['decoding']} decoding layers use allocation='model'" in note
     assert main(["show", str(out)]) == 0
     assert MODEL in capsys.readouterr().out
     bad = tmp_path / "bad.json"

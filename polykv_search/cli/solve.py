@@ -194,7 +194,31 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"unused budget (of {total} tokens per phase): {spare}", highlight=False)
     if result.message:
         console.print(result.message, highlight=False, markup=False)  # may name kvzip[allocation=model]
+    pool = _model_pool_note(result.strategy) if table is not None else None
+    if pool:
+        console.print(pool, highlight=False, markup=False)
     return 0
+
+
+def _model_pool_note(strategy) -> str | None:
+    """A line for the layers that pool across layers at run time (kvzip's allocation="model"), which a
+    table's per-layer cells do not see."""
+    from polykv_search.patterns import make_pattern
+    from strategies import PHASES
+
+    counts = {}
+    for phase in PHASES:
+        choices = [c for c in strategy.phase(phase) if not c.has_head_groups]
+        n = sum(make_pattern(c.pattern, **c.params).pooled == "model" for c in choices)
+        if n:
+            counts[phase] = n
+    if not counts:
+        return None
+    where = " and ".join(f"{n} {phase}" for phase, n in counts.items())
+    return (
+        f"note: {where} layers use allocation='model'; at run time they rank their tokens as one pool across "
+        "layers, which the table's per-layer cells (each pooling its own layer) do not see"
+    )
 
 
 def _list_methods(list_methods, get_solver_class) -> int:
