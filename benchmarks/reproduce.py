@@ -71,6 +71,7 @@ from reproduce_steps import (  # noqa: E402,F401
     uniform_steps,
 )
 
+from polykv_search.patterns.spec import split_specs  # noqa: E402
 from strategies import Strategy  # noqa: E402
 
 
@@ -154,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--ablations-on: {bad[0] if bad else 'nothing'!r} is not one of {', '.join(ABLATABLE)}")
     args.out = Path(args.out)
     args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
-    args.uniform = [q.strip() for q in args.patterns.split(",") if q.strip()]  # also the uniform baselines
+    args.uniform = [q for q in split_specs(args.patterns) if q]  # also the uniform baselines; kvzip[allocation=model]
     return args
 
 

@@ -53,3 +53,11 @@ def test_an_unknown_or_empty_ablation_solver_is_one_line_exit_2(reproduce, tmp_p
     assert err.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--ablations-on" in message and "proportional, ilp, dp" in message
+
+
+def test_uniform_patterns_may_be_specs_with_commas_inside_their_brackets(reproduce, tmp_path):
+    spec = "kvzip[allocation=model,n_sink=2]"
+    args = reproduce.parse_args(["--out", str(tmp_path), "--budgets", "256", "--patterns", f"snapkv,{spec}"])
+    assert args.uniform == ["snapkv", spec]
+    steps = solve_steps(reproduce, tmp_path, "--patterns", f"snapkv,{spec}")
+    assert steps[f"uniform-{spec}"][steps[f"uniform-{spec}"].index("--pattern") + 1] == spec
