@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from polykv_search.patterns import canonical_spec
 from signals.table import SignalTable, SignalTableError
 from signals.uncertainty import t_quantile
+from strategies.choice import spec_label
 from strategies.strategy import PHASES, Strategy, StrategyError
 
 OBJECTIVES: tuple[str, ...] = ("dppl", "1-cosine", "kl")
@@ -102,11 +104,12 @@ def predict_degradation(
         if phase not in table.phases:
             return None
         choices = strategy.phase(phase)
-        if any(c.pattern not in table.patterns or c.budget is None for c in choices):
+        columns = [_column(c) for c in choices]
+        if any(col not in table.patterns or c.budget is None for col, c in zip(columns, choices)):
             return None
         f = table.phase_index(phase)
-        for layer, choice in enumerate(choices):
-            row = costs[layer, f, table.pattern_index(choice.pattern)]
+        for layer, (choice, column) in enumerate(zip(choices, columns)):
+            row = costs[layer, f, table.pattern_index(column)]
             x = math.log2(max(choice.budget, 1))
             j = int(np.searchsorted(grid, x))
             if j < len(grid) and grid[j] == x:
@@ -141,3 +144,14 @@ def strategy_predictor(table: SignalTable, objective: str = "kl") -> Callable[[A
 
 
 __all__ = ["NOISE_RULES", "OBJECTIVES", "cell_costs", "cost_tensor", "predict_degradation", "strategy_predictor"]
+
+
+def _column(choice) -> str | None:
+    """The table column a choice reads: its pattern with its parameters, canonically
+    (``kvzip`` with ``allocation="model"`` reads ``kvzip[allocation=model]``, not ``kvzip``)."""
+    if choice.has_head_groups:
+        return None
+    try:
+        return canonical_spec(spec_label(choice.pattern, choice.params))
+    except ValueError:
+        return None

@@ -179,3 +179,20 @@ def test_terminal_output_prints_spec_names_whole_not_as_rich_markup(tmp_path, ca
     results = "docs/study_kvzip/h18b-aware-B256.json"  # a committed run with a uniform-kvzip[allocation=model] entry
     assert main(["compare", results]) == 0
     assert f"best uniform at B=256: ruler uniform-{MODEL}" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_prediction_reads_the_column_of_the_choices_spec():
+    """``kvzip`` with ``allocation="model"`` is predicted from the ``kvzip[allocation=model]`` cells, never from
+    per-head ``kvzip``'s; a choice whose parameters have no column gets no prediction."""
+    from signals.predict import cell_costs, predict_degradation
+    from solvers.problem import layer_choice
+    from strategies import LayerChoice
+
+    table = random_signal_table(3, patterns=("snapkv", "kvzip", MODEL), budgets=(8, 16), seed=0)
+    costs = cell_costs(table, "kl", "none")
+    for spec, column in (("kvzip", 1), (MODEL, 2)):
+        uniform = Strategy([layer_choice(spec, 8)] * 3, [layer_choice(spec, 8)] * 3, 8, 1)
+        want = costs[:, :, column, 0].sum()
+        assert predict_degradation(table, uniform, ("prefill", "decoding"), "kl") == pytest.approx(want)
+    odd = Strategy([LayerChoice("snapkv", 8, {"window": 4})] * 3, [LayerChoice("snapkv", 8)] * 3, 8, 1)
+    assert predict_degradation(table, odd, ("prefill", "decoding"), "kl") is None
