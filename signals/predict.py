@@ -143,9 +143,6 @@ def strategy_predictor(table: SignalTable, objective: str = "kl") -> Callable[[A
     return predict
 
 
-__all__ = ["NOISE_RULES", "OBJECTIVES", "cell_costs", "cost_tensor", "predict_degradation", "strategy_predictor"]
-
-
 def _column(choice) -> str | None:
     """The table column a choice reads: its pattern with its parameters, canonically
     (``kvzip`` with ``allocation="model"`` reads ``kvzip[allocation=model]``, not ``kvzip``)."""
@@ -155,3 +152,6 @@ def _column(choice) -> str | None:
         return canonical_spec(spec_label(choice.pattern, choice.params))
     except ValueError:
         return None
+
+
+__all__ = ["NOISE_RULES", "OBJECTIVES", "cell_costs", "cost_tensor", "predict_degradation", "strategy_predictor"]
