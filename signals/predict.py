@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from polykv_search.patterns import canonical_spec
+from polykv_search.patterns import checked_params
 from signals.table import SignalTable, SignalTableError
 from signals.uncertainty import t_quantile
 from strategies.choice import spec_label
@@ -149,7 +149,7 @@ def _column(choice) -> str | None:
     if choice.has_head_groups:
         return None
     try:
-        return canonical_spec(spec_label(choice.pattern, choice.params))
+        return spec_label(choice.pattern, checked_params(choice.pattern, choice.params))
     except ValueError:
         return None
 

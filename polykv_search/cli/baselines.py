@@ -7,8 +7,8 @@ core below may not import. Scoring receives them as plain :class:`~polykv_search
 
 from __future__ import annotations
 
-from polykv_search.patterns import canonical_spec, pattern_spec, spec_label
-from polykv_search.patterns.spec import parse_params
+from polykv_search.patterns import checked_params, spec_label
+from polykv_search.patterns.spec import parse_params, parse_spec
 from polykv_search.scoring import Entry, ScoreError
 from solvers import Problem, get_solver
 from strategies import Strategy
@@ -31,8 +31,8 @@ def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -
         if not pattern:
             raise ScoreError("baseline 'uniform' needs a pattern: uniform:snapkv")
         try:  # uniform:kvzip[allocation=model] and uniform:kvzip:allocation=model name the same entry
-            base, params = pattern_spec(pattern)
-            pattern = canonical_spec(spec_label(base, {**params, **parse_params(text)}))
+            base, params = parse_spec(pattern)
+            pattern = spec_label(base, checked_params(base, {**params, **parse_params(text)}))
         except ValueError as err:
             raise ScoreError(f"baseline {spec!r}: {err}") from None
         strategy = get_solver("uniform", pattern=pattern).solve(problem).strategy

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from polykv_search.patterns.base import LayerView, Pattern
@@ -54,19 +55,26 @@ def make_pattern(name: str, **params: Any) -> Pattern:
     return get_pattern_class(name)(**params)
 
 
-def pattern_spec(text: str) -> tuple[str, dict[str, Any]]:
-    """A checked pattern spec (:mod:`~polykv_search.patterns.spec`) as ``(name, params)``: the parameters
-    that differ from the pattern's defaults, in the order given. ``ValueError`` (one line) names what is wrong."""
-    name, params = parse_spec(text)
+def checked_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` checked by pattern ``name``, less those at their defaults, in the order given (``ValueError``,
+    one line, naming what is wrong)."""
     if name not in PATTERNS:
-        where = "" if text.strip() == name else f" in {text!r}"
-        raise ValueError(f"unknown pattern {name!r}{where}; known: {', '.join(PATTERNS)}")
+        raise ValueError(f"unknown pattern {name!r}; known: {', '.join(PATTERNS)}")
     try:
         made = make_pattern(name, **params).params()
     except (TypeError, ValueError) as err:
-        raise ValueError(f"pattern {text!r}: {err}") from None
+        raise ValueError(f"pattern {spec_label(name, params)!r}: {err}") from None
     defaults = PATTERNS[name]().params()
-    return name, {k: made[k] for k in params if made[k] != defaults.get(k)}
+    return {k: made[k] for k in params if made[k] != defaults.get(k)}
+
+
+def pattern_spec(text: str) -> tuple[str, dict[str, Any]]:
+    """A checked pattern spec (:mod:`~polykv_search.patterns.spec`) as ``(name, params)``, the parameters as
+    :func:`checked_params` gives them."""
+    name, params = parse_spec(text)
+    if name not in PATTERNS and text.strip() != name:
+        raise ValueError(f"unknown pattern {name!r} in {text!r}; known: {', '.join(PATTERNS)}")
+    return name, checked_params(name, params)
 
 
 def make_spec(text: str) -> Pattern:
@@ -86,6 +94,7 @@ __all__ = [
     "Pattern",
     "PatternState",
     "canonical_spec",
+    "checked_params",
     "get_pattern_class",
     "make_pattern",
     "make_spec",
