@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from polykv_search.cli.common import CLIError, check_output_path, comma_list, console, out, positive_float, positive_int
+from polykv_search.cli.solve_guard import GUARD_DESTS, add_guard_args, apply_guard, check_guard_args
 
 #: Flags that belong to the problem, not to a solver's settings.
 _PROBLEM_DESTS = {
@@ -26,6 +27,7 @@ _PROBLEM_DESTS = {
     "uniform_budgets",
     "fixed_pattern",
     "default_pattern",
+    *GUARD_DESTS,
 }
 
 
@@ -85,6 +87,7 @@ def add_parser(sub) -> None:
         help="ablation 'budgets only': every optimized layer uses pattern P; the solver chooses budgets",
     )
     p.add_argument("--out", help="where to write the strategy JSON")
+    add_guard_args(p)
     _add_solver_settings(p)
     p.set_defaults(func=run)
 
@@ -135,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)  # before a table or (optuna) a model is loaded
+    check_guard_args(args)
     names = {i.name for i in cls.Settings.fields_info()}
     given = {k: v for k, v in vars(args).items() if k not in _PROBLEM_DESTS}
     unknown = sorted(k for k in given if k not in names)
@@ -171,30 +175,35 @@ def run(args: argparse.Namespace) -> int:
         default_pattern=args.default_pattern,
     )
     result = cls(settings).solve(problem)
+    strategy = apply_guard(args, problem, result) if args.guard else result.strategy
     if args.model:
-        result.strategy.provenance.setdefault("model", args.model)
-    result.strategy.provenance.setdefault("predicted", dict(result.predicted))
-    outputs = [("", result.strategy)]
+        strategy.provenance.setdefault("model", args.model)
+    strategy.provenance.setdefault("predicted", dict(result.predicted))
+    outputs = [("", strategy)]
     if args.method == "optuna":
         from solvers.optuna_search import front_strategies
 
         outputs = front_strategies(result)
-    for suffix, strategy in outputs:
+    method = args.method
+    if strategy.provenance.get("guard", {}).get("replaced"):
+        method = f"{strategy.provenance['guard']['chosen']} (the guard's choice over {args.method})"
+    for suffix, written in outputs:
         path = Path(args.out)
         path = path.with_name(path.stem + suffix + path.suffix)
-        strategy.save(path)
-        console.print(f"wrote {path}: {args.method}, B={strategy.global_budget:g}, b_min={b_min}", markup=False)
-    pred = ", ".join(f"{k} {v:.4g}" for k, v in result.predicted.items() if v is not None)
+        written.save(path)
+        console.print(f"wrote {path}: {method}, B={written.global_budget:g}, b_min={b_min}", markup=False)
+    predicted = strategy.provenance.get("predicted") or {}
+    pred = ", ".join(f"{k} {v:.4g}" for k, v in predicted.items() if v is not None)
     if pred:
         console.print(f"predicted degradation (sum over optimized layers and phases): {pred}")
-    unused = result.strategy.provenance.get("unused_budget", result.unused_budget)
-    total = result.strategy.provenance.get("budget_total", problem.total)
+    unused = strategy.provenance.get("unused_budget", result.unused_budget)
+    total = strategy.provenance.get("budget_total", problem.total)
     if unused:
         spare = ", ".join(f"{p} {n} ({n / total:.1%})" for p, n in unused.items()) if total else ""
         console.print(f"unused budget (of {total} tokens per phase): {spare}", highlight=False)
-    if result.message:
+    if result.message and strategy is result.strategy:
         console.print(result.message, highlight=False, markup=False)  # may name kvzip[allocation=model]
-    pool = _model_pool_note(result.strategy) if table is not None else None
+    pool = _model_pool_note(strategy) if table is not None else None
     if pool:
         console.print(pool, highlight=False, markup=False)
     return 0
