@@ -26,8 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from polykv_search.data import load_corpus
+from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix
 from polykv_search.stats import LEVEL, Interval, paired_difference_interval, stratified_mean_interval
+from signals.strategy_kl import strategies_kl
 from solvers.base import Problem, SolverError
+from solvers.uniform import UniformSettings, UniformSolver
 from strategies import Strategy
 
 #: Seed offset of the guard's samples from the table's calibration seed (fresh windows by default).
@@ -113,8 +117,6 @@ def decide(kl: np.ndarray, names: Sequence[str], kinds: Sequence[str], *, level:
 def uniform_candidates(problem: Problem, solved: Strategy) -> list[tuple[str, Strategy]]:
     """``(uniform-SPEC, strategy)`` for every allowed pattern, as the ``uniform`` solver builds it on
     ``problem`` (the phases not optimized keep their default); one identical to ``solved`` is left out."""
-    from solvers.uniform import UniformSettings, UniformSolver
-
     out = []
     for spec in (p for p in problem.patterns if p != "full"):
         strategy = UniformSolver(UniformSettings(pattern=spec)).solve(problem).strategy
@@ -128,9 +130,6 @@ def guard_samples(tokenizer, table, n: int, *, seed: int | None = None, mix: str
     """``n`` calibration samples drawn like the table's (its corpus, calibration split, lengths,
     protocol, evidence records) with ``seed`` (default: the table's + :data:`SEED_OFFSET`) and ``mix``
     (default: the table's share of evidence samples); returns ``(samples, description)``."""
-    from polykv_search.data import load_corpus
-    from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix
-
     prov = table.provenance
     calib = prov.get("calibration") or {}
     retrieval = prov.get("retrieval") or {}
@@ -183,8 +182,6 @@ def run_guard(
 ) -> tuple[GuardResult, Strategy]:
     """Measure ``solved`` and the uniforms on ``n`` fresh calibration samples; return the result and
     the strategy it keeps. ``on_start(total runs)`` may return a callback advanced after each run."""
-    from signals.strategy_kl import strategies_kl
-
     if problem.table is None:
         raise SolverError("guard: needs the signal table (its calibration settings)")
     if n < 2:

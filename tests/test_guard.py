@@ -192,6 +192,18 @@ def test_bad_guard_flags_are_one_line_errors(table_path, tmp_path, capsys, extra
     assert message in capsys.readouterr().err and not out.exists()
 
 
+def test_a_guard_without_evidence_samples_says_it_cannot_see_evidence(table_path, tmp_path, capsys):
+    from polykv_search.cli import main
+
+    ckpt, table = table_path
+    out = tmp_path / "s.json"
+    argv = ["solve", "--method", "ilp", "--signals", str(table), "--budget", "24", "--model", str(ckpt)]
+    assert main([*argv, "--guard", "3", "--guard-mix", "0", "--out", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no guard sample carries evidence" in err and "warning: 3 prose samples" in err
+    assert json.loads(out.read_text())["provenance"]["guard"]["kinds"] == ["prose"] * 3
+
+
 def test_the_guard_needs_a_table(tmp_path, capsys):
     from polykv_search.cli import main
 

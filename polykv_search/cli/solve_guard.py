@@ -26,7 +26,11 @@ def add_guard_args(p: argparse.ArgumentParser) -> None:
         "(default 0: off)",
     )
     g.add_argument(
-        "--guard-seed", type=int, default=None, help="seed of the guard's samples (default: the table's seed + 1)"
+        "--guard-seed",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="seed of the guard's samples (default: the table's seed + 1)",
     )
     g.add_argument(
         "--guard-mix",
@@ -134,6 +138,13 @@ def print_guard(guard) -> None:
         row.append("" if v is None else f"{v.estimate:+.4f} [{v.low:+.4f}, {v.high:+.4f}]")
         table.add_row(*row)
     out.print(table)
+    if "evidence" not in guard.kinds:
+        console.print(
+            "warning: no guard sample carries evidence, so the guard cannot see what a strategy loses of sparse "
+            "evidence (docs/study_kvzip.md, H22: prose alone chose uniform h2o over a solve that keeps most needles)",
+            markup=False,
+            highlight=False,
+        )
     few = {k: guard.kinds.count(k) for k in sorted(set(guard.kinds)) if guard.kinds.count(k) < FEW}
     if few:
         counts = ", ".join(f"{n} {k}" for k, n in few.items())
