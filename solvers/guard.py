@@ -32,7 +32,7 @@ from polykv_search.stats import LEVEL, Interval, paired_difference_interval, str
 from signals.strategy_kl import strategies_kl
 from solvers.base import Problem, SolverError
 from solvers.uniform import UniformSettings, UniformSolver
-from strategies import Strategy
+from strategies import PHASES, Strategy
 
 #: Seed offset of the guard's samples from the table's calibration seed (fresh windows by default).
 SEED_OFFSET = 1
@@ -96,7 +96,9 @@ def _strata(values: np.ndarray, kinds: Sequence[str]) -> list[np.ndarray]:
     return [values[[i for i, k in enumerate(kinds) if k == kind]] for kind in sorted(set(kinds))]
 
 
-def decide(kl: np.ndarray, names: Sequence[str], kinds: Sequence[str], *, level: float = LEVEL, seed: int = 0):
+def decide(
+    kl: np.ndarray, names: Sequence[str], kinds: Sequence[str], *, level: float = LEVEL, seed: int = 0
+) -> GuardResult:
     """The :class:`GuardResult` of a measured ``kl`` matrix (column 0: the solved strategy)."""
     kl = np.asarray(kl, dtype=np.float64)
     if kl.ndim != 2 or kl.shape[1] != len(names) or kl.shape[0] != len(kinds) or len(names) < 2:
@@ -120,7 +122,7 @@ def uniform_candidates(problem: Problem, solved: Strategy) -> list[tuple[str, St
     out = []
     for spec in (p for p in problem.patterns if p != "full"):
         strategy = UniformSolver(UniformSettings(pattern=spec)).solve(problem).strategy
-        same = all(strategy.phase(p) == solved.phase(p) for p in ("prefill", "decoding"))
+        same = all(strategy.phase(p) == solved.phase(p) for p in PHASES)
         if not same:
             out.append((f"uniform-{spec}", strategy))
     return out
