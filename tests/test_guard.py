@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from test_retrieval_calibration import one_thread  # noqa: F401  (autouse: one intra-op thread)
 from test_retrieval_calibration_cli import checkpoint, cli_argv  # noqa: F401  (module fixture)
 from tiny import tiny_model
 
@@ -17,14 +18,6 @@ from signals.strategy_kl import strategies_kl
 from solvers import Problem
 from solvers.guard import decide, uniform_candidates
 from strategies import LayerChoice, Strategy
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 # ------------------------------------------------------------------------------ decision

@@ -103,10 +103,8 @@ def apply_guard(args: argparse.Namespace, problem, result):
             on_start=on_start,
         )
     strategy.provenance["guard"] = guard.to_json()
-    if guard.replaced:
+    if guard.replaced:  # the solved strategy's predictions are set by `solve`
         strategy.provenance["predicted"] = predictions(problem.table, strategy, problem.phases)
-    else:
-        strategy.provenance.setdefault("predicted", dict(result.predicted))
     print_guard(guard)
     return strategy
 
