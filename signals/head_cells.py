@@ -40,13 +40,15 @@ import torch
 from scipy import stats
 
 from polykv_search.data.evidence import scored_span
-from polykv_search.patterns import make_pattern
+from polykv_search.patterns import checked_params, make_pattern
+from polykv_search.patterns.spec import parse_spec
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PolyKVCache, apply_strategy, model_spec
 from signals import model_parts
 from signals.fullkv import FullKVRecord, full_kv_pass
 from signals.head_prefill_cells import PREFILL_CELL_PATTERNS, PrefillCells
 from signals.head_signals import CELL_PATTERN, HeadCells
 from signals.ppl import token_kl
+from signals.reconstruction import reconstruction_states
 from signals.replay import SharedPromptLayer, cell_layers, shared_prompt_layer
 from strategies import Strategy
 
@@ -281,7 +283,7 @@ def layer_prefill_cells_kl(
     continuation token; ``[Hkv, len(budgets), end - start]`` float64."""
     if pattern.name not in PREFILL_CELL_PATTERNS:
         raise ValueError(f"prefill head cells: {pattern.name!r} does not select per KV head")
-    kept = prefill_kept(runtime, record, layer_idx, pattern, budgets)  # [nb, H, n]
+    kept = prefill_kept(runtime, record, layer_idx, pattern.alone(), budgets)  # [nb, H, n]
     hkv = kept.shape[1]
     cells = [(h, g) for h in range(hkv) for g in range(len(budgets))]
     per_chunk = max(1, batch_tokens // max(record.continuation_len, 1))
@@ -323,6 +325,8 @@ def samples_prefill_cells_kl(
         shared = (time.perf_counter() - began) / max(len(patterns), 1)
         for i, pattern in enumerate(patterns):
             began = time.perf_counter()
+            if pattern.model_level:  # its reconstruction pass, counted in its own time
+                record.reconstruction = reconstruction_states(model, rt, record, sample.context_ids, [pattern.alone()])
             for layer in range(spec.num_layers):
                 kl = layer_prefill_cells_kl(
                     model, rt, record, layer, pattern, budgets, (start, end), batch_tokens=batch_tokens
@@ -344,16 +348,18 @@ def measure_prefill_cells(
     on_sample: Callable[[], None] | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> tuple[PrefillCells, ...]:
-    """The prefill cells of every scored pattern in ``patterns`` (default parameters) per (layer, KV head,
-    budget): answer KL on ``evidence``, prose KL on ``prose`` (as :func:`measure_head_cells`); each block's
-    provenance records its own ``seconds``. ``on_sample`` is called once per sample (all patterns)."""
+    """The prefill cells of every scored pattern in ``patterns`` (specs: ``h2o``, ``kvzip[allocation=model]``)
+    per (layer, KV head, budget): answer KL on ``evidence``, prose KL on ``prose`` (as
+    :func:`measure_head_cells`); each block records the spec's params and its own ``seconds``. ``on_sample``
+    is called once per sample (all patterns)."""
     budgets = tuple(sorted({int(b) for b in budgets}))
-    bad = [p for p in patterns if p not in PREFILL_CELL_PATTERNS or p == CELL_PATTERN]
+    specs = [parse_spec(p) for p in patterns]
+    bad = [p for p, (name, _) in zip(patterns, specs) if name not in PREFILL_CELL_PATTERNS or name == CELL_PATTERN]
     if bad or not patterns or not budgets or budgets[0] < 1:
         raise ValueError(f"prefill cells: scored patterns of {list(PREFILL_CELL_PATTERNS[:-1])}, got {list(patterns)}")
     if not evidence or not prose:
         raise ValueError("prefill cells need at least one evidence sample and one prose sample")
-    made = [make_pattern(p) for p in patterns]
+    made = [make_pattern(name, **params) for name, params in specs]
     seconds = [0.0] * len(made)
     per: dict[str, list[list[np.ndarray]]] = {"answer": [], "prose": []}
     for name, samples in (("answer", evidence), ("prose", prose)):
@@ -364,7 +370,7 @@ def measure_prefill_cells(
             if on_sample is not None:
                 on_sample()
     out = []
-    for i, pattern in enumerate(patterns):
+    for i, (pattern, params) in enumerate(specs):
         answer = _summary(np.stack([row[i] for row in per["answer"]]))
         prose_kl = _summary(np.stack([row[i] for row in per["prose"]]))
         prov = {
@@ -374,5 +380,5 @@ def measure_prefill_cells(
             "seconds": round(seconds[i], 3),
             **(provenance or {}),
         }
-        out.append(PrefillCells(pattern, budgets, *answer, *prose_kl, {}, prov))
+        out.append(PrefillCells(pattern, budgets, *answer, *prose_kl, checked_params(pattern, params), prov))
     return tuple(out)

@@ -6,7 +6,9 @@ says what it costs when only KV head h of layer l compresses its **prompt** to b
 (snapkv, h2o, ...: one whose selection is made per KV head) and keeps every continuation token: KL(FullKV ||
 cell) on the answer tokens of evidence samples and on prose, mean over samples and standard error. On disk
 (table version 5; one block per pattern, patterns unique, never ``streaming_llm``, whose cells are
-``heads.cells``)::
+``heads.cells``). ``kvzip``'s cells run its reconstruction pass once per sample. A pooled pattern
+(``kvzip[allocation=model]``) measures the head as the only cell of its pool, i.e. its own top ``b``
+(:meth:`~polykv_search.patterns.Pattern.alone`); its ``params`` tell the solvers to pool the heads they give it::
 
     "prefill_cells": [
       {"pattern": "snapkv", "params": {} (the pattern's parameters; {}: its defaults),
@@ -30,7 +32,16 @@ from signals.table_codec import SignalTableError, check_budgets, decode, encode
 
 #: Patterns whose prefill selection is made per KV head, so that a head in a group of its own keeps what
 #: the layer-level pattern keeps in that head (tova is not: one selection shared by the layer's heads).
-PREFILL_CELL_PATTERNS = ("snapkv", "pyramidkv", "h2o", "knorm", "keydiff", "expected_attention", "streaming_llm")
+PREFILL_CELL_PATTERNS = (
+    "snapkv",
+    "pyramidkv",
+    "h2o",
+    "knorm",
+    "keydiff",
+    "expected_attention",
+    "kvzip",
+    "streaming_llm",
+)
 #: Of those, the ones stored as prefill cells (streaming_llm's cells are the streaming cells, both phases).
 SCORED_CELL_PATTERNS = tuple(p for p in PREFILL_CELL_PATTERNS if p != "streaming_llm")
 _KEYS = ("budgets", "kl_answer", "kl_prose", "params", "pattern", "provenance")

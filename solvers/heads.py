@@ -17,7 +17,9 @@ compressed, it keeps every continuation token). :func:`head_cells` reads the str
 dicts); both are tolerant of their absence. ``se`` entries may be null (one sample).
 
 Building: :func:`grouped_plan` turns one ``(pattern, budget, params)`` per (layer, KV head) into one
-:class:`~strategies.LayerChoice` with head groups per layer (heads with equal choices share a group),
+:class:`~strategies.LayerChoice` with head groups per layer (heads with equal choices share a group; heads of
+a pooled pattern, ``kvzip[allocation=model]``, get a group each: the runtime pools every head given it, so
+the heads keep different numbers of tokens at the same total, :mod:`polykv_search.runtime.pooled`),
 the same for every optimized phase: decoding follows prefill's heads (a head that keeps the whole
 context in prefill keeps its generated tokens too; a streaming head keeps streaming).
 
@@ -42,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from polykv_search.patterns import PATTERNS, make_pattern
 from signals.table import SignalTable
 from solvers.problem import Problem
 from solvers.result import Plan
@@ -188,7 +191,7 @@ def grouped_plan(
     """A :class:`Plan` whose every optimized phase gets, per layer, the head groups of ``per_head``
     (``[L][H]`` of ``(pattern, budget, params)``), and every other phase follows the first optimized one
     (module docstring); ``plan`` are the other Plan fields."""
-    choices = [LayerChoice.grouped(group_heads(row)) for row in per_head]
+    choices = [LayerChoice.grouped(group_heads(row, alone=_pooled)) for row in per_head]
     optimized = list(problem.phases)  # type: ignore[arg-type]
     follows = {phase: optimized[0] for phase in PHASES if phase not in optimized}
     return Plan(
@@ -198,6 +201,12 @@ def grouped_plan(
         follows=follows,
         **plan,
     )
+
+
+def _pooled(pattern: str, params: Mapping[str, Any]) -> bool:
+    """Whether the heads given ``pattern`` join a pool (``kvzip[allocation=model]``), so each needs a group of
+    its own (:mod:`polykv_search.runtime.pooled`)."""
+    return pattern in PATTERNS and make_pattern(pattern, **params).pooled is not None
 
 
 def head_total(problem: Problem, num_kv_heads: int) -> int:

@@ -17,7 +17,7 @@ meaning (``b_min`` bounds the layer's mean, not each group). A strategy with hea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -146,12 +146,16 @@ def groups_from_json(where: str, data: Any) -> tuple[HeadGroup, ...]:
 
 def group_heads(
     per_head: Sequence[tuple[str, int, Mapping[str, Any]]],
+    alone: Callable[[str, Mapping[str, Any]], bool] | None = None,
 ) -> tuple[HeadGroup, ...]:
     """Head groups from one ``(pattern, budget, params)`` per KV head: heads with equal choices share a
-    group; groups are ordered by their first head."""
+    group, except those for which ``alone(pattern, params)`` is true (a pooled pattern's cells are single KV
+    heads), which get a group each; groups are ordered by their first head."""
     groups: dict[tuple, list[int]] = {}
     for h, (pattern, budget, params) in enumerate(per_head):
         key = (pattern, int(budget), tuple(sorted(dict(params).items())))
+        if alone is not None and alone(pattern, params):
+            key = (*key, h)
         groups.setdefault(key, []).append(h)
     return tuple(HeadGroup(tuple(heads), key[0], key[1], dict(key[2])) for key, heads in groups.items())
 

@@ -237,7 +237,7 @@ def _end_call(o, L, phase, key, value, scaling, groups):
         if name == "full":
             continue
         if pooled(part["plans"][phase]):
-            pooled_evict(o, L, phase, part["plans"][phase])
+            pooled_evict(o, L, phase, part["plans"][phase], part["heads"])
             continue
         n_kept = int(L.kept[0, part["heads"][0]].sum())
         # the runtime's own statement of when and how far to evict; the selection below stays the oracle's

@@ -17,24 +17,30 @@ def pooled(plan) -> bool:
     return name == "kvzip" and params.get("allocation", "head") != "head"
 
 
-def pooled_evict(o, L, phase: str, plan) -> None:
-    """Set layer ``L``'s kept tokens by the pool rule, ``plan`` being its ``phase`` plan."""
+def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
+    """Set the kept tokens of layer ``L``'s KV ``heads`` (all when None) by the pool rule, ``plan`` being
+    their ``phase`` plan. The pool's cells are the (layer, KV head) pairs whose head group has the same
+    pattern and params in this phase (in every layer for "model", in ``L`` for "layer"), each with its
+    group's budget."""
     name, params, _ = plan
-    if params["allocation"] == "model":
-        members = [M for M in o.layers if any(part["plans"][phase][:2] == plan[:2] for part in M.parts)]
-    else:
-        members = [L]
+    layers = o.layers if params["allocation"] == "model" else [L]
+    members = [
+        (M, h, part["plans"][phase][2])
+        for M in layers
+        for part in M.parts
+        if part["plans"][phase][:2] == plan[:2]
+        for h in part["heads"]
+    ]
     zip_key = name + repr(sorted(params.items()))
     B, H, N = L.kept.shape
     n_prompt = L.zip[zip_key].shape[-1]
     appended = list(range(n_prompt, N))
-    budgets = {M.idx: next(p["plans"][phase][2] for p in M.parts) for M in members}
-    capacity = sum(H * b for b in budgets.values())
-    cells = H * len(members)
+    capacity = sum(budget for _, _, budget in members)
+    cells = len(members)
     for b in range(B):
         prompt = [j for j in range(n_prompt) if L.valid[b, j]]
-        sinks = {M.idx: prompt[: min(params["n_sink"], budgets[M.idx])] for M in members}
-        n_sinks = sum(H * len(s) for s in sinks.values())
+        sinks = {(M.idx, h): prompt[: min(params["n_sink"], budget)] for M, h, budget in members}
+        n_sinks = sum(len(s) for s in sinks.values())
         if capacity - n_sinks >= cells * len(appended):
             kept_appended, rest = appended, capacity - n_sinks - cells * len(appended)
         else:
@@ -42,13 +48,12 @@ def pooled_evict(o, L, phase: str, plan) -> None:
             kept_appended, rest = appended[len(appended) - per_cell :] if per_cell else [], 0
         others = [
             (-float(M.zip[zip_key][b, h, j]), M.idx, h, j)
-            for M in members
-            for h in range(H)
+            for M, h, _ in members
             for j in prompt
-            if j not in sinks[M.idx] and M.kept[b, h, j]
+            if j not in sinks[M.idx, h] and M.kept[b, h, j]
         ]
         best = {(m, h, j) for _, m, h, j in sorted(others)[:rest]}
-        for h in range(H):
+        for h in range(H) if heads is None else heads:
             for j in range(N):
-                keep = j in sinks[L.idx] or j in kept_appended or (L.idx, h, j) in best
+                keep = j in sinks[L.idx, h] or j in kept_appended or (L.idx, h, j) in best
                 L.kept[b, h, j] = bool(L.kept[b, h, j]) and keep

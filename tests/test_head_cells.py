@@ -149,6 +149,8 @@ def test_bad_budgets_are_refused(budgets, sink):
     [
         ("snapkv", {"window": 4}),
         ("h2o", {}),
+        ("kvzip", {}),  # its reconstruction pass in the replay and in the runtime
+        ("kvzip", {"allocation": "model"}),  # a pool of one head: the runtime's pooled allocation
         *(  # the same code path; slow only to keep the default suite short
             pytest.param(name, params, marks=pytest.mark.slow)
             for name, params in (

@@ -218,8 +218,8 @@ def test_solve_cli_chooses_among_patterns_and_prints_the_choice(tmp_path, capsys
 
 
 # -------------------------------------------------------------------------- collect, show, score
-def test_collect_head_patterns_then_show_and_solve_on_a_tiny_model(tmp_path, capsys):
-    from test_collect_cli import run_cli
+def collect_argv(tmp_path) -> list[str]:
+    """``collect`` of head cells at budgets 16,32 on a saved two-layer tiny model (no ``--head-patterns``)."""
     from test_retrieval_calibration import char_tokenizer
 
     ckpt = tmp_path / "tiny"
@@ -230,10 +230,16 @@ def test_collect_head_patterns_then_show_and_solve_on_a_tiny_model(tmp_path, cap
     corpus.write_text(
         "\n".join(f"The {m} path went on for mile {i}. Nobody said much." for m in "abcdef" for i in range(40))
     )
-    out = tmp_path / "signals.json"
     argv = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--samples", "2", "--context-len", "300"]
     argv += ["--continuation-len", "48", "--patterns", "snapkv", "--budgets", "64", "--phases", "prefill"]
-    argv += ["--layers", "0", "--no-progress", "--retrieval-heads", "2", "--head-cells", "16,32"]
+    return argv + ["--layers", "0", "--no-progress", "--retrieval-heads", "2", "--head-cells", "16,32"]
+
+
+def test_collect_head_patterns_then_show_and_solve_on_a_tiny_model(tmp_path, capsys):
+    from test_collect_cli import run_cli
+
+    argv = collect_argv(tmp_path)
+    out = tmp_path / "signals.json"
     assert run_cli([*argv, "--head-patterns", "streaming_llm,snapkv,h2o", "--out", str(out)]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "streaming cells: budgets 16,32" in err and "snapkv prefill cells: budgets 16,32" in err

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 
 from polykv_search.cli.common import CLIError, comma_list, console, non_negative_int, positive_int
+from polykv_search.patterns.spec import parse_spec, split_specs
 
 DEFAULT_HEAD_SAMPLES = 8
 DEFAULT_CELL_BUDGETS = "32,64,128"
 CELL_SINK = 4
 STREAMING = "streaming_llm"
-#: Patterns with head cells (signals.head_prefill_cells.PREFILL_CELL_PATTERNS, not imported at start-up).
-PREFILL_CELL_PATTERNS = ("snapkv", "pyramidkv", "h2o", "knorm", "keydiff", "expected_attention", STREAMING)
 
 
 def add_args(g) -> None:
@@ -50,13 +49,14 @@ def add_args(g) -> None:
     )
     g.add_argument(
         "--head-patterns",
-        type=comma_list(str, "pattern"),
+        type=comma_list(str, "pattern", split=split_specs),
         default=STREAMING,
         metavar="PATTERNS",
         help="with --head-cells: the patterns of the cells, comma separated (default streaming_llm): streaming_llm "
-        "gives the streaming cells; snapkv, pyramidkv, h2o, knorm, keydiff or expected_attention the prefill cells, "
-        "KL(FullKV || only that KV head compresses its prompt with the pattern at the budget); "
-        "solve --granularity head chooses among them per KV head",
+        "gives the streaming cells; snapkv, pyramidkv, h2o, knorm, keydiff, expected_attention or kvzip the prefill "
+        "cells, KL(FullKV || only that KV head compresses its prompt with the pattern at the budget), with "
+        "parameters as kvzip[allocation=model] (a pooled pattern: the head measured as a pool of its own; the solve "
+        "pools the heads it gives it); solve --granularity head chooses among them per KV head",
     )
 
 
@@ -68,9 +68,9 @@ def head_samples(args: argparse.Namespace) -> int:
 
 
 def head_patterns(args: argparse.Namespace) -> list[str]:
-    """The patterns of the head cells (``--head-patterns``; streaming_llm alone when absent)."""
+    """The patterns of the head cells (``--head-patterns``, specs as given; streaming_llm alone when absent)."""
     patterns = getattr(args, "head_patterns", None) or STREAMING
-    return patterns.split(",") if isinstance(patterns, str) else list(patterns)
+    return split_specs(patterns) if isinstance(patterns, str) else list(patterns)
 
 
 #: Evidence samples the retrieval scores need at least (their standard error needs two).
@@ -81,6 +81,8 @@ def check(args: argparse.Namespace, mix) -> None:
     """The per-head options' checks that need no model (one-line :class:`CLIError`)."""
     from polykv_search.data import DataError
     from polykv_search.data.evidence import parse_retrieval_mix
+    from polykv_search.patterns import canonical_spec
+    from signals.head_prefill_cells import PREFILL_CELL_PATTERNS
 
     heads = args.retrieval_heads
     cells = getattr(args, "head_cells", None)
@@ -91,12 +93,20 @@ def check(args: argparse.Namespace, mix) -> None:
     patterns = head_patterns(args)
     if patterns != [STREAMING] and not cells:
         raise CLIError("--head-patterns: give --head-cells BUDGETS too (the budgets of the cells)")
-    bad = [p for p in patterns if p not in PREFILL_CELL_PATTERNS]
+    bad = [p for p in patterns if parse_spec(p)[0] not in PREFILL_CELL_PATTERNS]
     if bad:
         raise CLIError(
             f"--head-patterns: {bad[0]!r} has no head cells (patterns that select per KV head: "
             f"{','.join(PREFILL_CELL_PATTERNS)})"
         )
+    try:
+        canonical = [canonical_spec(p) for p in patterns]
+    except ValueError as err:
+        raise CLIError(f"--head-patterns: {err}") from None
+    names = [parse_spec(p)[0] for p in canonical]
+    if len(set(names)) != len(names):
+        raise CLIError(f"--head-patterns: one spec per pattern, got {','.join(patterns)}")
+    args.head_patterns = canonical
     if cells:
         low = [b for b in cells if b <= CELL_SINK]
         if low:
@@ -124,6 +134,7 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
     from signals.head_cells import measure_head_cells, measure_prefill_cells
     from signals.head_signals import DEFINITION, HeadSignals
     from signals.retrieval_heads import retrieval_scores
+    from strategies.choice import spec_label
 
     n, records = head_samples(args), args.evidence_records or 1
     budgets = getattr(args, "head_cells", None)
@@ -146,7 +157,8 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
     done = table.heads is not None and table.heads.provenance == provenance
     old = table.heads if done else None
     cells = old.cells if old is not None and _same_cells(old.cells, budgets, cells_key, CELL_SINK) else None
-    kept = {c.pattern: c for c in (old.prefill_cells if old is not None else ()) if _same_cells(c, budgets, cells_key)}
+    old_cells = old.prefill_cells if old is not None else ()
+    kept = {spec_label(c.pattern, c.params): c for c in old_cells if _same_cells(c, budgets, cells_key)}
     scored = [p for p in patterns if p != STREAMING and p not in kept]
     streaming = STREAMING in patterns and cells is None
     if STREAMING not in patterns:
@@ -184,7 +196,7 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
             new = measure_prefill_cells(
                 model, evidence, prose, scored, budgets=budgets, on_sample=bar.advance, provenance=cells_key
             )
-        kept.update({c.pattern: c for c in new})
+        kept.update({spec_label(c.pattern, c.params): c for c in new})
     prefill = tuple(kept[p] for p in patterns if p in kept)
     table.set_heads(HeadSignals(scores, provenance, cells, prefill))
     table.save(out)

@@ -141,6 +141,12 @@ class Pattern:
     #: ``allocation``; :mod:`polykv_search.runtime.pooled`); None: every KV head keeps its own top-``b``.
     pooled: ClassVar[str | None] = None
 
+    def alone(self) -> Pattern:
+        """The pattern as one KV head runs it when it is the only cell of its pool (a head cell of
+        :mod:`signals.head_cells`): itself, unless it is pooled, when it is its per-head variant (a pool of
+        one cell keeps that cell's own top ``b`` by the same key)."""
+        return self
+
     # -------------------------------------------------------------- hook points
     def pre_kernel(self, layer: LayerView, state: PatternState, query: torch.Tensor) -> None:
         """Called before the kernel with this call's post-RoPE queries ``[B, Hq, q, D]``."""

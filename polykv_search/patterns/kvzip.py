@@ -7,7 +7,7 @@ https://arxiv.org/abs/2505.23416
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -135,6 +135,9 @@ class KVzip(Pattern):
     def pooled(self) -> str | None:
         """The pool its tokens are ranked over beyond one KV head (``"layer"`` or ``"model"``), or None."""
         return None if self.allocation == "head" else self.allocation
+
+    def alone(self) -> KVzip:
+        return self if self.allocation == "head" else replace(self, allocation="head")
 
     def reconstruct(self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int) -> None:
         """One attention call of the reconstruction pass: fold its queries' attention to the first
