@@ -37,7 +37,10 @@ The groups are the same in both phases: decoding follows prefill's head groups, 
 prefill only (:mod:`solvers.heads`, "Phases the table lacks"). A streaming cell measured exactly that
 (the head streams while decoding); a prefill cell measured the head keeping every continuation token, so
 for a scored head the strategy's decoding (its pattern evicting at its budget) is not in the cost: the
-prefill cells under-state what a scored head costs on long generations.
+prefill cells under-state what a scored head costs on long generations. A pooled pattern's cells
+(``kvzip[allocation=model]``) cost a head at its own top b, while the strategy pools every head given that
+pattern (a group each, :func:`solvers.heads.grouped_plan`) at the sum of their budgets: the pool's
+redistribution between them is not in the objective.
 """
 
 from __future__ import annotations
