@@ -11,7 +11,6 @@ from polykv_search import scoring
 from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
 from polykv_search.runtime.runtime import strategy_head_groups
 from polykv_search.scoring import per_entry
-from polykv_search.scoring.entries import ScoreError
 from polykv_search.scoring.shared import SharedScorer
 from strategies import HeadGroup, LayerChoice, Strategy
 from tests.test_decode_suite import trajectory_job
@@ -109,12 +108,39 @@ def test_score_entries_with_head_groups_shared_equals_per_entry_on_tasks():
         assert a["extra"]["broad/continuation"]["kl"] == pytest.approx(b["extra"]["broad/continuation"]["kl"], abs=1e-6)
 
 
-def test_head_groups_with_kvzip_are_refused_by_the_shared_engine_in_one_line():
-    model, tok = tiny_model("llama"), char_tokenizer()
-    kv = grouped(((0,), "full", 4096), ((1,), "kvzip", 16))
-    s = Strategy([kv] * L, [kv] * L, global_budget=None, context_len=4096, num_kv_heads=2)
-    samples = scoring.make_task_samples(
-        tok, scoring.resolve_tasks("ruler/niah_single"), haystack_texts(), n_samples=1, context_len=300, seed=0
-    )
-    with pytest.raises(ScoreError, match="model-level pattern .kvzip. are scored by the per-entry path only"):
-        scoring.score_entries(model, tok, [scoring.Entry("kv", s, "strategy", "kv")], samples, engine="shared")
+def kvzip_head_entries() -> list[scoring.Entry]:
+    """Head groups beside kvzip: per-head kvzip next to a keep-all head, and single-head groups pooled over the
+    model (kvzip[allocation=model] at different budgets), beside layer-level kvzip entries."""
+    pooled = {"allocation": "model", "n_sink": 2}
+    per_head = grouped(((0,), "full", 4096), ((1,), "kvzip", 16))
+    pool = [
+        grouped(((0,), "full", 4096), ((1,), "kvzip", 14, pooled)),
+        grouped(((0,), "kvzip", 10, pooled), ((1,), "kvzip", 20, pooled)),
+        grouped(((0,), "snapkv", 12), ((1,), "kvzip", 18, pooled)),
+    ]
+    kw = dict(global_budget=None, context_len=4096, num_kv_heads=2)
+    return [
+        scoring.Entry("full", Strategy.full(L), "baseline", "full"),
+        scoring.Entry("heads-kvzip", Strategy([per_head] * L, [per_head] * L, **kw), "strategy", "k"),
+        scoring.Entry("heads-pooled", Strategy(pool, pool, **kw), "strategy", "p"),
+        scoring.Entry("uniform-kvzip", Strategy.uniform(L, "kvzip", 16), "baseline", "kvzip"),
+        scoring.Entry("uniform-snapkv", Strategy.uniform(L, "snapkv", 16), "baseline", "snapkv"),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["teacher_forced", "generate", "trajectory"])
+def test_head_groups_beside_kvzip_score_on_the_shared_engine_as_on_the_per_entry_path(kind):
+    """The entries needing the reconstruction pass defer their groups' prefill eviction until it has run."""
+    model, tok = tiny_model("qwen3"), char_tokenizer()
+    forced, gen = jobs(tok)
+    job = {"teacher_forced": forced, "generate": gen, "trajectory": trajectory_job(tok, question=True)}[kind]
+    es = kvzip_head_entries()
+    reference, shared = run_both(model, es, job)
+    if kind == "trajectory":
+        for ref, got in zip(reference, shared):
+            assert got.new_ids == ref.new_ids and got.kv_bytes == ref.kv_bytes
+            assert got.pred["agree_tokens"] == ref.pred["agree_tokens"]
+            assert got.pred["kl"] == pytest.approx(ref.pred["kl"], rel=1e-3, abs=1e-7)
+    else:
+        assert_same(reference, shared, job)
+    assert all(o.kv_bytes < reference[0].kv_bytes for o in shared[1:])

@@ -8,7 +8,8 @@ token of the collection's prose samples. ``--head-patterns streaming_llm,snapkv,
 ``streaming_llm``) chooses the patterns of the cells: ``streaming_llm`` gives the streaming cells, a scored
 pattern its prefill cells (:mod:`signals.head_prefill_cells`: only that KV head compresses its prompt with the
 pattern at the budget, and keeps every continuation token), on the same samples and budgets; a spec with
-parameters (``kvzip[allocation=model]``) is measured with them (a pooled pattern: the head as its own pool). All go into the table's ``heads`` block (written as version 4 when it has streaming cells, 5 with
+parameters (``kvzip[allocation=model]``) is measured with them (a pooled pattern: the head as its own pool).
+All go into the table's ``heads`` block (written as version 4 when it has streaming cells, 5 with
 prefill cells); ``--head-cells`` without ``--retrieval-heads`` uses :data:`DEFAULT_HEAD_SAMPLES` evidence
 samples and stores their retrieval scores too. A rerun measures only what the table lacks.
 """

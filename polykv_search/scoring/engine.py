@@ -18,7 +18,6 @@ from polykv_search.evaluation.runner import (
 )
 from polykv_search.evaluation.samples import encode_prompt
 from polykv_search.heap import release_free_memory
-from polykv_search.patterns import PATTERNS
 from polykv_search.protocol import AGNOSTIC, AWARE, check_protocol, split_prompt
 from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
 from polykv_search.runtime.runtime import strategy_head_groups
@@ -28,7 +27,7 @@ from polykv_search.scoring.document import entry_record
 from polykv_search.scoring.entries import Entry, ScoreError
 from polykv_search.scoring.job import SampleJob
 from polykv_search.scoring.shared import SharedScorer
-from strategies import PHASES, Strategy
+from strategies import Strategy
 
 ENGINES = ("shared", "per-entry")
 
@@ -93,13 +92,6 @@ def score_entries(
     num_kv_heads = model_spec(model).num_kv_heads
     for entry in entries:
         entry.strategy.check_model(num_layers, num_kv_heads)
-    if engine == "shared":
-        split = [e.name for e in entries if shared_engine_refuses(e.strategy)]
-        if split:
-            raise ScoreError(
-                f"{', '.join(split)}: head groups with a model-level pattern (kvzip) are scored by the per-entry "
-                "path only; add --no-shared-prefill"
-            )
     try:
         check_protocol(protocol)
     except ValueError as err:
@@ -323,13 +315,3 @@ def score_entry(
         fidelity=fidelity,
         progress=(lambda n: progress()) if progress else None,
     )[0]
-
-
-def shared_engine_refuses(strategy: Strategy) -> bool:
-    """True when the shared engine cannot score ``strategy``: head groups beside a model-level pattern
-    (kvzip) anywhere in it. Decided from the pattern names, so it runs before any model loads."""
-    if not strategy.has_head_groups:
-        return False
-    names = {choice.pattern for phase in PHASES for choice in strategy.phase(phase)}
-    names |= {g.pattern for phase in PHASES for c in strategy.phase(phase) for g in c.head_groups or ()}
-    return any(getattr(PATTERNS.get(name), "model_level", False) for name in names)

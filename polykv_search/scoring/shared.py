@@ -126,8 +126,8 @@ class SharedScorer:
     def _row(self, plan: Plans, groups: dict[int, list[HeadGroupPlan]] | None = None) -> list[EvictingLayer]:
         # an entry with a model-level pattern (kvzip) keeps its prompt until the runtime's reconstruction
         # pass, which runs once per context call for every such entry (FanoutLayer)
-        defer = needs_pass(plan)
         groups = groups or {}
+        defer = needs_pass(list(plan) + [(g.prefill, g.decoding) for layer in groups.values() for g in layer])
         detached = [{**self.runtime.layer_kwargs(l), "on_update": None} for l in range(len(plan))]
         return [
             cache_layer(l, p, d, groups.get(l), defer_prefill=defer, **detached[l]) for l, (p, d) in enumerate(plan)
