@@ -151,15 +151,6 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
-    if not args.no_shared_prefill:  # before the model loads
-        from polykv_search.scoring.engine import shared_engine_refuses
-
-        for path, strategy in strategies:
-            if shared_engine_refuses(strategy):
-                raise CLIError(
-                    f"{path}: head groups with a model-level pattern (kvzip) are scored by the per-entry path "
-                    "only; add --no-shared-prefill"
-                )
     shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
     found = read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
     if found.key is not None:
