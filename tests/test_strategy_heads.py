@@ -270,24 +270,6 @@ def test_schema_accepts_v2_and_lists_the_same_pattern_rules_for_groups():
     assert list(validator.iter_errors(v1))  # version 1 has no head groups
 
 
-def test_score_refuses_kvzip_head_groups_on_the_shared_engine_before_loading_a_model(tmp_path, capsys):
-    kv = grouped(((1,), "full", 1024), ((0, 2), "kvzip", 48))
-    strategy = Strategy(
-        [kv, LayerChoice("snapkv", 64)],
-        [kv, LayerChoice("tova", 64)],
-        global_budget=256,
-        b_min=16,
-        context_len=1024,
-        num_kv_heads=3,
-    )
-    path = strategy.save(tmp_path / "s.json")
-    out = tmp_path / "r.json"
-    assert main(["score", "--strategy", str(path), "--suite", "ruler", "--samples", "1", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "head groups with a model-level pattern (kvzip)" in err and "add --no-shared-prefill" in err
-    assert not out.exists()
-
-
 def test_show_prints_the_groups_and_the_mean_budgets(tmp_path, capsys):
     path = duo_like().save(tmp_path / "s.json")
     assert main(["show", str(path)]) == 0
