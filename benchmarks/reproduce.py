@@ -10,6 +10,8 @@ Run (from the repository root)::
     python benchmarks/reproduce.py --out runs/repro --dry-run              # print the steps, run nothing
     python benchmarks/reproduce.py --out runs/repro --question-aware       # results-B*-qa.json, reports of it
     python benchmarks/reproduce.py --out runs/repro --head-level           # + duo, headkv, head-level ilp
+    python benchmarks/reproduce.py --out runs/repro --head-level \
+        --head-patterns 'streaming_llm,snapkv,h2o,kvzip[allocation=model]'   # + KVzip's pool at head level (H24)
 
 Steps (each reuses finished work when rerun: signals resume, strategies and results files are kept):
 
@@ -59,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_report import prediction_lines, signals_path, solver_report, write_reports  # noqa: E402,F401
 from reproduce_steps import (  # noqa: E402,F401
     ABLATABLE,
+    HEAD_PATTERNS,
     METHODS,
     PENDING,
     RETRIEVAL_METHODS,
@@ -133,6 +136,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also collect a head-level table and score duo, headkv, ilp-head and ilp-head-streaming (issue 25)",
     )
     p.add_argument("--head-grid", default="64,128,256", help="head-cell budgets of --head-level (default 64,128,256)")
+    p.add_argument(
+        "--head-patterns",
+        default=HEAD_PATTERNS,
+        help=f"head-cell patterns of --head-level (default {HEAD_PATTERNS}); with kvzip[allocation=model] among them "
+        "ilp-head may pool heads with KVzip (the study's H24)",
+    )
     args = p.parse_args(argv)
     if args.retrieval_mix is not None:
         from polykv_search.cli.common import CLIError

@@ -159,9 +159,10 @@ def heads_path(args: argparse.Namespace) -> Path:
 
 
 def head_collect_step(args: argparse.Namespace) -> Step:
-    """The head-level table: retrieval scores on ``--calib-samples`` evidence samples and head cells at
-    ``--head-grid`` (beside as many prose samples)."""
-    argv = head_collect_argv(_calibration(args), args.calib_samples, args.head_grid, HEAD_PATTERNS, heads_path(args))
+    """The head-level table: retrieval scores on ``--calib-samples`` evidence samples and head cells of
+    ``--head-patterns`` at ``--head-grid`` (beside as many prose samples)."""
+    patterns = getattr(args, "head_patterns", None) or HEAD_PATTERNS
+    argv = head_collect_argv(_calibration(args), args.calib_samples, args.head_grid, patterns, heads_path(args))
     return Step("collect heads", argv, heads_path(args))
 
 

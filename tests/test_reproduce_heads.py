@@ -38,13 +38,26 @@ def test_head_level_collects_a_head_table_then_solves_and_scores_the_four_entrie
     assert "--head-patterns" not in solves["ilp-head-B256"]  # the combined one chooses among all three
 
 
+def test_head_patterns_name_the_head_tables_cells(reproduce, tmp_path):
+    pooled = "streaming_llm,snapkv,h2o,kvzip[allocation=model]"
+    collect = planned(reproduce, tmp_path, "--head-level", "--head-patterns", pooled)[1].argv
+    assert collect[collect.index("--head-patterns") + 1] == pooled
+
+
 def test_without_the_flag_nothing_head_level_is_planned(reproduce, tmp_path):
     steps = planned(reproduce, tmp_path)
     assert "collect heads" not in [s.name for s in steps]
     assert not any(s.target and s.target.stem.startswith(HEAD_ENTRIES) for s in steps if s.argv[0] == "solve")
 
 
-@pytest.mark.parametrize("extra", [(), ("--head-level", "--question-aware", "--head-grid", "32,64")])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        ("--head-level", "--question-aware", "--head-grid", "32,64"),
+        ("--head-level", "--head-patterns", "streaming_llm,snapkv,h2o,kvzip[allocation=model]"),
+    ],
+)
 def test_every_planned_command_is_one_the_cli_accepts(reproduce, tmp_path, extra):
     parser = build_parser()
     for step in planned(reproduce, tmp_path, *extra):
