@@ -9,13 +9,12 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from polykv_search import scoring
 from signals.head_prefill_cells import PrefillCells
 from solvers import Problem, get_solver
 from strategies import Strategy
 from strategies.head_groups import group_heads
 from tests.test_head_groups import close, run_both
-from tests.test_head_patterns import heads_with, table_of
+from tests.test_head_patterns import assert_engines_agree, heads_with, table_of
 from tests.test_kvzip_pooled import held, oracle_held
 from tests.tiny import FAMILIES
 
@@ -56,8 +55,6 @@ def test_group_heads_gives_heads_for_which_alone_holds_a_group_each():
 
 
 def test_head_solvers_give_pooled_heads_a_group_each_and_the_strategy_scores_alike_on_both_engines():
-    from tests.test_eval_support import char_tokenizer, haystack_texts
-
     L, H, budgets, big, small = 3, 2, (16, 32), 10.0, 0.01
     costs = {p: np.full((L, H, 2), big) for p in ("h2o", "kvzip")}
     costs["kvzip"][1] = small  # layer 1: both heads kvzip at the same budget, still a group each
@@ -72,15 +69,7 @@ def test_head_solvers_give_pooled_heads_a_group_each_and_the_strategy_scores_ali
         assert labels == [["full@300[0,1]"], ["kvzip@16[0]", "kvzip@16[1]"], ["kvzip@16[0]", "h2o@16[1]"]]
         assert s.head_groups(1, "decoding")[1].params == {"allocation": "model"}
         assert Strategy.from_json(s.to_json()).to_json() == s.to_json()
-    model, tok = tiny_model("llama"), char_tokenizer()
-    tasks = scoring.resolve_tasks("broad/continuation,ruler/niah_single")
-    samples = scoring.make_task_samples(tok, tasks, haystack_texts(), n_samples=2, context_len=300, seed=0)
-    es = [scoring.Entry("full", Strategy.full(L), "baseline", "full"), scoring.Entry("pooled", s, "strategy", "p")]
-    shared = scoring.score_entries(model, tok, es, samples, engine="shared", max_new_tokens=6)
-    per = scoring.score_entries(model, tok, es, samples, engine="per-entry", max_new_tokens=6)
-    for a, b in zip(shared, per):
-        assert a["scores"] == b["scores"] and a["kv_bytes"] == b["kv_bytes"]
-    assert shared[1]["kv_bytes"] < shared[0]["kv_bytes"] and shared[1]["extra"]["broad/continuation"]["kl"] > 0
+    assert_engines_agree(s)
 
 
 def test_collect_measures_pooled_kvzip_head_cells_and_the_solve_pools_the_heads(tmp_path, capsys):
