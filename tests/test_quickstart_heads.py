@@ -40,7 +40,8 @@ def test_by_default_a_head_table_is_collected_and_the_head_level_ilp_is_scored(t
     assert [value(c, "--out") for c in collects] == tables
     heads = collects[0]  # first: a calibration too short for its evidence samples fails before the long collect
     assert value(heads, "--retrieval-heads") == "2" and value(heads, "--samples") == "2"  # the calibration split
-    assert value(heads, "--head-cells") == "32,64,128" and value(heads, "--head-patterns") == "streaming_llm,h2o"
+    assert value(heads, "--head-cells") == "32,64,128"
+    assert value(heads, "--head-patterns") == "streaming_llm,h2o,kvzip[allocation=model]"  # KVzip's pool (H24)
     assert value(heads, "--context-len") == value(collects[1], "--context-len") == "512"
     (solve,) = [c for c in calls if c[0] == "solve" and "--granularity" in c]
     assert value(solve, "--method") == "ilp" and value(solve, "--granularity") == "head"
@@ -62,3 +63,59 @@ def test_no_head_level_runs_what_it_ran_before(tmp_path, monkeypatch):
     calls = planned(tmp_path, monkeypatch, "--no-head-level", "--calib-samples", "1")
     assert not any("--head-cells" in c or "--granularity" in c for c in calls)
     assert not any("ilp-head" in arg for arg in calls[-1])
+
+
+def test_head_patterns_take_specs_whose_brackets_hold_commas(tmp_path, monkeypatch):
+    calls = planned(tmp_path, monkeypatch, "--head-patterns", "h2o,kvzip[allocation=model,n_sink=8]")
+    (heads,) = [c for c in calls if c[0] == "collect" and "--head-cells" in c]
+    assert value(heads, "--head-patterns") == "h2o,kvzip[allocation=model,n_sink=8]"
+
+
+def test_the_best_uniform_on_ruler_is_among_the_default_baselines(tmp_path, monkeypatch):
+    score = planned(tmp_path, monkeypatch)[-1]
+    baselines = [score[i + 1] for i, arg in enumerate(score) if arg == "--baseline"]
+    assert baselines == [
+        "full",
+        "uniform:snapkv",
+        "uniform:tova",
+        "uniform:h2o",
+        "uniform:streaming_llm",
+        "uniform:kvzip[allocation=model]",
+    ]
+
+
+def test_baselines_can_be_chosen(tmp_path, monkeypatch):
+    score = planned(tmp_path, monkeypatch, "--baselines", "full,uniform:kvzip[allocation=model,n_sink=8]")[-1]
+    baselines = [score[i + 1] for i, arg in enumerate(score) if arg == "--baseline"]
+    assert baselines == ["full", "uniform:kvzip[allocation=model,n_sink=8]"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [("uniform:nope", "nope"), ("uniform:kvzip[allocation=disk]", "disk"), ("median", "median")],
+)
+def test_a_bad_baseline_is_refused_before_any_step_runs(tmp_path, monkeypatch, spec, named):
+    import polykv_search.cli as cli
+    from polykv_search.cli.common import CLIError
+
+    args = build_parser().parse_args(["quickstart", "--out", str(tmp_path / "qs"), "--baselines", f"full,{spec}"])
+    monkeypatch.setattr(cli, "invoke", lambda argv, parser=None: pytest.fail(f"ran {argv[0]}"))
+    with pytest.raises(CLIError) as err:
+        args.func(args)
+    assert "\n" not in str(err.value) and str(err.value).startswith("--baselines: ") and named in str(err.value)
+    assert not (tmp_path / "qs").exists()
+
+
+def test_score_results_are_reused_only_when_they_hold_every_strategy_and_baseline(tmp_path):
+    import json
+
+    from polykv_search.cli.quickstart import _results_match
+
+    settings = {"suite": "ruler", "samples": 9, "context_len": 512, "budget": 128}
+    path = tmp_path / "results.json"
+    entries = [{"source": s} for s in ("a.json", "full", "uniform:tova")]
+    path.write_text(json.dumps({"provenance": {"settings": settings}, "entries": entries}))
+    assert _results_match(path, settings, ["a.json", "full", "uniform:tova"])
+    assert not _results_match(path, settings, ["a.json", "full", "uniform:kvzip[allocation=model]"])
+    assert not _results_match(path, settings, ["b.json", "full"])
+    assert not _results_match(path, {**settings, "samples": 10}, ["a.json"])

@@ -93,6 +93,12 @@ def add_parser(sub) -> None:
         "--eval-context-len", type=positive_int, default=None, help="evaluation context (default: --context-len)"
     )
     p.add_argument("--suite", default="broad,ruler")
+    p.add_argument(
+        "--baselines",
+        type=comma_list(str, "baseline", split=split_specs),
+        default=BASELINES,
+        help=f"baselines scored beside the strategies, as score's --baseline (default {BASELINES})",
+    )
     add_protocol_arg(
         p,
         "score under the question-aware protocol (context and question compressed together; see `score "
@@ -115,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.cli import build_parser, invoke, is_user_error
     from polykv_search.cli.collect import check as collect_check
     from polykv_search.models import DEFAULT_MODEL
-    from polykv_search.scoring import resolve_tasks
+    from polykv_search.cli.baselines import check_baseline
+    from polykv_search.scoring import ScoreError, resolve_tasks
     from polykv_search.scoring.engine import check_task_protocol
     from solvers import list_methods
 
@@ -126,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
     tag = f"-retrieval{qa}" if mix else ""  # the retrieval-aware files sit beside the prose-only ones
     for task in resolve_tasks(args.suite):  # a bad suite fails now, not after the collect step
         check_task_protocol(task, AWARE if args.question_aware else AGNOSTIC)
+    for spec in args.baselines:
+        try:
+            check_baseline(spec, args.budget)
+        except ScoreError as err:
+            raise CLIError(f"--baselines: {err}") from None
     known = {m.name for m in list_methods()}
     unknown = [m for m in args.methods if m not in known]
     if unknown:
@@ -218,9 +230,9 @@ def run(args: argparse.Namespace) -> int:
 
     results = out / f"results-B{B}{qa}.json"
     settings = {"suite": args.suite, "samples": args.eval_samples, "context_len": eval_len, "budget": args.budget}
-    if not _results_match(results, settings, paths, AWARE if qa else AGNOSTIC):
+    if not _results_match(results, settings, paths + args.baselines, AWARE if qa else AGNOSTIC):
         argv = ["score", *common, "--strategy", *paths]
-        for spec in BASELINES:
+        for spec in args.baselines:
             argv += ["--baseline", spec]
         argv += [
             "--budget",
@@ -289,17 +301,19 @@ def check_table_mix(path: Path, spec: str) -> None:
         )
 
 
-def _results_match(path: Path, settings: dict, strategy_paths: list[str], protocol: str = AGNOSTIC) -> bool:
+def _results_match(path: Path, settings: dict, sources: list[str], protocol: str = AGNOSTIC) -> bool:
+    """True when ``path`` holds score results of these settings and protocol with every entry of ``sources``
+    (strategy paths and baseline specs)."""
     if not path.exists():
         return False
     try:
         doc = json.loads(path.read_text())
         have = doc["provenance"]["settings"]
-        sources = {e["source"] for e in doc["entries"]}
+        have_sources = {e["source"] for e in doc["entries"]}
         same_protocol = protocol_of(doc["provenance"]) == protocol
     except (OSError, ValueError, KeyError, AttributeError):
         return False
-    return same_protocol and all(have.get(k) == v for k, v in settings.items()) and set(strategy_paths) <= sources
+    return same_protocol and all(have.get(k) == v for k, v in settings.items()) and set(sources) <= have_sources
 
 
 def calibration_summary(signals: Path) -> str:

@@ -23,9 +23,12 @@ GRID_BUDGETS = "32,64,128,256"
 EVAL_SAMPLES = 9
 #: solvers run, and the baselines scored beside them
 METHODS = ("proportional", "ilp", "dp", "squeeze", "cake", "pyramid", "optuna")
-BASELINES = ("full", "uniform:snapkv", "uniform:tova", "uniform:h2o", "uniform:streaming_llm")
+#: the best uniform on ruler is KVzip's own allocation (docs/results.md, section 7): a verdict against the
+#: best uniform must include it
+BASELINES = "full,uniform:snapkv,uniform:tova,uniform:h2o,uniform:streaming_llm,uniform:kvzip[allocation=model]"
 OPTUNA_TRIALS = 6
 #: the head-level entry (quickstart_heads.py): head cells at these budgets, of these patterns
 HEAD_LEVEL = True
 HEAD_CELLS = "32,64,128"
-HEAD_PATTERNS = "streaming_llm,h2o"
+#: with KVzip's pool among the head cells, as in the study that met issue 26's target (H24)
+HEAD_PATTERNS = "streaming_llm,h2o,kvzip[allocation=model]"

@@ -23,6 +23,8 @@ HEAD_STRATEGY = "ilp-head"
 
 def add_args(p) -> None:
     """``--head-level/--no-head-level``, ``--head-cells`` and ``--head-patterns``."""
+    from polykv_search.patterns.spec import split_specs
+
     p.add_argument(
         "--head-level",
         action=argparse.BooleanOptionalAction,
@@ -38,9 +40,9 @@ def add_args(p) -> None:
     )
     p.add_argument(
         "--head-patterns",
-        type=comma_list(str, "pattern"),
+        type=comma_list(str, "pattern", split=split_specs),
         default=HEAD_PATTERNS,
-        help=f"head-cell patterns of --head-level (default {HEAD_PATTERNS})",
+        help=f"head-cell patterns of --head-level, names or specs (default {HEAD_PATTERNS})",
     )
 
 
