@@ -6,11 +6,33 @@ a test module using only ``strategies`` works when run on its own.
 """
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 import polykv_search  # noqa: F401  (registers the pattern catalog)
+
+
+def pytest_configure(config):
+    """An xdist worker takes its share of the cores for torch's intra-op threads (two workers with two
+    threads each on two cores would oversubscribe them)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // workers))
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Every test leaves torch's intra-op thread count as it found it: a test that sets it (to make a
+    comparison deterministic) must not change the timing or the thread checks of the next test in its
+    xdist worker."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 def benchmark_script(name: str):

@@ -10,6 +10,7 @@ import torch
 from tiny import tiny_model
 
 from polykv_search.data import Sample
+from polykv_search.runtime.threads import cpu_threads
 from signals import SignalTable
 from signals.collect import CollectError, collect_signals
 from signals.journal import journal_path
@@ -256,11 +257,11 @@ def test_replay_equals_naive_on_smollm2():
     from polykv_search.data import make_samples as cut
     from polykv_search.models import load_model
 
-    torch.set_num_threads(2)
     model, tokenizer = load_model()
     samples = cut(tokenizer, load_corpus("austen"), n_samples=1, context_len=160, continuation_len=6, seed=0)
     kw = dict(patterns=["snapkv", "h2o", "random"], budgets=[32, 96], layers=[0, 29], journal=False)
-    fast = collect_signals(model, samples, **kw)
-    slow = collect_signals(model, samples, naive=True, **kw)
+    with cpu_threads(2):
+        fast = collect_signals(model, samples, **kw)
+        slow = collect_signals(model, samples, naive=True, **kw)
     assert_tables_close(fast, slow)
     assert math.isfinite(fast.full_ppl) and fast.full_ppl < 200

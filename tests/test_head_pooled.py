@@ -63,8 +63,12 @@ def test_head_solvers_give_pooled_heads_a_group_each_and_the_strategy_scores_ali
     pooled = PrefillCells("kvzip", budgets, *heads.prefill_cells[1].arrays, {"allocation": "model"})
     heads = type(heads)(heads.retrieval, heads.provenance, None, (heads.prefill_cells[0], pooled))
     for method in ("ilp", "dp"):
-        s = get_solver(method, granularity="head").solve(Problem(global_budget=111, table=table_of(heads), b_min=8))
-        s = s.strategy
+        result = get_solver(method, granularity="head").solve(
+            Problem(global_budget=111, table=table_of(heads), b_min=8)
+        )
+        assert "(h2o,kvzip[allocation=model] cells): 2 keep all 300 tokens;" in result.message  # the spec, not its name
+        assert "kvzip[allocation=model]@16 3, h2o@16 1 of 6" in result.message
+        s = result.strategy
         labels = [[g.label() for g in s.head_groups(layer, "prefill")] for layer in range(L)]
         assert labels == [["full@300[0,1]"], ["kvzip@16[0]", "kvzip@16[1]"], ["kvzip@16[0]", "h2o@16[1]"]]
         assert s.head_groups(1, "decoding")[1].params == {"allocation": "model"}

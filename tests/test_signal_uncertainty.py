@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from test_collect import make_samples
 from tiny import tiny_model
 
+from polykv_search.runtime.threads import cpu_threads
 from signals.collect import collect_signals
 from signals.uncertainty import block_means, block_sizes, ratio_mean_se, t_quantile
 
@@ -45,13 +45,13 @@ def test_unequal_blocks_give_the_ratio_estimator_standard_error():
 
 @pytest.fixture(scope="module")
 def collected():
-    torch.set_num_threads(1)
     model = tiny_model("llama", layers=2)
     samples = make_samples(3, n=24, m=6, seed=2)
     kw = dict(patterns=["snapkv", "streaming_llm"], budgets=[4, 12], journal=False)
     records = []
-    one = collect_signals(model, samples, blocks=1, on_record=records.append, **kw)
-    return one, collect_signals(model, samples, blocks=3, **kw), records
+    with cpu_threads(1):  # a module fixture: the per-test restore (conftest) runs after it
+        one = collect_signals(model, samples, blocks=1, on_record=records.append, **kw)
+        return one, collect_signals(model, samples, blocks=3, **kw), records
 
 
 def test_with_one_block_per_sample_the_standard_error_is_over_samples(collected):

@@ -12,7 +12,11 @@ The default, prose-only calibration, is unchanged. The report states which calib
 
 ``--head-level`` (on by default) also collects a small per-KV-head table (``signals-heads.json``) and
 scores the head-level ilp (``strategies/ilp-head-B<B>.json``: per KV head, keep every token or one
-(pattern, budget) cell), the kind of strategy that keeps ruler's needles; ``--no-head-level`` skips it.
+(pattern, budget) cell; the heads given ``kvzip[allocation=model]`` share one KVzip pool), the kind of
+strategy that keeps ruler's needles; ``--no-head-level`` skips it.
+
+The baselines (``--baselines``) include KVzip's own allocation, ``uniform:kvzip[allocation=model]``, the
+best uniform on ruler in the studies (docs/results.md): the verdict compares with the best uniform scored.
 
 ``--question-aware`` scores under the question-aware protocol (``score --question-aware``) into
 ``results-B<B>-question-aware.json``, beside the default question-agnostic results; with
@@ -119,9 +123,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from polykv_search.cli import build_parser, invoke, is_user_error
+    from polykv_search.cli.baselines import check_baseline
     from polykv_search.cli.collect import check as collect_check
     from polykv_search.models import DEFAULT_MODEL
-    from polykv_search.cli.baselines import check_baseline
     from polykv_search.scoring import ScoreError, resolve_tasks
     from polykv_search.scoring.engine import check_task_protocol
     from solvers import list_methods

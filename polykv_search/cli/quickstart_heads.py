@@ -1,11 +1,12 @@
 """quickstart's head-level entry (``--head-level``, on by default): the strategy that keeps needles.
 
-Every layer-level strategy loses ruler's sparse evidence (every scorer evicts a needle's few tokens in
-every head); a few retrieval heads kept whole, the other heads evicting, do not
-(docs/study_kvzip.md, issue 25). So the quickstart collects a second, small table — per-KV-head
-retrieval scores and head cells on the same calibration split (:mod:`polykv_search.cli.collect_heads`)
-— and scores ``ilp --granularity head`` on it beside the layer-level strategies: per KV head, keep
-every token or one (pattern, budget) cell, under the same global budget B.
+Every layer-level strategy loses ruler's sparse evidence (every per-layer scorer evicts a needle's few
+tokens in every head); a few retrieval heads kept whole, the other heads evicting or sharing KVzip's pool,
+do not (docs/study_kvzip.md, issues 25 and 26). So the quickstart collects a second, small table —
+per-KV-head retrieval scores and head cells on the same calibration split
+(:mod:`polykv_search.cli.collect_heads`) — and scores ``ilp --granularity head`` on it beside the
+layer-level strategies: per KV head, keep every token or one (pattern, budget) cell, under the same
+global budget B; the heads given ``kvzip[allocation=model]`` share one pool over the model.
 """
 
 from __future__ import annotations
