@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strategies.head_groups import HEAD_GROUPS, HeadGroup
+from strategies.pattern_spec import spec_label
 
 PHASES: tuple[str, ...] = ("prefill", "decoding")
 SCHEMA_NAME = "polykv-strategy"
@@ -21,14 +22,6 @@ SCHEMA_VERSIONS = (1, 2)
 
 class StrategyError(ValueError):
     """A strategy file or object that breaks the schema or the budget constraints."""
-
-
-def spec_label(name: str, params: Mapping[str, Any]) -> str:
-    """``name`` alone, or ``name[k=v,...]`` (a pattern spec, :mod:`polykv_search.patterns.spec`)."""
-    if not params:
-        return name
-    text = (str(v).lower() if isinstance(v, bool) else str(v) for v in params.values())
-    return f"{name}[{','.join(f'{k}={v}' for k, v in zip(params, text))}]"
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,9 @@ def test_group_heads_gives_heads_for_which_alone_holds_a_group_each():
     assert [g.heads for g in split] == [(0,), (1,), (2, 3)]
 
 
-def test_head_solvers_give_pooled_heads_a_group_each_and_the_strategy_scores_alike_on_both_engines():
+def pooled_solve(method: str):
+    """A 3-layer, 2-head table where the solve keeps layer 0, gives layer 1 to kvzip's pool and splits
+    layer 2 between the pool and h2o; ``method``'s result."""
     L, H, budgets, big, small = 3, 2, (16, 32), 10.0, 0.01
     costs = {p: np.full((L, H, 2), big) for p in ("h2o", "kvzip")}
     costs["kvzip"][1] = small  # layer 1: both heads kvzip at the same budget, still a group each
@@ -62,18 +64,31 @@ def test_head_solvers_give_pooled_heads_a_group_each_and_the_strategy_scores_ali
     heads = heads_with(L, H, costs, budgets, context_len=300)
     pooled = PrefillCells("kvzip", budgets, *heads.prefill_cells[1].arrays, {"allocation": "model"})
     heads = type(heads)(heads.retrieval, heads.provenance, None, (heads.prefill_cells[0], pooled))
+    return get_solver(method, granularity="head").solve(Problem(global_budget=111, table=table_of(heads), b_min=8))
+
+
+def test_head_solvers_give_pooled_heads_a_group_each_and_the_strategy_scores_alike_on_both_engines():
     for method in ("ilp", "dp"):
-        result = get_solver(method, granularity="head").solve(
-            Problem(global_budget=111, table=table_of(heads), b_min=8)
-        )
+        result = pooled_solve(method)
         assert "(h2o,kvzip[allocation=model] cells): 2 keep all 300 tokens;" in result.message  # the spec, not its name
         assert "kvzip[allocation=model]@16 3, h2o@16 1 of 6" in result.message
         s = result.strategy
-        labels = [[g.label() for g in s.head_groups(layer, "prefill")] for layer in range(L)]
-        assert labels == [["full@300[0,1]"], ["kvzip@16[0]", "kvzip@16[1]"], ["kvzip@16[0]", "h2o@16[1]"]]
+        labels = [[g.label() for g in s.head_groups(layer, "prefill")] for layer in range(3)]
+        pooled = "kvzip[allocation=model]@16"  # the label names the pool: per-head kvzip is another pattern
+        assert labels == [["full@300[0,1]"], [f"{pooled}[0]", f"{pooled}[1]"], [f"{pooled}[0]", "h2o@16[1]"]]
         assert s.head_groups(1, "decoding")[1].params == {"allocation": "model"}
         assert Strategy.from_json(s.to_json()).to_json() == s.to_json()
     assert_engines_agree(s)
+
+
+def test_show_names_the_pool_of_a_head_group(tmp_path, capsys):
+    from polykv_search.cli import main
+
+    path = tmp_path / "s.json"
+    pooled_solve("ilp").strategy.save(path)
+    assert main(["show", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "kvzip[allocation=model]@16[0]" in printed and "h2o@16[1]" in printed  # rich markup escaped
 
 
 def test_collect_measures_pooled_kvzip_head_cells_and_the_solve_pools_the_heads(tmp_path, capsys):

@@ -214,7 +214,7 @@ def test_vllm_approximates_a_layer_with_a_full_head_by_a_full_layer(tmp_path, ca
     body = json.loads((tmp_path / "x.json").read_text())
     assert body["layer_types"] == ["full_attention", "sliding_attention"] and body["sliding_window"] == 64
     err = " ".join(capsys.readouterr().err.split())
-    assert "layer 0: prefill head groups full@1024[1] + streaming_llm@48[0,2] -> full for every head" in err
+    assert "layer 0: prefill head groups full@1024[1] + streaming_llm[n_sink=2]@48[0,2] -> full for every head" in err
     assert "(each head holds every token, the groups' mean 373.3)" in err
 
 

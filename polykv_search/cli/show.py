@@ -83,7 +83,7 @@ def show_strategy(strategy, title: str) -> None:
 
 def _pat(choice) -> str:
     if choice.head_groups is not None:  # schema v2: pattern@budget[KV heads], one group per line
-        return "\n".join(g.label() for g in choice.head_groups)
+        return "\n".join(escape(g.label()) for g in choice.head_groups)
     return escape(spec_label(choice.pattern, choice.params))  # kvzip[allocation=model], as collect and solve name it
 
 
