@@ -38,12 +38,14 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from runtime_pairs import config_name, modes, paired, pairs, text
 
 from polykv_search.data import load_corpus, split_corpus
 from polykv_search.io import write_json
 from polykv_search.models import DEFAULT_MODEL, load_model
+from polykv_search.patterns import canonical_spec, pattern_spec, split_specs
 from polykv_search.runtime import apply_strategy
 from strategies import Strategy
 
@@ -100,7 +102,8 @@ def configurations(layers: int, patterns: list[str], budget: int, intervals: lis
     # budget-sized cache, no eviction work), i.e. the fastest any eviction to the budget can decode
     configs.append((CEILING.format(budget=budget), None, 1, "within"))
     for pattern in patterns:
-        budgeted = Strategy.uniform(layers, pattern, budget)
+        name, params = pattern_spec(pattern)  # a spec: kvzip[allocation=model]
+        budgeted = Strategy.uniform(layers, name, budget, params=params or None)
         for k in intervals:
             for mode in modes(k):
                 configs.append((config_name(pattern, patterns, budget, k, mode), budgeted, k, mode))
@@ -140,7 +143,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--contexts", default="2048,4096,8192", help="prompt lengths (comma separated)")
     ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--pattern", default="snapkv", help="pattern(s) to run uniform, comma separated (default snapkv)")
+    ap.add_argument(
+        "--pattern",
+        default="snapkv",
+        help="patterns or specs to run uniform, comma separated (default snapkv), e.g. snapkv,kvzip[allocation=model]",
+    )
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2, help="interleaved passes over all configurations")
     ap.add_argument("--intervals", default="1,8,16", help="decode_interval values to measure (comma separated)")
@@ -150,9 +157,10 @@ def main() -> None:
     args = ap.parse_args()
     contexts = [int(x) for x in args.contexts.split(",")]
     intervals = [int(x) for x in args.intervals.split(",")]
-    patterns = [p.strip() for p in args.pattern.split(",") if p.strip()]
     try:
-        pairing = pairs(patterns, args.budget, intervals, args.paired_to) if args.paired_to else {}
+        patterns = [canonical_spec(p) for p in split_specs(args.pattern) if p]
+        paired_to = canonical_spec(args.paired_to) if args.paired_to else None
+        pairing = pairs(patterns, args.budget, intervals, paired_to) if paired_to else {}
     except ValueError as e:
         ap.error(str(e))
     console = Console()
@@ -210,7 +218,7 @@ def _table(args, results: dict) -> Table:
         for i, (name, r) in enumerate(rows.items()):
             t.add_row(
                 ctx if i == 0 else "",
-                name,
+                escape(name),  # kvzip[allocation=model] is not rich markup
                 f"{r['prefill_s']:.2f}",
                 f"{r['prefill_ratio']:.3f}",
                 f"{r['decode_tok_s']:.1f}",
@@ -221,12 +229,12 @@ def _table(args, results: dict) -> Table:
 
 
 def _paired_table(args, results: dict) -> Table:
-    t = Table(title=f"over {args.paired_to}, repeat by repeat: median [95 % bootstrap]")
+    t = Table(title=escape(f"over {args.paired_to}, repeat by repeat: median [95 % bootstrap]"))
     for col in ("context", "runtime", "decode tok/s ×", "prefill s ×"):
         t.add_column(col, justify="left" if col in ("context", "runtime") else "right")
     for ctx, rows in results.items():
         for i, (name, r) in enumerate(rows["paired"].items()):
-            t.add_row(ctx if i == 0 else "", name, text(r["decode"]), text(r["prefill"]))
+            t.add_row(ctx if i == 0 else "", escape(name), text(r["decode"]), text(r["prefill"]))
     return t
 
 

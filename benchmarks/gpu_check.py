@@ -4,7 +4,8 @@
     python benchmarks/gpu_check.py --smoke --out /tmp/gpu_check    # CPU, seconds (the default test suite runs it)
 
 (a) **Exactness on the device**, on the random-init tiny models of every family (no download):
-    every evicting pattern uniform and a strategy mixing patterns and budgets per layer and phase, left-padded
+    every evicting pattern uniform, KVzip's pooled allocation (``kvzip[allocation=model]``: heads of different
+    lengths, one pool over the model) and a strategy mixing patterns and budgets per layer and phase, left-padded
     batch of 2, prefill + a teacher-forced continuation call + forced single-token steps. The runtime runs on
     the device in each dtype and attention kernel; the full-cache masking oracle (``tests/oracle.py``) runs on
     a CPU fp32 copy with the same inputs. Reported: the share of (layer, row, head) kept sets equal to the
@@ -16,9 +17,10 @@
     Kernels: ``sdpa`` and ``eager`` always, ``flash_attention_2`` when the package is installed (CUDA only).
 (b) **Speed**: ``bench_runtime.py`` at 4k/8k/16k and ``bench_score.py`` at 4k/8k on SmolLM2 on the device,
     then the query-agnostic patterns side by side at 4k (``bench_runtime.py --pattern
-    snapkv,kvzip,keydiff,expected_attention --paired-to snapkv``, 4 repeats, k = 1: kvzip's prefill and every
-    new pattern's decode over snapkv's, per repeat, with intervals); their JSON in ``--out`` (``--smoke``:
-    128-token runs of all three on the CPU). The pattern comparison's time on a GPU is not measured yet.
+    snapkv,kvzip,kvzip[allocation=model],keydiff,expected_attention --paired-to snapkv``, 4 repeats, k = 1:
+    kvzip's prefill and every new pattern's decode over snapkv's, per repeat, with intervals); their JSON in
+    ``--out`` (``--smoke``: 128-token runs of all three on the CPU). The pattern comparison's time on a GPU
+    is not measured yet.
 (c) **Summary**: one screen; ``summary.json`` in ``--out``.
 """
 
@@ -47,13 +49,16 @@ from polykv_search.runtime import apply_strategy  # noqa: E402
 from strategies import Strategy  # noqa: E402
 from tests.oracle import Oracle  # noqa: E402
 from tests.test_eval_support import char_tokenizer  # noqa: E402
+from tests.test_kvzip_pooled import held, oracle_held  # noqa: E402
 from tests.test_runtime import batch, kept_sets, mixed_strategy  # noqa: E402
 from tests.test_scoring_engines import entries, jobs, run_both  # noqa: E402
 from tests.tiny import FAMILIES, tiny_model  # noqa: E402
 
 EVICTING = [name for name, cls in PATTERNS.items() if not cls.keeps_all]
 #: issue 26's cost comparison: the query-agnostic patterns against the first, side by side
-PAIRED = ["snapkv", "kvzip", "keydiff", "expected_attention"]
+PAIRED = ["snapkv", "kvzip", "kvzip[allocation=model]", "keydiff", "expected_attention"]
+#: KVzip's own allocation, the best uniform on ruler: heads of different lengths, one pool over the model
+POOLED = Strategy.uniform(2, "kvzip", 10, params={"allocation": "model"})
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LOGIT_TOL = 1e-3  # fp32 on the device vs the fp32 CPU oracle
 
@@ -91,7 +96,11 @@ def oracle_case(family: str, strategy: Strategy, device: str, dtype: str, attn: 
         model.set_attn_implementation(attn)
     fast, (cache, _) = forced_run(model, strategy, inputs, apply_strategy)
     ref, (_, oracle) = forced_run(reference, strategy, inputs, Oracle)
-    sets = kept_sets(cache, oracle)
+    if any(getattr(layer, "positions", None) is None for layer in cache.layers):  # pooled: per-head lengths
+        got = held(cache)
+        sets = [(*cell, got[cell], want) for cell, want in oracle_held(oracle, cache).items()]
+    else:
+        sets = kept_sets(cache, oracle)
     real = inputs["mask"].bool()
     diff = max(
         float(((a - b).abs()[real] if i == 0 else (a - b).abs()).max()) for i, (a, b) in enumerate(zip(fast, ref))
@@ -123,7 +132,7 @@ def exactness(device: str, smoke: bool) -> list[dict]:
     inputs["steps"] = torch.randint(1, 128, (2, 7), generator=gen)
     families = FAMILIES[:1] if smoke else FAMILIES
     dtypes = ["fp32"] if smoke else list(DTYPES)
-    strategies = {"mixed": mixed_strategy(2)}
+    strategies = {"mixed": mixed_strategy(2), "kvzip[allocation=model]": POOLED}
     for p in EVICTING[:1] if smoke else EVICTING:
         params = {"window": 4} if "window" in PATTERNS[p]().params() else None
         strategies[p] = Strategy.uniform(2, p, 10, params=params)
@@ -200,10 +209,11 @@ def speed_lines(result: dict) -> list[str]:
             if name == "bench_runtime_patterns":
                 pairs = c.get("paired", {})
                 base = next(iter(pairs.values()))["vs"] if pairs else PAIRED[0]
-                lines.append(f"{name} {ctx}: over {base}, decode speed and prefill time:")
+                lines.append(f"{name} {ctx}: over {base}, decode speed, then prefill time:")
+                width = max((len(k.split()[0]) for k in pairs), default=0)
                 for k, v in pairs.items():
                     decode, prefill = (runtime_pairs.text(v[part]) for part in ("decode", "prefill"))
-                    lines.append(f"  {k.split()[0]:18s} decode {decode:21s} prefill {prefill}")
+                    lines.append(f"  {k.split()[0]:{width}s}  {decode:21s} {prefill}")
             elif name == "bench_runtime":
                 parts = [f"{k} {v['decode_speedup']:.2f}x" for k, v in c.items() if k not in ("unmodified", "paired")]
                 lines.append(f"{name} {ctx}: decode vs unmodified: " + ", ".join(parts))

@@ -37,6 +37,15 @@ def test_each_pattern_is_paired_with_the_same_interval_and_mode_of_the_named_one
     assert set(pairing) | set(pairing.values()) <= set(names)
 
 
+def test_a_pattern_spec_runs_that_pattern_with_its_parameters(scripts):
+    bench, rp = scripts
+    patterns = ["snapkv", "kvzip[allocation=model]"]
+    configs = {c[0]: c[1] for c in bench.configurations(30, patterns, 256, [1])}
+    pooled = configs["kvzip[allocation=model] B256 k1"].prefill[7]
+    assert (pooled.pattern, dict(pooled.params), pooled.budget) == ("kvzip", {"allocation": "model"}, 256)
+    assert rp.pairs(patterns, 256, [1], "snapkv") == {"kvzip[allocation=model] B256 k1": "snapkv B256 k1"}
+
+
 def test_a_pattern_not_measured_cannot_be_the_pair(scripts):
     _, rp = scripts
     with pytest.raises(ValueError, match="'h2o' is not one of --pattern snapkv,tova"):
