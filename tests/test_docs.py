@@ -85,3 +85,11 @@ def test_each_command_help_ends_with_its_doc_page(command, capsys):
     page = DOC_PAGES[command]
     assert f"Documentation: {page}" in " ".join(text.split())
     assert (ROOT / page).exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_help_fits_an_80_column_terminal(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main([command, "--help"]) == 0
+    wide = [line for line in capsys.readouterr().out.splitlines() if len(line) > 80]
+    assert not wide, wide[:3]

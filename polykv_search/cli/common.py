@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,17 @@ def describe_decode_error(err: UnicodeDecodeError, path: str | os.PathLike | Non
 
 # --------------------------------------------------------------------------------------------
 # Model options
+
+
+class ParagraphHelpFormatter(argparse.HelpFormatter):
+    """A long description (a module docstring) filled paragraph by paragraph to the terminal's width, the blank
+    lines between paragraphs kept (``RawDescriptionHelpFormatter`` would print its 100-column lines as written)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = [" ".join(p.split()) for p in text.strip().split("\n\n")]
+        return "\n\n".join(
+            textwrap.fill(p, width, initial_indent=indent, subsequent_indent=indent) for p in paragraphs if p
+        )
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -34,6 +34,7 @@ from polykv_search.cli import quickstart_defaults as D
 from polykv_search.cli import quickstart_heads as H
 from polykv_search.cli.common import (
     CLIError,
+    ParagraphHelpFormatter,
     add_protocol_arg,
     check_output_dir,
     comma_list,
@@ -55,7 +56,7 @@ def add_parser(sub) -> None:
         "quickstart",
         help="collect -> solve (every method) -> score -> compare, on the default model, in one command",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=ParagraphHelpFormatter,
     )
     p.add_argument("--out", default="polykv-quickstart", help="output folder (default ./polykv-quickstart)")
     p.add_argument("--model", default=None, help="model (default smollm2-135m, offline)")
