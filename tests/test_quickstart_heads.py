@@ -119,3 +119,36 @@ def test_score_results_are_reused_only_when_they_hold_every_strategy_and_baselin
     assert not _results_match(path, settings, ["a.json", "full", "uniform:kvzip[allocation=model]"])
     assert not _results_match(path, settings, ["b.json", "full"])
     assert not _results_match(path, {**settings, "samples": 10}, ["a.json"])
+
+
+def test_a_rerun_scores_again_when_the_results_lack_a_default_baseline(tmp_path, monkeypatch):
+    import json
+
+    import polykv_search.cli as cli
+    from polykv_search.cli.quickstart_defaults import BASELINES, METHODS
+    from polykv_search.patterns import split_specs
+
+    out = tmp_path / "qs"
+    strategies = [str(out / "strategies" / f"{m}-B128.json") for m in (*METHODS, "ilp-head")]
+    settings = {"suite": "broad,ruler", "samples": 9, "context_len": 512, "budget": 128}
+
+    def commands(baselines: list[str]) -> list[str]:
+        out.mkdir(exist_ok=True)
+        entries = [{"source": s} for s in strategies + baselines]
+        (out / "results-B128.json").write_text(json.dumps({"provenance": {"settings": settings}, "entries": entries}))
+        ran = []
+
+        def fake_invoke(argv, parser=None):
+            ran.append(argv[0])
+            if argv[0] in ("score", "compare"):
+                raise Stop
+
+        monkeypatch.setattr(cli, "invoke", fake_invoke)
+        args = build_parser().parse_args(["quickstart", "--out", str(out)])
+        with pytest.raises(Stop):
+            args.func(args)
+        return ran
+
+    everything = split_specs(BASELINES)
+    assert commands(everything)[-1] == "compare"  # every entry is there: the results are reused
+    assert commands(everything[:-1])[-1] == "score"  # uniform:kvzip[allocation=model] is missing: scored again
