@@ -106,6 +106,9 @@ def test_collect_measures_pooled_kvzip_head_cells_and_the_solve_pools_the_heads(
     assert (heads.prefill_cells[1].kl_answer_mean >= 0).all() and heads.prefill_cells[1].provenance["seconds"] > 0
     assert run_cli([*argv, *spec]) == 0  # measured already: nothing again
     assert "cells: budgets" not in capsys.readouterr().err and SignalTable.load(out).heads == heads
+    assert run_cli(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "head cells: h2o, kvzip[allocation=model] on" in shown and "kvzip[allocation=model] (prefill)" in shown
     solver = get_solver("ilp", granularity="head", head_patterns="kvzip")
     s = solver.solve(Problem(global_budget=40, table=SignalTable.load(out), b_min=8)).strategy
     groups = [g for layer in range(2) for g in s.head_groups(layer, "prefill")]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from strategies.choice import spec_label
+
 TOP_SENSITIVE = 5
 
 
@@ -49,6 +51,11 @@ def describe_cells(cells, top: int = TOP_SENSITIVE) -> list[str]:
     return lines
 
 
+def _label(cells) -> str:
+    """A kind of cells by its pattern spec (``kvzip[allocation=model]`` is not per-head kvzip)."""
+    return spec_label(cells.pattern, getattr(cells, "params", None) or {})
+
+
 def describe_pattern_cells(heads) -> list[str]:
     """With prefill cells of scored patterns: every kind of cells per (pattern, budget), and which pattern is
     cheapest per KV head at each budget they share (module docstring); nothing without prefill cells."""
@@ -57,7 +64,7 @@ def describe_pattern_cells(heads) -> list[str]:
     sets = heads.cell_sets
     first = sets[0].provenance
     lines = [
-        f"head cells: {', '.join(c.pattern for c in sets)} on {first.get('evidence_samples', '?')} evidence "
+        f"head cells: {', '.join(_label(c) for c in sets)} on {first.get('evidence_samples', '?')} evidence "
         f"+ {first.get('prose_samples', '?')} prose samples;",
         "  answer KL per KV head (median, costliest head); prefill: only the",
         "  prompt is compressed, both: the head also streams while decoding",
@@ -66,7 +73,7 @@ def describe_pattern_cells(heads) -> list[str]:
         kind = "both" if "decoding" in c.phases else "prefill"
         seconds = c.provenance.get("seconds")
         took = f"  ({seconds:.0f}s)" if isinstance(seconds, (int, float)) else ""
-        lines.append(f"  {c.pattern} ({kind}){took}:")
+        lines.append(f"  {_label(c)} ({kind}){took}:")
         for g, b in enumerate(c.budgets):
             (l, h, kl, _), *_ = c.costliest(1, b)
             median = float(np.median(c.kl_answer_mean[:, :, g]))
@@ -79,5 +86,5 @@ def describe_pattern_cells(heads) -> list[str]:
                 [c.kl_answer_mean[..., c.budget_index(b)] + c.kl_prose_mean[..., c.budget_index(b)] for c in sets]
             )
             wins = np.bincount(cost.argmin(axis=0).ravel(), minlength=len(sets))
-            lines.append(f"  b={b}: " + ", ".join(f"{c.pattern} {int(w)}" for c, w in zip(sets, wins)))
+            lines.append(f"  b={b}: " + ", ".join(f"{_label(c)} {int(w)}" for c, w in zip(sets, wins)))
     return lines
