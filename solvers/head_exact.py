@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from polykv_search.patterns import checked_params, spec_label
 from solvers.base import Plan, Problem, SolverError
 from solvers.exact import HEAD_SIGNALS, ExactSettings
 from solvers.heads import CELLS_OPTION, HeadCells, context_length, grouped_plan, head_cell_sets, head_total
+from strategies.pattern_spec import short_label
 
 #: ``(cost [items, P, G], patterns, grid, total) -> solution`` with ``.patterns``, ``.budgets`` and
 #: ``.objective`` (ilp's or dp's phase solver with the problem's settings bound).
@@ -130,18 +130,12 @@ def cell_costs(
     return cost, [KEEP_ALL, *(c.pattern for c in sets)], grid, facts
 
 
-def _label(pattern: str, params: dict) -> str:
-    """The pattern's spec as a user writes it: parameters at their defaults left out (``kvzip[allocation=model]``,
-    ``streaming_llm``)."""
-    return pattern if pattern == "full" else spec_label(pattern, checked_params(pattern, params))
-
-
 def _summary(per_head: list[list[tuple[str, int, Any]]], n: int) -> str:
     """``"3 keep all; h2o@64 40, kvzip[allocation=model]@64 20, ..."``: heads per choice, most first."""
     counts: dict[str, int] = {}
     for row in per_head:
         for pattern, budget, params in row:
-            key = f"{_label(pattern, params)}@{budget}"
+            key = f"{short_label(pattern, params)}@{budget}"
             counts[key] = counts.get(key, 0) + 1
     full = counts.pop(f"{KEEP_ALL}@{n}", 0)
     rest = ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -167,7 +161,7 @@ def solve_heads(problem: Problem, settings: ExactSettings, method: str, phase_so
     picks = [("full", n, {}) if p == KEEP_ALL else (p, b, params[p]) for p, b in zip(sol.patterns, sol.budgets)]
     per_head = [picks[layer * H : (layer + 1) * H] for layer in range(problem.num_layers)]
     spent = sum(sol.budgets)
-    kinds = ",".join(_label(k["pattern"], k["params"]) for k in facts["kinds"])
+    kinds = ",".join(short_label(k["pattern"], k["params"]) for k in facts["kinds"])
     message = (
         f"head level ({kinds} cells): {_summary(per_head, n)} of {len(sol.budgets)} KV heads; optimal "
         f"{facts['signal']} KL (noise={facts['noise']}) = {sol.objective:.6g}; mean budget "

@@ -23,7 +23,7 @@ from fractions import Fraction
 from typing import Any
 
 from strategies.catalog import pattern_class
-from strategies.pattern_spec import spec_label
+from strategies.pattern_spec import short_label
 
 #: ``LayerChoice.pattern`` of a choice with head groups (not a registered pattern: anything that looks
 #: a layer's pattern up without asking for head groups fails loudly instead of applying a wrong one).
@@ -53,12 +53,7 @@ class HeadGroup:
 
     def label(self) -> str:
         """``streaming_llm@48[0,2]``, ``kvzip[allocation=model]@64[1]``: the parameters not at their defaults."""
-        try:
-            defaults = pattern_class(self.pattern)().params()
-        except (KeyError, TypeError, ValueError):
-            defaults = {}
-        params = {k: v for k, v in self.params.items() if k not in defaults or defaults[k] != v}
-        return f"{spec_label(self.pattern, params)}@{self.budget}[{','.join(str(h) for h in self.heads)}]"
+        return f"{short_label(self.pattern, self.params)}@{self.budget}[{','.join(str(h) for h in self.heads)}]"
 
 
 def mean_budget(groups: Sequence[HeadGroup], context_len: int, num_kv_heads: int) -> Fraction:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from strategies.catalog import pattern_class
+
 
 def spec_label(name: str, params: Mapping[str, Any]) -> str:
     """``name`` alone, or ``name[k=v,...]`` (a pattern spec, :mod:`polykv_search.patterns.spec`)."""
@@ -15,4 +17,14 @@ def spec_label(name: str, params: Mapping[str, Any]) -> str:
     return f"{name}[{','.join(f'{k}={v}' for k, v in zip(params, text))}]"
 
 
-__all__ = ["spec_label"]
+def short_label(name: str, params: Mapping[str, Any]) -> str:
+    """:func:`spec_label` without the parameters at the pattern's defaults (``streaming_llm``, not
+    ``streaming_llm[n_sink=4]``); an unknown pattern keeps them all."""
+    try:
+        defaults = pattern_class(name)().params()
+    except (KeyError, TypeError, ValueError):
+        defaults = {}
+    return spec_label(name, {k: v for k, v in params.items() if k not in defaults or defaults[k] != v})
+
+
+__all__ = ["short_label", "spec_label"]
