@@ -150,3 +150,42 @@ def test_unknown_engine_is_a_score_error():
     model, tok = tiny_model("llama"), char_tokenizer()
     with pytest.raises(scoring.ScoreError, match="engine"):
         scoring.score_entries(model, tok, entries()[:1], {}, engine="fast")
+
+
+def test_entries_that_apply_one_strategy_run_as_one_row_with_the_reference_results(monkeypatch):
+    import polykv_search.scoring.engine as engine
+
+    model, tok = tiny_model("qwen3"), char_tokenizer()
+    tasks = scoring.resolve_tasks("broad/continuation,ruler/niah_single")
+    samples = scoring.make_task_samples(tok, tasks, haystack_texts(), n_samples=2, context_len=300, seed=0)
+    es = entries(32)[:3] + [
+        scoring.Entry("ilp", Strategy.uniform(L, "h2o", 40), "strategy", "ilp.json"),
+        scoring.Entry("dp", Strategy.uniform(L, "h2o", 40), "strategy", "dp.json"),  # another object, equal plans
+        scoring.Entry("again-full", Strategy.full(L), "strategy", "f.json"),
+    ]
+    rows = []
+    real = engine.SharedScorer
+
+    def counting(model, runtime, plans, **kw):
+        rows.append(len(plans))
+        return real(model, runtime, plans, **kw)
+
+    monkeypatch.setattr(engine, "SharedScorer", counting)
+    shared = scoring.score_entries(model, tok, es, samples, engine="shared", max_new_tokens=6)
+    per = scoring.score_entries(model, tok, es, samples, engine="per-entry", max_new_tokens=6)
+    assert rows == [4]  # full, two uniforms, h2o@40: the twins ran as their first's row
+    for a, b in zip(shared, per):
+        assert a["scores"] == b["scores"] and a["kv_bytes"] == b["kv_bytes"]
+        pa, pb = a["tasks"]["ruler/niah_single"]["per_sample"], b["tasks"]["ruler/niah_single"]["per_sample"]
+        assert [r["prediction"] for r in pa] == [r["prediction"] for r in pb]
+        assert a["extra"]["broad/continuation"]["kl"] == pytest.approx(b["extra"]["broad/continuation"]["kl"], abs=1e-6)
+    assert shared[4]["tasks"] == shared[3]["tasks"] and shared[4]["name"] == "dp"
+    assert shared[5]["extra"]["broad/continuation"]["kl"] == 0.0  # FullKV's twin: no divergence
+
+
+def test_same_runs_maps_each_entry_to_the_first_equal_one():
+    from polykv_search.scoring.engine import same_runs
+
+    runs, distinct = same_runs(["a", "b", "a", "c", "b"])
+    assert distinct == [0, 1, 3]
+    assert runs == [(0, True), (1, True), (0, False), (2, True), (1, False)]

@@ -18,6 +18,9 @@ strategy that keeps ruler's needles; ``--no-head-level`` skips it.
 The baselines (``--baselines``) include KVzip's own allocation, ``uniform:kvzip[allocation=model]``, the
 best uniform on ruler in the studies (docs/results.md): the verdict compares with the best uniform scored.
 
+``--jobs`` (default ``auto``: one worker process per CPU core, at most 4, one thread each; 1 on an
+accelerator) runs collect and score as their ``--jobs`` do; the results do not depend on it.
+
 ``--question-aware`` scores under the question-aware protocol (``score --question-aware``) into
 ``results-B<B>-question-aware.json``, beside the default question-agnostic results; with
 ``--retrieval-mix`` the evidence samples' query sits inside the compressed prompt too.
@@ -119,7 +122,19 @@ def add_parser(sub) -> None:
     H.add_args(p)
     p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--jobs",
+        type=jobs_arg,
+        default="auto",
+        help="worker processes for collect and score, as their --jobs (default auto: one per CPU core, "
+        "at most 4; 1 on an accelerator)",
+    )
     p.set_defaults(func=run)
+
+
+def jobs_arg(text: str) -> str | int:
+    """``--jobs``: ``auto`` or a positive count."""
+    return text if text == "auto" else positive_int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.cli.baselines import check_baseline
     from polykv_search.cli.collect import check as collect_check
     from polykv_search.models import DEFAULT_MODEL
+    from polykv_search.parallel import auto_jobs
     from polykv_search.scoring import ScoreError, resolve_tasks
     from polykv_search.scoring.engine import check_task_protocol
     from solvers import list_methods
@@ -148,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise CLIError(f"--methods: unknown method {unknown[0]!r}; known: {', '.join(sorted(known))}")
     eval_len = args.eval_context_len or args.context_len
+    jobs = auto_jobs(args.device) if args.jobs == "auto" else args.jobs
+    fan_out = ["--jobs", str(jobs)] if jobs > 1 else []  # local processes, one thread each on a CPU
     model = args.model or DEFAULT_MODEL
     B = f"{args.budget:g}"
     patterns, budgets = ",".join(args.patterns), ",".join(map(str, args.budgets))
@@ -186,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         budgets,
         *(["--retrieval-mix", mix] if mix else []),
         *(["--question-aware"] if mix and qa else []),
+        *fan_out,
         "--out",
         str(signals),
     ]
@@ -249,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
             "--context-len",
             str(eval_len),
             *(["--question-aware"] if qa else []),
+            *fan_out,
             "--out",
             str(results),
         ]

@@ -52,9 +52,20 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
         "",
         "![per-layer budgets and patterns](compare.png)",
         "",
-        "Step times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()) if timings else "All steps reused.",
+        _step_times(timings, doc["provenance"].get("execution") or {}),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _step_times(timings: dict, execution: dict) -> str:
+    """The report's last line: each step's seconds, and how the scoring ran (its processes and threads)."""
+    if not timings:
+        return "All steps reused."
+    text = "Step times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items())
+    if execution.get("jobs", 1) > 1:
+        text += f" (score: {execution['jobs']} {execution.get('backend', 'loky')} workers"
+        text += f", {execution['threads']} thread(s) each)" if execution.get("threads") else ")"
+    return text
 
 
 def _head_level(args: argparse.Namespace) -> str:

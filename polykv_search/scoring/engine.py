@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -215,7 +216,15 @@ class SampleRunner:
             runtime = self._context.__enter__()
             plans = [strategy_plans(e.strategy) for e in self.entries]
             groups = [strategy_head_groups(e.strategy, runtime.spec.num_kv_heads) for e in self.entries]
-            self.scorer = SharedScorer(self.model, runtime, plans, batch_entries=s.batch_entries, head_groups=groups)
+            # entries that apply the same plans (e.g. two solvers that found one strategy) run as one row
+            self._runs, distinct = same_runs(list(zip(plans, groups)))
+            self.scorer = SharedScorer(
+                self.model,
+                runtime,
+                [plans[i] for i in distinct],
+                batch_entries=s.batch_entries,
+                head_groups=[groups[i] for i in distinct],
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -229,7 +238,8 @@ class SampleRunner:
         s, tok = self.settings, self.tokenizer
         job = sample_job(tok, task, sample, self.eos, s.max_new_tokens, s.protocol)
         if self.scorer is not None:
-            outcomes = self.scorer.run(job, fidelity=s.fidelity)
+            ran = self.scorer.run(job, fidelity=s.fidelity)
+            outcomes = [ran[k] if first else copy.deepcopy(ran[k]) for k, first in self._runs]
         else:
             outcomes = per_entry.run_sample(
                 self.model,
@@ -243,6 +253,20 @@ class SampleRunner:
         rows = sample_rows(tok, task, sample, job, outcomes, shared=self.scorer is not None)
         release_free_memory()  # the sample's tensors are gone: without this the free heap grows all run
         return rows
+
+
+def same_runs(keys: list) -> tuple[list[tuple[int, bool]], list[int]]:
+    """Entries whose ``keys`` (their plans and head groups) are equal run alike: which run each entry takes
+    its outcome from, as ``(position among the distinct keys, whether it is that key's first entry)``, and
+    the indices of the distinct keys' first entries, in order."""
+    distinct: list[int] = []
+    runs = []
+    for i, key in enumerate(keys):
+        k = next((n for n, d in enumerate(distinct) if keys[d] == key), len(distinct))
+        runs.append((k, k == len(distinct)))
+        if k == len(distinct):
+            distinct.append(i)
+    return runs, distinct
 
 
 def sample_rows(tokenizer, task, sample, job: SampleJob, outcomes, *, shared: bool) -> list[dict[str, Any]]:

@@ -1,0 +1,58 @@
+"""quickstart's ``--jobs``: collect and score fan out over local processes, one per CPU core by default."""
+
+from __future__ import annotations
+
+import pytest
+
+from polykv_search import parallel
+from polykv_search.cli import build_parser
+from tests.test_quickstart_heads import planned, value
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+
+
+def test_by_default_collect_and_score_run_one_worker_per_core(tmp_path, monkeypatch, two_cores):
+    calls = planned(tmp_path, monkeypatch)
+    layer_collect = next(c for c in calls if c[0] == "collect" and "--head-cells" not in c)
+    assert value(layer_collect, "--jobs") == "2"
+    assert value(calls[-1], "--jobs") == "2" and calls[-1][0] == "score"
+    heads = next(c for c in calls if "--head-cells" in c)
+    assert "--jobs" not in heads  # the head measurements run in this process
+
+
+def test_one_job_runs_every_step_in_this_process(tmp_path, monkeypatch, two_cores):
+    assert not any("--jobs" in c for c in planned(tmp_path, monkeypatch, "--jobs", "1"))
+
+
+def test_a_count_is_passed_on_as_given(tmp_path, monkeypatch, two_cores):
+    assert value(planned(tmp_path, monkeypatch, "--jobs", "3")[-1], "--jobs") == "3"
+
+
+def test_auto_is_one_per_core_on_a_cpu_up_to_the_cap_and_one_on_an_accelerator(monkeypatch):
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 16)
+    assert parallel.auto_jobs("cpu") == parallel.AUTO_JOBS_CAP == 4
+    assert parallel.auto_jobs("cuda") == parallel.auto_jobs("cuda:1") == parallel.auto_jobs("mps") == 1
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 1)
+    assert parallel.auto_jobs("cpu") == 1
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "many"])
+def test_a_bad_count_is_a_one_line_usage_error(tmp_path, bad):
+    from polykv_search.cli import UsageError
+
+    with pytest.raises(UsageError) as err:
+        build_parser().parse_args(["quickstart", "--out", str(tmp_path / "qs"), "--jobs", bad])
+    assert "--jobs" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_report_says_how_the_scoring_ran():
+    from polykv_search.cli.quickstart_report import _step_times
+
+    timings = {"1/4 collect": 120.4, "3/4 score": 800.2}
+    fanned = _step_times(timings, {"jobs": 2, "backend": "loky", "threads": 1})
+    assert fanned == "Step times: 1/4 collect 120s, 3/4 score 800s (score: 2 loky workers, 1 thread(s) each)"
+    assert _step_times(timings, {"jobs": 1, "backend": "in-process", "threads": 2}).endswith("score 800s")
+    assert _step_times({}, {"jobs": 2}) == "All steps reused."
