@@ -146,9 +146,11 @@ def worker_threads(backend: str | None, jobs: int) -> int | None:
     return max(1, (os.cpu_count() or 1) // jobs) if backend in (None, "loky") else None
 
 
-#: most local workers ``auto_jobs`` gives: each holds the model and its engine's buffers (about 3-4 GB
-#: RSS per score worker for the default model at 512 tokens, measured), and only 2 cores were measured
+#: most local workers ``auto_jobs`` gives (only 2 cores were measured)
 AUTO_JOBS_CAP = 4
+#: memory ``auto_jobs`` sets aside per worker: a ``score`` worker on the default model at 512 tokens peaked at
+#: 3.2 GB resident (docs/quickstart.md), and the parent holds about 0.5 GB more
+WORKER_BYTES = 4 * 2**30
 
 
 def usable_cores() -> int:
@@ -158,8 +160,28 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def auto_jobs(device: str, cap: int = AUTO_JOBS_CAP) -> int:
-    """Local worker processes for a run on ``device``: one per usable core up to ``cap`` on a CPU (one
-    thread each keeps every core busy while a worker runs its serial per-step work), 1 on an
-    accelerator (one process owns it)."""
-    return max(1, min(usable_cores(), cap)) if str(device).split(":")[0] == "cpu" else 1
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (Linux's ``MemAvailable``; else the physical memory;
+    None when neither can be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def auto_jobs(device: str, cap: int = AUTO_JOBS_CAP, worker_bytes: int = WORKER_BYTES) -> int:
+    """Local worker processes for a run on ``device``: on a CPU one per usable core, at most ``cap`` and as
+    many as the available memory holds at ``worker_bytes`` each (one thread per worker keeps every core
+    busy while a worker runs its serial per-step work); 1 on an accelerator (one process owns it)."""
+    if str(device).split(":")[0] != "cpu":
+        return 1
+    memory = available_memory()
+    fits = cap if memory is None else memory // worker_bytes
+    return max(1, min(usable_cores(), cap, fits))

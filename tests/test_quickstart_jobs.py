@@ -12,6 +12,7 @@ from tests.test_quickstart_heads import planned, value
 @pytest.fixture
 def two_cores(monkeypatch):
     monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    monkeypatch.setattr(parallel, "available_memory", lambda: 24 * 2**30)
 
 
 def test_by_default_collect_and_score_run_one_worker_per_core(tmp_path, monkeypatch, two_cores):
@@ -33,10 +34,26 @@ def test_a_count_is_passed_on_as_given(tmp_path, monkeypatch, two_cores):
 
 def test_auto_is_one_per_core_on_a_cpu_up_to_the_cap_and_one_on_an_accelerator(monkeypatch):
     monkeypatch.setattr(parallel, "usable_cores", lambda: 16)
+    monkeypatch.setattr(parallel, "available_memory", lambda: 64 * 2**30)
     assert parallel.auto_jobs("cpu") == parallel.AUTO_JOBS_CAP == 4
     assert parallel.auto_jobs("cuda") == parallel.auto_jobs("cuda:1") == parallel.auto_jobs("mps") == 1
     monkeypatch.setattr(parallel, "usable_cores", lambda: 1)
     assert parallel.auto_jobs("cpu") == 1
+
+
+def test_auto_starts_no_more_workers_than_the_memory_holds(monkeypatch):
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 8)
+    monkeypatch.setattr(parallel, "available_memory", lambda: 9 * 2**30)
+    assert parallel.auto_jobs("cpu") == 2  # 4 GiB each
+    monkeypatch.setattr(parallel, "available_memory", lambda: 3 * 2**30)
+    assert parallel.auto_jobs("cpu") == 1  # never fewer than one
+    monkeypatch.setattr(parallel, "available_memory", lambda: None)  # unknown: the cores and the cap decide
+    assert parallel.auto_jobs("cpu") == 4
+
+
+def test_the_available_memory_is_read_from_this_machine():
+    memory = parallel.available_memory()
+    assert memory is None or memory > 2**28
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "many"])

@@ -18,8 +18,8 @@ strategy that keeps ruler's needles; ``--no-head-level`` skips it.
 The baselines (``--baselines``) include KVzip's own allocation, ``uniform:kvzip[allocation=model]``, the
 best uniform on ruler in the studies (docs/results.md): the verdict compares with the best uniform scored.
 
-``--jobs`` (default ``auto``: one worker process per CPU core, at most 4, one thread each; 1 on an
-accelerator) runs collect and score as their ``--jobs`` do; the results do not depend on it.
+``--jobs`` (default ``auto``: one worker process per CPU core, at most 4 and one per 4 GiB of available
+memory, one thread each; 1 on an accelerator) runs collect and score as their ``--jobs`` do; the results do not depend on it.
 
 ``--question-aware`` scores under the question-aware protocol (``score --question-aware``) into
 ``results-B<B>-question-aware.json``, beside the default question-agnostic results; with
@@ -127,7 +127,7 @@ def add_parser(sub) -> None:
         type=jobs_arg,
         default="auto",
         help="worker processes for collect and score, as their --jobs (default auto: one per CPU core, "
-        "at most 4; 1 on an accelerator)",
+        "at most 4 and one per 4 GiB of available memory; 1 on an accelerator)",
     )
     p.set_defaults(func=run)
 
