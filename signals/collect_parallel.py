@@ -29,7 +29,8 @@ class _GivenModel:
 _WORKER_MODEL: dict[str, Any] = {}
 
 
-def _worker_model(loader):
+def worker_model(loader):
+    """The model ``loader`` gives, loaded once per worker process (and again for another loader)."""
     key = repr(loader) if not isinstance(loader, _GivenModel) else f"given-{id(loader.model)}"
     if _WORKER_MODEL.get("key") != key:
         _WORKER_MODEL.clear()
@@ -43,7 +44,7 @@ def _run_task(
     keep_worker()
     if threads:
         torch.set_num_threads(threads)
-    model = _worker_model(loader)
+    model = worker_model(loader)
     return list(
         sample_records(model, context_ids, continuation_ids, index, units, settings, need_full=need_full, scored=scored)
     )

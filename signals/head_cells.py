@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,16 +41,13 @@ import torch
 from scipy import stats
 
 from polykv_search.data.evidence import scored_span
-from polykv_search.patterns import checked_params, make_pattern
-from polykv_search.patterns.spec import parse_spec
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PolyKVCache, apply_strategy, model_spec
 from signals import model_parts
 from signals.fullkv import FullKVRecord, full_kv_pass
-from signals.head_prefill_cells import PREFILL_CELL_PATTERNS, PrefillCells
 from signals.head_signals import CELL_PATTERN, HeadCells
 from signals.ppl import token_kl
-from signals.reconstruction import reconstruction_states
-from signals.replay import SharedPromptLayer, cell_layers, shared_prompt_layer
+from signals.replay import SharedPromptLayer, shared_prompt_layer
+from signals.sample_map import SampleMap
 from strategies import Strategy
 
 DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128)
@@ -63,12 +61,6 @@ DEFINITION = (
     "evicting every step; prompt queries unmasked); answer: mean over the answer tokens of each evidence "
     "sample; prose: mean over every continuation token of each prose sample (0 at the first); mean over "
     "samples, se = standard error over samples"
-)
-
-PREFILL_DEFINITION = (
-    "KL(FullKV || cell), cell = only KV head h of layer l compresses its prompt to budget b with the pattern "
-    "(its own per-head selection, as in a head group of its own) and keeps every continuation token; other "
-    "heads and layers FullKV; answer and prose means and se as for the streaming cells"
 )
 
 
@@ -118,7 +110,7 @@ def scored_kl(model, hidden: torch.Tensor, record: FullKVRecord, span: tuple[int
     return torch.cat(parts, dim=1)
 
 
-def _rows_kl(model, runtime, record: FullKVRecord, layer_idx: int, make_layer, rows: int, span) -> torch.Tensor:
+def rows_kl(model, runtime, record: FullKVRecord, layer_idx: int, make_layer, rows: int, span) -> torch.Tensor:
     """KL per row: layer ``layer_idx`` = ``make_layer()`` (``rows`` rows), then layers above over the
     recorded prompt caches; ``[rows, end - start]``."""
     num_layers = len(record.keys)
@@ -162,7 +154,7 @@ def layer_cells_kl(
         def make(heads=heads, widths=widths):
             return streaming_heads_layer(runtime, record, layer_idx, heads, widths, sink)
 
-        out.append(_rows_kl(model, runtime, record, layer_idx, make, len(chunk), span))
+        out.append(rows_kl(model, runtime, record, layer_idx, make, len(chunk), span))
     return torch.cat(out).reshape(hkv, len(budgets), -1)
 
 
@@ -194,14 +186,15 @@ def check_cell_budgets(budgets: Sequence[int], sink: int) -> tuple[int, ...]:
     return out
 
 
-def cells_per_sample(model, samples: Sequence, budgets, sink: int, *, batch_tokens=BATCH_TOKENS, on_sample=None):
-    """:func:`sample_cells_kl` of each sample, stacked: ``[S, L, Hkv, len(budgets)]``."""
-    rows = []
-    for sample in samples:
-        rows.append(sample_cells_kl(model, sample, budgets, sink, batch_tokens=batch_tokens))
-        if on_sample is not None:
-            on_sample()
-    return np.stack(rows)
+def cells_per_sample(
+    model, samples: Sequence, budgets, sink: int, *, batch_tokens=BATCH_TOKENS, on_sample=None, map_samples=None
+):
+    """:func:`sample_cells_kl` of each sample, stacked: ``[S, L, Hkv, len(budgets)]``; ``map_samples``: a
+    :class:`~signals.sample_map.SampleMap` (workers), else each sample runs here on ``model``."""
+    run = map_samples or SampleMap(model)
+    return np.stack(
+        run(partial(sample_cells_kl, batch_tokens=batch_tokens), samples, budgets, sink, on_sample=on_sample)
+    )
 
 
 def measure_head_cells(
@@ -214,6 +207,7 @@ def measure_head_cells(
     batch_tokens: int = BATCH_TOKENS,
     on_sample: Callable[[], None] | None = None,
     provenance: dict[str, Any] | None = None,
+    map_samples: SampleMap | None = None,
 ) -> HeadCells:
     """The streaming cells of every (layer, KV head, budget) of ``model`` (see the module docstring):
     answer KL on the ``evidence`` samples (each with a ``scored`` answer span), prose KL on ``prose``."""
@@ -222,10 +216,12 @@ def measure_head_cells(
         raise ValueError("streaming cells need at least one evidence sample and one prose sample")
     started = time.perf_counter()
     per = {
-        name: cells_per_sample(model, samples, budgets, sink, batch_tokens=batch_tokens, on_sample=on_sample)
+        name: cells_per_sample(
+            model, samples, budgets, sink, batch_tokens=batch_tokens, on_sample=on_sample, map_samples=map_samples
+        )
         for name, samples in (("answer", evidence), ("prose", prose))
     }
-    summary = {name: _summary(v) for name, v in per.items()}
+    summary = {name: summarize_samples(v) for name, v in per.items()}
     prov = {
         "definition": DEFINITION,
         "evidence_samples": len(evidence),
@@ -236,149 +232,8 @@ def measure_head_cells(
     return HeadCells(sink, budgets, *summary["answer"], *summary["prose"], prov, pattern=CELL_PATTERN)
 
 
-def _summary(per_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def summarize_samples(per_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = per_sample.mean(axis=0)
     if per_sample.shape[0] < 2:
         return mean, np.full(mean.shape, np.nan)
     return mean, np.asarray(stats.sem(per_sample, axis=0))
-
-
-# ----------------------------------------------------------------- prefill cells of scored patterns
-
-
-class KeptPromptHeadsLayer(SharedPromptLayer):
-    """Layer ``l``'s cache for prefill head cells: row ``r`` lets KV head ``heads[r]`` see, of the prompt,
-    only ``kept[r]`` (its pattern's prefill selection), and every continuation token (causally)."""
-
-    def set_cells(self, heads: Sequence[int], kept: torch.Tensor) -> None:
-        self.cell_heads = torch.as_tensor(heads, device=self.device)
-        self.cell_kept = kept.to(self.device)  # [rows, prompt_len] bool
-
-    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
-        causal = super().allowed(query_positions)  # [1, 1, q, n]
-        n, prompt = causal.shape[-1], self.cell_kept.shape[-1]
-        keep = torch.ones((len(self.cell_heads), n), dtype=torch.bool, device=self.device)
-        keep[:, :prompt] = self.cell_kept
-        mine = torch.arange(self.keys.shape[1], device=self.device)[None, :] == self.cell_heads[:, None]
-        return causal & (keep[:, None, None, :] | ~mine[:, :, None, None])  # [rows, Hkv, q, n]
-
-
-def prefill_kept(runtime, record: FullKVRecord, layer_idx: int, pattern, budgets: Sequence[int]) -> torch.Tensor:
-    """``[len(budgets), Hkv, prompt_len]`` bool: the prompt tokens layer ``layer_idx`` keeps in each KV head
-    when ``pattern`` compresses it to each budget (the collector's replay, :func:`signals.replay.cell_layers`)."""
-    rows = cell_layers(runtime, record, layer_idx, "prefill", [pattern], budgets)
-    n = record.keys[layer_idx].shape[2]
-    kept = torch.zeros((len(budgets), record.keys[layer_idx].shape[1], n), dtype=torch.bool)
-    for g, row in enumerate(rows):
-        kept[g].scatter_(-1, row.positions[0].cpu(), True)
-    return kept
-
-
-@torch.no_grad()
-def layer_prefill_cells_kl(
-    model, runtime, record: FullKVRecord, layer_idx: int, pattern, budgets, span, *, batch_tokens=BATCH_TOKENS
-) -> torch.Tensor:
-    """Per-token KL of every (KV head, budget) prefill cell of ``pattern`` in layer ``layer_idx``: only that
-    head compresses its prompt with the pattern (every other head and layer FullKV) and keeps every
-    continuation token; ``[Hkv, len(budgets), end - start]`` float64."""
-    if pattern.name not in PREFILL_CELL_PATTERNS:
-        raise ValueError(f"prefill head cells: {pattern.name!r} does not select per KV head")
-    kept = prefill_kept(runtime, record, layer_idx, pattern.alone(), budgets)  # [nb, H, n]
-    hkv = kept.shape[1]
-    cells = [(h, g) for h in range(hkv) for g in range(len(budgets))]
-    per_chunk = max(1, batch_tokens // max(record.continuation_len, 1))
-    out = []
-    for at in range(0, len(cells), per_chunk):
-        chunk = cells[at : at + per_chunk]
-
-        def make(chunk=chunk):
-            shared = shared_prompt_layer(runtime, record, layer_idx, len(chunk))
-            layer = KeptPromptHeadsLayer(layer_idx, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(layer_idx))
-            for name in ("device", "keys", "values", "positions", "valid", "is_initialized", "seen", "calls"):
-                setattr(layer, name, getattr(shared, name))
-            layer.set_cells([h for h, _ in chunk], torch.stack([kept[g, h] for h, g in chunk]))
-            return layer
-
-        out.append(_rows_kl(model, runtime, record, layer_idx, make, len(chunk), span))
-    return torch.cat(out).reshape(hkv, len(budgets), -1)
-
-
-@torch.no_grad()
-def sample_prefill_cells_kl(model, sample, pattern, budgets: Sequence[int], *, batch_tokens=BATCH_TOKENS) -> np.ndarray:
-    """Mean KL over ``sample``'s scored tokens of every prefill cell of ``pattern``: ``[L, Hkv, len(budgets)]``."""
-    return samples_prefill_cells_kl(model, sample, [pattern], budgets, batch_tokens=batch_tokens)[0]
-
-
-@torch.no_grad()
-def samples_prefill_cells_kl(
-    model, sample, patterns: Sequence, budgets: Sequence[int], *, batch_tokens=BATCH_TOKENS, seconds=None
-) -> list[np.ndarray]:
-    """:func:`sample_prefill_cells_kl` of each pattern, sharing one FullKV pass; ``seconds`` (a list, one
-    entry per pattern) accumulates each pattern's time (its share of the pass included)."""
-    spec = model_spec(model)
-    start, end = scored_span(sample)
-    continuation = list(sample.continuation_ids)[:end]
-    results = [np.full((spec.num_layers, spec.num_kv_heads, len(budgets)), np.nan) for _ in patterns]
-    with apply_strategy(model, Strategy.full(spec.num_layers)) as rt:
-        began = time.perf_counter()
-        record = full_kv_pass(model, rt, sample.context_ids, continuation, stats=False)
-        shared = (time.perf_counter() - began) / max(len(patterns), 1)
-        for i, pattern in enumerate(patterns):
-            began = time.perf_counter()
-            if pattern.model_level:  # its reconstruction pass, counted in its own time
-                record.reconstruction = reconstruction_states(model, rt, record, sample.context_ids, [pattern.alone()])
-            for layer in range(spec.num_layers):
-                kl = layer_prefill_cells_kl(
-                    model, rt, record, layer, pattern, budgets, (start, end), batch_tokens=batch_tokens
-                )
-                results[i][layer] = kl.mean(dim=-1).numpy()
-            if seconds is not None:
-                seconds[i] += shared + time.perf_counter() - began
-    return results
-
-
-def measure_prefill_cells(
-    model,
-    evidence: Sequence,
-    prose: Sequence,
-    patterns: Sequence[str],
-    *,
-    budgets: Sequence[int] = DEFAULT_BUDGETS,
-    batch_tokens: int = BATCH_TOKENS,
-    on_sample: Callable[[], None] | None = None,
-    provenance: dict[str, Any] | None = None,
-) -> tuple[PrefillCells, ...]:
-    """The prefill cells of every scored pattern in ``patterns`` (specs: ``h2o``, ``kvzip[allocation=model]``)
-    per (layer, KV head, budget): answer KL on ``evidence``, prose KL on ``prose`` (as
-    :func:`measure_head_cells`); each block records the spec's params and its own ``seconds``. ``on_sample``
-    is called once per sample (all patterns)."""
-    budgets = tuple(sorted({int(b) for b in budgets}))
-    specs = [parse_spec(p) for p in patterns]
-    bad = [p for p, (name, _) in zip(patterns, specs) if name not in PREFILL_CELL_PATTERNS or name == CELL_PATTERN]
-    if bad or not patterns or not budgets or budgets[0] < 1:
-        raise ValueError(f"prefill cells: scored patterns of {list(PREFILL_CELL_PATTERNS[:-1])}, got {list(patterns)}")
-    if not evidence or not prose:
-        raise ValueError("prefill cells need at least one evidence sample and one prose sample")
-    made = [make_pattern(name, **params) for name, params in specs]
-    seconds = [0.0] * len(made)
-    per: dict[str, list[list[np.ndarray]]] = {"answer": [], "prose": []}
-    for name, samples in (("answer", evidence), ("prose", prose)):
-        for sample in samples:
-            per[name].append(
-                samples_prefill_cells_kl(model, sample, made, budgets, batch_tokens=batch_tokens, seconds=seconds)
-            )
-            if on_sample is not None:
-                on_sample()
-    out = []
-    for i, (pattern, params) in enumerate(specs):
-        answer = _summary(np.stack([row[i] for row in per["answer"]]))
-        prose_kl = _summary(np.stack([row[i] for row in per["prose"]]))
-        prov = {
-            "definition": PREFILL_DEFINITION,
-            "evidence_samples": len(evidence),
-            "prose_samples": len(prose),
-            "seconds": round(seconds[i], 3),
-            **(provenance or {}),
-        }
-        out.append(PrefillCells(pattern, budgets, *answer, *prose_kl, checked_params(pattern, params), prov))
-    return tuple(out)

@@ -1,7 +1,7 @@
 """Prefill cells of scored patterns per (layer, KV head), stored in the signal table's ``heads.prefill_cells``.
 
 The streaming cells (``heads.cells``, :mod:`signals.head_signals`) say what it costs when one KV head keeps
-sinks + recent tokens in both phases. A *prefill cell* (:func:`signals.head_cells.sample_prefill_cells_kl`)
+sinks + recent tokens in both phases. A *prefill cell* (:func:`signals.head_prefill_measure.sample_prefill_cells_kl`)
 says what it costs when only KV head h of layer l compresses its **prompt** to budget b with a scored pattern
 (snapkv, h2o, ...: one whose selection is made per KV head) and keeps every continuation token: KL(FullKV ||
 cell) on the answer tokens of evidence samples and on prose, mean over samples and standard error. On disk

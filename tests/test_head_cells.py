@@ -168,7 +168,7 @@ def test_prefill_cells_of_scored_patterns_equal_the_runtime_with_one_head_in_its
     from polykv_search.patterns import make_pattern
     from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan
     from polykv_search.runtime.head_groups import HeadGroupPlan
-    from signals.head_cells import sample_prefill_cells_kl
+    from signals.head_prefill_measure import sample_prefill_cells_kl
 
     model = tiny_model("llama", layers=3, seed=7)
     sample = random_sample(8, 40, 10, (2, 10))

@@ -21,7 +21,7 @@ def test_by_default_collect_and_score_run_one_worker_per_core(tmp_path, monkeypa
     assert value(layer_collect, "--jobs") == "2"
     assert value(calls[-1], "--jobs") == "2" and calls[-1][0] == "score"
     heads = next(c for c in calls if "--head-cells" in c)
-    assert "--jobs" not in heads  # the head measurements run in this process
+    assert "--jobs" not in heads  # the head cells run in this process (measured faster on 2 cores)
 
 
 def test_one_job_runs_every_step_in_this_process(tmp_path, monkeypatch, two_cores):

@@ -146,7 +146,12 @@ def add_parser(sub) -> None:
     g.add_argument(
         "--naive", action="store_true", help="one full forward per cell (the slow reference) instead of the replay"
     )
-    g.add_argument("--jobs", type=positive_int, default=1, help="parallel workers (default 1)")
+    g.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="parallel workers: the grid's units and the head cells' samples (default 1)",
+    )
     g.add_argument(
         "--backend",
         choices=["loky", "dask", "ray"],
@@ -304,7 +309,10 @@ def run(args: argparse.Namespace) -> int:
             f"finished cells are kept in {journal_path(out)}; rerun the same command to continue"
         ) from None
     if collect_heads.head_samples(args):
-        collect_heads.measure(args, table, model, tokenizer, corpus, out, samples)
+        try:
+            collect_heads.measure(args, table, model, tokenizer, corpus, out, samples)
+        except CollectError as err:  # a --backend that cannot start (a missing package, no cluster)
+            raise CLIError(str(err)) from None
     cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())
     t = table.provenance["timings"]
     evidence = table.provenance["retrieval"]["evidence_samples"]

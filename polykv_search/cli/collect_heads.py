@@ -131,10 +131,13 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
     stored in the table at ``out``; ``samples``: the collection's calibration samples (its prose ones give the
     prose KL). What the table already holds with the same settings is kept, not measured again."""
     from polykv_search.data.evidence import EvidenceSample, make_calibration_samples, parse_retrieval_mix
+    from polykv_search.parallel import ModelLoader
     from polykv_search.progress import ProgressBar
-    from signals.head_cells import measure_head_cells, measure_prefill_cells
+    from signals.head_cells import measure_head_cells
+    from signals.head_prefill_measure import measure_prefill_cells
     from signals.head_signals import DEFINITION, HeadSignals
     from signals.retrieval_heads import retrieval_scores
+    from signals.sample_map import SampleMap
     from strategies.choice import spec_label
 
     n, records = head_samples(args), args.evidence_records or 1
@@ -182,6 +185,9 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
         mix=parse_retrieval_mix(str(n), records=records),
     )
     bar_console = None if args.no_progress else console
+    # --jobs: the cells' samples fan out like the grid's units (a worker loads the model once)
+    loader = ModelLoader(args.model, args.device, args.dtype, args.attn)
+    fan_out = SampleMap(model, loader, args.jobs, args.backend, args.address)
     if done:
         scores = table.heads.retrieval
     else:
@@ -190,12 +196,26 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
     if streaming:
         with ProgressBar(bar_console, "streaming cells", n + len(prose), unit="samples") as bar:
             cells = measure_head_cells(
-                model, evidence, prose, budgets=budgets, sink=CELL_SINK, on_sample=bar.advance, provenance=cells_key
+                model,
+                evidence,
+                prose,
+                budgets=budgets,
+                sink=CELL_SINK,
+                on_sample=bar.advance,
+                provenance=cells_key,
+                map_samples=fan_out,
             )
     if scored:
         with ProgressBar(bar_console, f"{','.join(scored)} cells", n + len(prose), unit="samples") as bar:
             new = measure_prefill_cells(
-                model, evidence, prose, scored, budgets=budgets, on_sample=bar.advance, provenance=cells_key
+                model,
+                evidence,
+                prose,
+                scored,
+                budgets=budgets,
+                on_sample=bar.advance,
+                provenance=cells_key,
+                map_samples=fan_out,
             )
         kept.update({spec_label(c.pattern, c.params): c for c in new})
     prefill = tuple(kept[p] for p in patterns if p in kept)

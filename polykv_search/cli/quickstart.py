@@ -19,7 +19,8 @@ The baselines (``--baselines``) include KVzip's own allocation, ``uniform:kvzip[
 best uniform on ruler in the studies (docs/results.md): the verdict compares with the best uniform scored.
 
 ``--jobs`` (default ``auto``: one worker process per CPU core, at most 4 and one per 4 GiB of available
-memory, one thread each; 1 on an accelerator) runs collect and score as their ``--jobs`` do; the results do not depend on it.
+memory, one thread each; 1 on an accelerator) runs collect and score as their ``--jobs`` do; the results
+do not depend on it.
 
 ``--question-aware`` scores under the question-aware protocol (``score --question-aware``) into
 ``results-B<B>-question-aware.json``, beside the default question-agnostic results; with
@@ -213,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if args.head_level:
         H.check_head_level(args.calib_samples, args.head_cells, args.context_len)
         cells, head_patterns = ",".join(map(str, args.head_cells)), ",".join(args.head_patterns)
+        # in this process: fanned out over one-thread workers its cells took longer on 2 cores (docs/quickstart.md)
         heads_argv = H.head_collect_argv(calibration, args.calib_samples, cells, head_patterns, heads)
         collect_check(build_parser().parse_args(heads_argv))  # the cells' budgets and patterns
     out.mkdir(parents=True, exist_ok=True)
