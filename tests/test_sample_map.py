@@ -3,8 +3,11 @@ in-process measurement gives (a worker loads the model by path, once)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
 from polykv_search.models import load_model
 from polykv_search.parallel import ModelLoader
@@ -12,10 +15,15 @@ from signals.head_cells import measure_head_cells
 from signals.head_prefill_measure import measure_prefill_cells
 from signals.sample_map import SampleMap
 from tests.test_eval_support import char_tokenizer
-from tests.test_head_cells import random_sample
 from tests.tiny import tiny_model
 
 PATTERNS = ["h2o", "kvzip[allocation=model]"]
+
+
+def random_sample(seed: int, n: int, m: int, scored=None):
+    """Random token ids: ``n`` of context, ``m`` of continuation, ``scored`` its answer span (all of it)."""
+    ids = torch.randint(1, 90, (n + m,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return SimpleNamespace(context_ids=ids[:n], continuation_ids=ids[n:], scored=scored or (0, m))
 
 
 @pytest.fixture(scope="module")
