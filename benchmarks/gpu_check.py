@@ -18,9 +18,11 @@
 (b) **Speed**: ``bench_runtime.py`` at 4k/8k/16k and ``bench_score.py`` at 4k/8k on SmolLM2 on the device,
     then the query-agnostic patterns side by side at 4k (``bench_runtime.py --pattern
     snapkv,kvzip,kvzip[allocation=model],keydiff,expected_attention --paired-to snapkv``, 4 repeats, k = 1:
-    kvzip's prefill and every new pattern's decode over snapkv's, per repeat, with intervals); their JSON in
-    ``--out`` (``--smoke``: 128-token runs of all three on the CPU). The pattern comparison's time on a GPU
-    is not measured yet.
+    kvzip's prefill and every new pattern's decode over snapkv's, per repeat, with intervals); then kvzip
+    against snapkv the same way on two layers of Llama-3.1-8B's shape with random weights
+    (``shape_model.py``, written to ``--out``; 2.44× snapkv's prefill on a CPU, docs/study_kvzip.md), the
+    regime of the KVzip paper's ~2×; their JSON in ``--out`` (``--smoke``: 128-token runs on the CPU, the
+    shape a small stand-in). The pattern comparisons' time on a GPU is not measured yet.
 (c) **Summary**: one screen; ``summary.json`` in ``--out``.
 """
 
@@ -57,6 +59,8 @@ from tests.tiny import FAMILIES, tiny_model  # noqa: E402
 EVICTING = [name for name, cls in PATTERNS.items() if not cls.keeps_all]
 #: issue 26's cost comparison: the query-agnostic patterns against the first, side by side
 PAIRED = ["snapkv", "kvzip", "kvzip[allocation=model]", "keydiff", "expected_attention"]
+#: the layer shape of kvzip's prefill cost run, at full size and in --smoke (benchmarks/shape_model.py)
+SHAPE = {False: "llama-3.1-8b", True: "smoke"}
 #: KVzip's own allocation, the best uniform on ruler: heads of different lengths, one pool over the model
 POOLED = Strategy.uniform(2, "kvzip", 10, params={"allocation": "model"})
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -175,23 +179,32 @@ def speed(device: str, smoke: bool, out: Path) -> dict:
         if smoke
         else ["--contexts", "4096", "--decode-steps", "64", "--repeats", "4"]
     )
+    # kvzip's prefill where the MLPs dominate: two layers of an 8B model's shape, random weights (the issue's ~2×)
+    shape = out / f"shape-{SHAPE[smoke]}"
+    shape_args = ["--model", str(shape), "--pattern", "snapkv,kvzip", "--paired-to", "snapkv", "--intervals", "1"]
+    shape_args += patterns_args[patterns_args.index("--contexts") :]
     result = {}
-    runs = (  # (result name, script, arguments)
-        ("bench_runtime", "bench_runtime", runtime_args),
-        ("bench_score", "bench_score", score_args),
-        ("bench_runtime_patterns", "bench_runtime", patterns_args),
+    runs = (  # (result name, script, arguments); shape_model writes the checkpoint the last run reads
+        ("bench_runtime", "bench_runtime", ["--device", device, *runtime_args]),
+        ("bench_score", "bench_score", ["--device", device, *score_args]),
+        ("bench_runtime_patterns", "bench_runtime", ["--device", device, *patterns_args]),
+        ("shape_model", "shape_model", ["--shape", SHAPE[smoke], "--layers", "2"]),
+        ("bench_runtime_shape", "bench_runtime", ["--device", device, *shape_args]),
     )
     for name, script_name, args in runs:
-        target = out / f"{name}.json"
+        target = shape if name == "shape_model" else out / f"{name}.json"
+        if name == "shape_model" and target.exists():  # a rerun reuses the checkpoint
+            result[name] = {"command": "(reused)", "rc": 0, "seconds": 0.0, "json": None, "error": None}
+            continue
         script = ROOT / "benchmarks" / f"{script_name}.py"
-        cmd = [sys.executable, str(script), "--device", device, *args, "--out", str(target)]
+        cmd = [sys.executable, str(script), *args, "--out", str(target)]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         result[name] = {
             "command": " ".join(cmd[1:]),
             "rc": proc.returncode,
             "seconds": round(time.perf_counter() - start, 1),
-            "json": str(target) if target.exists() else None,
+            "json": str(target) if target.exists() and name != "shape_model" else None,
             "error": proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else None,
         }
     return result
@@ -201,12 +214,15 @@ def speed_lines(result: dict) -> list[str]:
     """The headline figures of each benchmark's JSON (or why it is missing)."""
     lines = []
     for name, r in result.items():
+        if name == "shape_model" and not r["rc"]:
+            lines.append(f"shape_model: {r['seconds']} s ({r['command']})")
+            continue
         if not r["json"]:
             lines.append(f"{name}: failed (rc {r['rc']}): {r['error']}")
             continue
         doc = json.loads(Path(r["json"]).read_text())
         for ctx, c in doc["contexts"].items():
-            if name == "bench_runtime_patterns":
+            if name in ("bench_runtime_patterns", "bench_runtime_shape"):
                 pairs = c.get("paired", {})
                 base = next(iter(pairs.values()))["vs"] if pairs else PAIRED[0]
                 lines.append(f"{name} {ctx}: over {base}, decode speed, then prefill time:")

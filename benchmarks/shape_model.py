@@ -37,6 +37,13 @@ SHAPES: dict[str, dict] = {
         "num_key_value_heads": 8,
         "rope_theta": 500000.0,
     },
+    "smoke": {  # a small stand-in for the CPU smoke runs of benchmarks/gpu_check.py (seconds, not a real model)
+        "hidden_size": 256,
+        "intermediate_size": 896,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "rope_theta": 500000.0,
+    },
     "qwen3-8b-like": {  # Qwen3-8B's widths in a Llama layer (no q/k norm): the cost of its shape
         "hidden_size": 4096,
         "intermediate_size": 12288,

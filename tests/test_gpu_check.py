@@ -1,5 +1,5 @@
 """``benchmarks/gpu_check.py`` cannot rot: its CPU smoke mode runs here (the exactness part in the default
-run and CI; the three 128-token benchmarks on SmolLM2 with ``pytest -m slow``, about a minute)."""
+run and CI; the 128-token benchmarks on SmolLM2 and a small shape model with ``pytest -m slow``, about two minutes)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_a_missing_cuda_device_is_one_line_exit_2(gpu_check, tmp_path, capsys):
 @pytest.mark.slow
 def test_smoke_benchmarks_run_on_smollm2(gpu_check, tmp_path):
     result = gpu_check.speed("cpu", True, tmp_path)
-    assert [r["rc"] for r in result.values()] == [0, 0, 0], result
+    assert [r["rc"] for r in result.values()] == [0, 0, 0, 0, 0], result
     lines = gpu_check.speed_lines(result)
     assert any(line.startswith("bench_runtime 128") for line in lines)
     assert any(line.startswith("bench_score 128: shared engine") for line in lines)
@@ -40,3 +40,8 @@ def test_smoke_benchmarks_run_on_smollm2(gpu_check, tmp_path):
     assert [line.split()[0] for line in paired] == gpu_check.PAIRED[1:], lines
     interval = re.compile(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]")
     assert all(len(interval.findall(line)) == 2 and len(line) <= 80 for line in paired), paired
+    at = lines.index("bench_runtime_shape 128: over snapkv B32 k1, decode speed, then prefill time:")
+    assert lines[at + 1].split()[0] == "kvzip" and len(interval.findall(lines[at + 1])) == 2
+    assert (tmp_path / "shape-smoke" / "config.json").exists()
+    again = gpu_check.speed("cpu", True, tmp_path)  # a rerun reuses the checkpoint
+    assert again["shape_model"]["command"] == "(reused)" and again["bench_runtime_shape"]["rc"] == 0
