@@ -62,7 +62,7 @@ def test_a_bad_count_is_a_one_line_usage_error(tmp_path, bad):
 
     with pytest.raises(UsageError) as err:
         build_parser().parse_args(["quickstart", "--out", str(tmp_path / "qs"), "--jobs", bad])
-    assert "--jobs" in str(err.value) and "\n" not in str(err.value)
+    assert "--jobs" in str(err.value) and "or auto" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_report_says_how_the_scoring_ran():
@@ -73,3 +73,16 @@ def test_the_report_says_how_the_scoring_ran():
     assert fanned == "Step times: 1/4 collect 120s, 3/4 score 800s (score: 2 loky workers, 1 thread(s) each)"
     assert _step_times(timings, {"jobs": 1, "backend": "in-process", "threads": 2}).endswith("score 800s")
     assert _step_times({}, {"jobs": 2}) == "All steps reused."
+
+
+@pytest.mark.parametrize("command", ["score", "collect"])
+def test_score_and_collect_take_auto_too(command, monkeypatch, two_cores):
+    import argparse
+
+    from polykv_search.cli.common import resolve_jobs
+
+    args = build_parser().parse_args([command, "--jobs", "auto", "--out", "x.json"])
+    assert args.jobs == "auto"
+    assert resolve_jobs(args) == args.jobs == 2
+    assert resolve_jobs(argparse.Namespace(jobs="auto", device="cuda")) == 1
+    assert resolve_jobs(argparse.Namespace(jobs=3, device="cpu")) == 3

@@ -39,9 +39,11 @@ from polykv_search.cli.common import (
     check_output_path,
     comma_list,
     console,
+    jobs_count,
     load_model_from_args,
     non_negative_int,
     positive_int,
+    resolve_jobs,
 )
 
 # From the signal-quality measurement (README, "Signal quality per CPU-minute"): at equal tokens, many
@@ -148,9 +150,10 @@ def add_parser(sub) -> None:
     )
     g.add_argument(
         "--jobs",
-        type=positive_int,
+        type=jobs_count,
         default=1,
-        help="parallel workers: the grid's units and the head cells' samples (default 1)",
+        help="parallel workers: the grid's units and the head cells' samples; auto: one per CPU core (at most "
+        "4 and one per 4 GiB of available memory; 1 on an accelerator) (default 1)",
     )
     g.add_argument(
         "--backend",
@@ -202,6 +205,7 @@ def check(args: argparse.Namespace):
             f"--context-len {args.context_len} must exceed the largest of --budgets ({max(budgets)}): "
             "a cell whose budget holds the whole context evicts nothing and measures nothing"
         )
+    resolve_jobs(args)
     if args.address and not args.backend:
         raise CLIError("--address applies to --backend dask or ray; give --backend")
     if args.address and args.backend == "loky":

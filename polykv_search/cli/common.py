@@ -302,6 +302,26 @@ def positive_float(text: str) -> float:
     return value
 
 
+def jobs_count(text: str) -> str | int:
+    """``--jobs``: ``auto`` or a positive count."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}") from None
+
+
+def resolve_jobs(args: argparse.Namespace) -> int:
+    """``args.jobs`` as a count (``auto``: :func:`polykv_search.parallel.auto_jobs` for ``args.device``), set on
+    ``args`` and returned."""
+    if args.jobs == "auto":
+        from polykv_search.parallel import auto_jobs
+
+        args.jobs = auto_jobs(args.device)
+    return args.jobs
+
+
 def comma_list(
     cast: Callable[[str], Any] = str, what: str = "item", split: Callable[[str], list[str]] | None = None
 ) -> Callable[[str], list]:

@@ -43,8 +43,10 @@ from polykv_search.cli.common import (
     check_output_dir,
     comma_list,
     console,
+    jobs_count,
     positive_float,
     positive_int,
+    resolve_jobs,
 )
 from polykv_search.cli.quickstart_report import print_summary, write_report
 from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
@@ -125,7 +127,7 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--jobs",
-        type=jobs_arg,
+        type=jobs_count,
         default="auto",
         help="worker processes for collect and score, as their --jobs (default auto: one per CPU core, "
         "at most 4 and one per 4 GiB of available memory; 1 on an accelerator)",
@@ -133,17 +135,11 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def jobs_arg(text: str) -> str | int:
-    """``--jobs``: ``auto`` or a positive count."""
-    return text if text == "auto" else positive_int(text)
-
-
 def run(args: argparse.Namespace) -> int:
     from polykv_search.cli import build_parser, invoke, is_user_error
     from polykv_search.cli.baselines import check_baseline
     from polykv_search.cli.collect import check as collect_check
     from polykv_search.models import DEFAULT_MODEL
-    from polykv_search.parallel import auto_jobs
     from polykv_search.scoring import ScoreError, resolve_tasks
     from polykv_search.scoring.engine import check_task_protocol
     from solvers import list_methods
@@ -165,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise CLIError(f"--methods: unknown method {unknown[0]!r}; known: {', '.join(sorted(known))}")
     eval_len = args.eval_context_len or args.context_len
-    jobs = auto_jobs(args.device) if args.jobs == "auto" else args.jobs
+    jobs = resolve_jobs(args)
     fan_out = ["--jobs", str(jobs)] if jobs > 1 else []  # local processes, one thread each on a CPU
     model = args.model or DEFAULT_MODEL
     B = f"{args.budget:g}"

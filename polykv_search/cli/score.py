@@ -17,10 +17,12 @@ from polykv_search.cli.common import (
     check_model_args,
     check_output_path,
     console,
+    jobs_count,
     load_model_from_args,
     out,
     positive_float,
     positive_int,
+    resolve_jobs,
 )
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
@@ -75,9 +77,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--jobs",
-        type=positive_int,
+        type=jobs_count,
         default=1,
-        help="worker processes, each a full engine scoring its share of the samples (default 1: this process)",
+        help="worker processes, each a full engine scoring its share of the samples, or auto: one per CPU core "
+        "(at most 4 and one per 4 GiB of available memory; 1 on an accelerator) (default 1: this process)",
     )
     p.add_argument(
         "--backend",
@@ -252,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_fan_out(args: argparse.Namespace) -> None:
+    resolve_jobs(args)
     if args.address and not args.backend:
         raise CLIError("--address applies to --backend dask or ray; give --backend")
     if args.address and args.backend == "loky":
