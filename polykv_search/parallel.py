@@ -143,7 +143,15 @@ def keep_worker() -> None:
 
 def worker_threads(backend: str | None, jobs: int) -> int | None:
     """Intra-op threads per local worker (the cores shared out), None for cluster workers (their own)."""
-    return max(1, (os.cpu_count() or 1) // jobs) if backend in (None, "loky") else None
+    return max(1, usable_cores() // jobs) if backend in (None, "loky") else None
+
+
+def joblib_jobs(backend: str | None, jobs: int) -> int:
+    """``joblib.Parallel``'s ``n_jobs`` for ``jobs`` workers on ``backend``: 1 for ``sequential``, ``jobs`` local
+    processes, -1 (every worker it has) on a dask or ray cluster."""
+    if backend == "sequential":
+        return 1
+    return jobs if backend in (None, "loky") else -1
 
 
 #: most local workers ``auto_jobs`` gives (only 2 cores were measured)

@@ -9,7 +9,14 @@ import torch
 from joblib import Parallel, delayed
 from rich.console import Console
 
-from polykv_search.parallel import BACKENDS, ModelLoader, joblib_backend, keep_worker, worker_threads  # noqa: F401
+from polykv_search.parallel import (  # noqa: F401
+    BACKENDS,
+    ModelLoader,
+    joblib_backend,
+    joblib_jobs,
+    keep_worker,
+    worker_threads,
+)
 from polykv_search.progress import ProgressBar
 from signals.collect_sample import sample_records
 from signals.collect_settings import CollectError, Unit
@@ -80,7 +87,6 @@ def run_parallel(
     samples, per_sample, need_full, settings, jobs, backend, address, loader, num_layers, persist, bar, spans=None
 ) -> None:
     """Run every pending unit through joblib; ``spans[s]``: sample s's scored continuation positions."""
-    local = backend in (None, "loky", "sequential")
     threads = worker_threads(backend, jobs)
     tasks = []
     for s in sorted(per_sample):
@@ -89,8 +95,7 @@ def run_parallel(
             tasks.append((s, group, s in need_full and i == 0))
     sample_ids = {s: (list(samples[s].context_ids), list(samples[s].continuation_ids)) for s in per_sample}
     with _backend(backend, address, jobs):
-        n_jobs = 1 if backend == "sequential" else (jobs if local else -1)
-        results = Parallel(n_jobs=n_jobs, return_as="generator_unordered")(
+        results = Parallel(n_jobs=joblib_jobs(backend, jobs), return_as="generator_unordered")(
             delayed(_run_task)(loader, *sample_ids[s], s, group, settings, full, threads, spans[s] if spans else None)
             for s, group, full in tasks
         )

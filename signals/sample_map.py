@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from joblib import Parallel, delayed
 
-from polykv_search.parallel import ModelLoader, joblib_backend, keep_worker, worker_threads
+from polykv_search.parallel import ModelLoader, joblib_backend, joblib_jobs, keep_worker, worker_threads
 from signals.collect_parallel import worker_model
 from signals.collect_settings import CollectError
 
@@ -57,11 +57,9 @@ class SampleMap:
                 if on_sample is not None:
                     on_sample()
             return out
-        local = self.backend in (None, "loky", "sequential")
-        n_jobs = 1 if self.backend == "sequential" else (self.jobs if local else -1)
         threads = worker_threads(self.backend, self.jobs)
         with joblib_backend(self.backend, self.address, self.jobs, error=CollectError):
-            for result in Parallel(n_jobs=n_jobs, return_as="generator")(
+            for result in Parallel(n_jobs=joblib_jobs(self.backend, self.jobs), return_as="generator")(
                 delayed(_run)(self.loader, threads, fn, sample, args) for sample in samples
             ):
                 out.append(result)

@@ -20,8 +20,9 @@ def pytest_configure(config):
     threads each on two cores would oversubscribe them)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, cores // workers))
+        from polykv_search.parallel import usable_cores
+
+        torch.set_num_threads(max(1, usable_cores() // workers))
 
 
 @pytest.fixture(autouse=True)

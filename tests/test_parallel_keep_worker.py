@@ -40,3 +40,12 @@ def test_without_it_loky_replaces_a_worker_whose_memory_grew():
 
 def test_a_worker_that_calls_keep_worker_serves_every_task():
     assert len(_workers_seen(keep=True)) <= 2
+
+
+def test_joblib_jobs_and_worker_threads_follow_the_backend(monkeypatch):
+    from polykv_search import parallel
+
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 8)
+    assert [parallel.joblib_jobs(b, 3) for b in ("sequential", None, "loky", "dask", "ray")] == [1, 3, 3, -1, -1]
+    assert parallel.worker_threads("loky", 3) == 2 and parallel.worker_threads(None, 16) == 1
+    assert parallel.worker_threads("dask", 3) is None  # cluster workers keep their own

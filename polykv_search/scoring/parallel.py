@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from joblib import Parallel, delayed
 
-from polykv_search.parallel import ModelLoader, joblib_backend, keep_worker, worker_threads
+from polykv_search.parallel import ModelLoader, joblib_backend, joblib_jobs, keep_worker, worker_threads
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner
 from polykv_search.scoring.entries import Entry, ScoreError
 
@@ -60,8 +60,7 @@ class FanOut:
         self.loader, self.jobs, self.backend, self.address = loader, jobs, backend, address
 
     def __call__(self, entries: Sequence[Entry], settings: RunnerSettings, pending: list, record: Callable) -> None:
-        local = self.backend in (None, "loky", "sequential")
-        n_jobs = 1 if self.backend == "sequential" else (self.jobs if local else -1)
+        n_jobs = joblib_jobs(self.backend, self.jobs)
         threads = worker_threads(self.backend, self.jobs)
         where = {(task.name, index): (task, index, sample) for task, index, sample in pending}
         try:
