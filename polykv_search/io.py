@@ -1,4 +1,5 @@
-"""Atomic writes and JSON, re-exported from :mod:`strategies.io` (the bottom layer, where they live).
+"""Atomic writes, JSON and reading (compressed) text, re-exported from :mod:`strategies.io` (the bottom layer,
+where they live).
 
 Kept so that ``from polykv_search.io import atomic_write_text`` goes on working everywhere.
 """
@@ -7,6 +8,7 @@ from strategies.io import (
     atomic_write_bytes,
     atomic_write_files,
     atomic_write_text,
+    read_text,
     remove_stale_temporaries,
     stale_temporaries,
     write_json,
@@ -16,6 +18,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_files",
     "atomic_write_text",
+    "read_text",
     "remove_stale_temporaries",
     "stale_temporaries",
     "write_json",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polykv_search.io import atomic_write_text
+from polykv_search.io import atomic_write_text, read_text
 from signals.table_codec import SignalTableError
 from signals.table_json import table_from_json, table_to_json
 
@@ -53,10 +53,11 @@ class TableFileMixin:
 
     @classmethod
     def load(cls, path: str | Path) -> SignalTable:
-        """Read and validate a signal table file; every problem is a one-line :class:`SignalTableError`."""
+        """Read and validate a signal table file (``.json``, ``.json.xz`` or ``.json.gz``); every problem is a
+        one-line :class:`SignalTableError`."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path)
         except OSError as err:
             raise SignalTableError(f"signals: cannot read {path}: {err.strerror}") from None
         except UnicodeDecodeError:

@@ -3,6 +3,9 @@
 They live in ``strategies``, the bottom layer, so that strategies and exporters can write files
 without importing the core; :mod:`polykv_search.io` re-exports them under their old import path.
 
+:func:`read_text` reads a file whole, decompressing a ``.xz`` or ``.gz`` one on the way (``studies/`` keeps its
+large JSON files xz-compressed), so every loader takes either form.
+
 A write goes to a hidden temporary file beside its target (``.NAME.PID.RANDOM.tmp``), is flushed
 to disk, then renamed over the target, so readers see the old file or the new one, never half of
 either. A process killed before the rename leaves only its temporary file behind; the next write
@@ -13,14 +16,38 @@ left alone), and no reader ever opens them.
 from __future__ import annotations
 
 import errno
+import gzip
 import json
+import lzma
 import os
 import stat
 import tempfile
 import threading
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+#: a compressed file's opener, by its last suffix
+_OPENERS = {".xz": lzma.open, ".gz": gzip.open}
+
+
+def read_text(path: str | Path) -> str:
+    """The UTF-8 text of ``path``; a ``.xz`` or ``.gz`` file is decompressed first.
+
+    Raises :class:`OSError` as :meth:`Path.read_text` does (a corrupt or truncated compressed file too, with
+    the reason as its ``strerror``) and :class:`UnicodeDecodeError` for bytes that are not UTF-8.
+    """
+    path = Path(path)
+    opener = _OPENERS.get(path.suffix)
+    if opener is None:
+        return path.read_text(encoding="utf-8")
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (lzma.LZMAError, EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise OSError(errno.EINVAL, f"not a valid {path.suffix[1:]} file ({err})") from None
+    return data.decode("utf-8")
 
 
 def _tmp_prefix(path: Path) -> str:

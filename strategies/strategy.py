@@ -27,7 +27,7 @@ from strategies.choice import (
     StrategyError,
 )
 from strategies.head_groups import HEAD_GROUPS, HeadGroup, HeadGroupError, as_number, check_groups, mean_budget
-from strategies.io import atomic_write_text
+from strategies.io import atomic_write_text, read_text
 from strategies.strategy_json import first_non_finite, parse_document
 
 
@@ -317,10 +317,11 @@ class Strategy:
 
     @classmethod
     def load(cls, path: str | Path) -> Strategy:
-        """Read ``path`` (UTF-8 JSON); every error names the file: ``PATH: field: what is wrong``."""
+        """Read ``path`` (UTF-8 JSON, or ``.json.xz`` / ``.json.gz``); every error names the file: ``PATH: field:
+        what is wrong``."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text(path)
         except UnicodeDecodeError as err:
             raise StrategyError(f"strategy {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         except OSError as err:

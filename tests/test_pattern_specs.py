@@ -176,7 +176,7 @@ def test_terminal_output_prints_spec_names_whole_not_as_rich_markup(tmp_path, ca
     out = tmp_path / "u.json"
     assert main(["solve", "--method", "uniform", "--pattern", MODEL, "--budget", "64", "--out", str(out)]) == 0
     assert f"{MODEL} at 64 tokens in every layer" in capsys.readouterr().err
-    results = "docs/study_kvzip/h18b-aware-B256.json"  # a committed run with a uniform-kvzip[allocation=model] entry
+    results = "studies/kvzip/h18b-aware-B256.json.xz"  # a committed run with a uniform-kvzip[allocation=model] entry
     assert main(["compare", results]) == 0
     assert f"best uniform at B=256: ruler uniform-{MODEL}" in " ".join(capsys.readouterr().err.split())
 

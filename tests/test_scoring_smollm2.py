@@ -58,7 +58,7 @@ def test_head_group_strategies_score_alike_on_both_engines_on_smollm2():
     from strategies import Strategy
 
     model, tok = load_model()
-    study = Path(__file__).resolve().parents[1] / "docs" / "study_kvzip"
+    study = Path(__file__).resolve().parents[1] / "studies" / "kvzip"
     entries = [baseline("uniform:snapkv", model.config.num_hidden_layers, 256)]
     entries += [scoring.Entry(n, Strategy.load(study / f"{n}.json"), "strategy", n) for n in ("duo", "ilp-head")]
     texts, _ = scoring.eval_texts("austen")

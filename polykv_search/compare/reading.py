@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from polykv_search.io import read_text
 from polykv_search.protocol import PROTOCOLS
 from polykv_search.scoring import RESULTS_SCHEMA
 from strategies import PHASES
@@ -56,10 +57,11 @@ class TaskSamples:
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
-    """Read and check one results file; raises :class:`CompareError` with a one-line reason."""
+    """Read and check one results file (``.json``, or ``.json.xz`` / ``.json.gz``); raises :class:`CompareError`
+    with a one-line reason."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path)
     except OSError as err:
         raise CompareError(f"cannot read {path}: {err.strerror}") from None
     except UnicodeDecodeError:

@@ -1,12 +1,12 @@
 #!/bin/bash
-# H16's planned paired differences (docs/study_kvzip_plan.md) on the files of run_b256.sh, with the B = 256
+# H16's planned paired differences (studies/kvzip/study_kvzip_plan.md) on the files of run_b256.sh, with the B = 256
 # runs they pair with on the same samples (H7, H8, H9, H10, H12, H11):
-#   docs/study_kvzip/b256_pairs.sh DIR a|b|d [BEST]   (BEST, for b: the best uniform of the run's own samples)
+#   studies/kvzip/b256_pairs.sh DIR a|b|d [BEST]   (BEST, for b: the best uniform of the run's own samples)
 set -eu
 D=${1:?DIR} PART=${2:?a, b or d} BEST=${3:-}
 TASKS=(niah_single niah_multikey niah_multivalue niah_multiquery vt cwe)
 list() { local IFS=,; echo "${*}"; }
-pair() { python "$(dirname "$0")/pairs.py" "$@" | tail -1; }
+pair() { python -m studies.kvzip.pairs "$@" | tail -1; }
 case $PART in
 a)  # question-agnostic ruler, H8's draw: this run's duo / headkv / uniforms with H7's head-level ilp
   F=$(list "${TASKS[@]/#/$D/h16-agnostic-}"); F=${F//,/.json,}.json

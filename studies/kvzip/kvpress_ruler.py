@@ -10,9 +10,10 @@ entries, with paired differences to ``--ref`` (``polykv_search.stats``, as ``com
 in a ``KVzipPress``'s kwargs masks by its scores with this project's rule instead of its own (every KV head
 keeps its top B, the sinks first), isolating the allocation. kvpress compresses the
 context only: the question and the answer stay on top of B, while the file's entries hold B through the
-question call and decoding. ``--report OUT`` reprints a finished run. Usage (docs/study_kvzip.md)::
+question call and decoding. ``--report OUT`` reprints a finished run. Usage (studies/kvzip/study_kvzip.md), from the
+repository root::
 
-    python docs/study_kvzip/kvpress_ruler.py docs/study_kvzip/h8-agnostic-50.json --model DIR \\
+    python -m studies.kvzip.kvpress_ruler studies/kvzip/h8-agnostic-50.json.xz --model DIR \\
         --task ruler/niah_single --press 'full=KnormPress|{"compression_ratio": 0.0}' \\
         --press 'kvzip_global=KVzipPress|{"layerwise": false}|{"prefix_length": 0}' --out OUT.json
 """
@@ -21,21 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from kvpress_venv import DEFAULT_VENV, ensure_venv, run_in_venv  # noqa: E402
-
-from polykv_search import scoring  # noqa: E402
-from polykv_search.evaluation.runner import eos_token_ids, generation_limit  # noqa: E402
-from polykv_search.evaluation.samples import encode_prompt, samples_fingerprint  # noqa: E402
-from polykv_search.models import load_model  # noqa: E402
-from polykv_search.stats import mean_interval, paired_difference_interval  # noqa: E402
+from polykv_search import scoring
+from polykv_search.evaluation.runner import eos_token_ids, generation_limit
+from polykv_search.evaluation.samples import encode_prompt, samples_fingerprint
+from polykv_search.io import read_text
+from polykv_search.models import load_model
+from polykv_search.stats import mean_interval, paired_difference_interval
+from scripts.kvpress_venv import DEFAULT_VENV, ensure_venv, run_in_venv
 
 CHILD = r"""
 import json, logging, sys, time
@@ -105,7 +101,7 @@ def parse_press(spec: str) -> tuple[str, dict]:
 
 
 def run(args) -> dict:
-    doc = json.loads(Path(args.results).read_text())
+    doc = json.loads(read_text(args.results))
     prov, st = doc["provenance"], doc["provenance"]["settings"]
     if prov["protocol"] != "question-agnostic":
         raise SystemExit("error: kvpress's pipeline compresses the context only: give a question-agnostic file")

@@ -1,5 +1,7 @@
 """Two DuoAttention-style head-group strategies for SmolLM2 from the calibration-split retrieval scores
-(docs/retrieval_heads_smollm2.json: 24 calibration samples, 1,024 tokens), by solvers.duo's rule."""
+(studies/heads/retrieval_heads_smollm2.json: 24 calibration samples, 1,024 tokens), by solvers.duo's rule.
+
+    python -m studies.kvzip.make_duo OUTDIR     # from the repository root; writes OUTDIR/duo.json, duo-k5.json"""
 
 import json
 import sys
@@ -10,7 +12,7 @@ from solvers.duo import fit
 from strategies import LayerChoice, Strategy
 from strategies.head_groups import HeadGroup
 
-scores = np.asarray(json.load(open("docs/retrieval_heads_smollm2.json"))["mean"])
+scores = np.asarray(json.load(open("studies/heads/retrieval_heads_smollm2.json"))["mean"])
 L, H = scores.shape
 B, n, n_sink = 256, 1024, 4
 total = H * int(L * B)
@@ -28,7 +30,8 @@ for name, k_fixed in (("duo", None), ("duo-k5", 5)):
         if heads_stream:
             groups.append(HeadGroup(heads_stream, "streaming_llm", s, {"n_sink": n_sink}))
         layers.append(LayerChoice.grouped(groups))
-    prov = {"solver": "duo", "full_heads": k, "streaming_budget": s, "signals": "docs/retrieval_heads_smollm2.json"}
+    signals = "studies/heads/retrieval_heads_smollm2.json"
+    prov = {"solver": "duo", "full_heads": k, "streaming_budget": s, "signals": signals}
     strategy = Strategy(layers, list(layers), B, 1, prov, context_len=n, num_kv_heads=H)
     strategy.save(f"{sys.argv[1]}/{name}.json")
     print(name, "full heads", k, "streaming budget", s, "mean budget", sum(strategy.budgets("prefill")) / L)

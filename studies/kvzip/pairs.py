@@ -3,30 +3,33 @@
 ``compare`` refuses to pair files of different protocols (on purpose: a table should not mix them);
 this script pairs by sample id for a study's explicit cross-protocol contrast:
 
-    python docs/study_kvzip/pairs.py AWARE.json:tova AGNOSTIC.json:tova
-    python docs/study_kvzip/pairs.py --metric kl R.json:ilp-widened R.json:uniform-h2o
-    python docs/study_kvzip/pairs.py 'h13-agnostic-*.json:uniform-kvzip' 'h13-agnostic-*.json:uniform-tova'
+    python -m studies.kvzip.pairs AWARE.json:tova AGNOSTIC.json:tova
+    python -m studies.kvzip.pairs --metric kl R.json:ilp-widened R.json:uniform-h2o
+    python -m studies.kvzip.pairs 'h13-agnostic-*.json:uniform-kvzip' 'h13-agnostic-*.json:uniform-tova'
 
 prints the per-task means and the 95 % paired bootstrap interval (task-stratified, 9,999 resamples,
 seed 0; ``polykv_search.stats``) of ``A - B``. Entries are named as in the results file. ``--metric``
 names the per-sample field (default ``score``; ``kl``: KL(FullKV || entry), on the tasks that record it).
 A path may be a glob or a comma-separated list: task shards of one run (one file per task) or draws of one
 task (disjoint sample ids), merged by task; files without the entry are passed over, and the two sides must
-end up with the same tasks and sample ids. ``--tasks niah_single,niah_multikey`` pairs only those tasks.
+end up with the same tasks and sample ids. ``--tasks niah_single,niah_multikey`` pairs only those tasks. A path
+or glob that names no file is looked for compressed (``.xz``), as ``studies/kvzip/`` stores its results files.
+Run from the repository root.
 """
 
 import argparse
 import glob
 import json
 
+from polykv_search.io import read_text
 from polykv_search.stats import paired_difference_interval
 
 
 def per_task(spec: str, metric: str) -> dict[str, dict[str, float]]:
     paths, name = spec.rsplit(":", 1)
-    files = sorted(f for p in paths.split(",") for f in (glob.glob(p) or [p]))
+    files = sorted(f for p in paths.split(",") for f in (glob.glob(p) or glob.glob(p + ".xz") or [p]))
     out: dict[str, dict[str, float]] = {}
-    found = {path: e for path in files for e in json.load(open(path))["entries"] if e["name"] == name}
+    found = {path: e for path in files for e in json.loads(read_text(path))["entries"] if e["name"] == name}
     if not found:
         raise SystemExit(f"no file of {files} has an entry {name!r}")
     holding = list(found)

@@ -1,12 +1,12 @@
 #!/bin/bash
-# H17 (docs/study_kvzip_plan.md): the niah tasks' second draw (the question-agnostic second draw's samples)
+# H17 (studies/kvzip/study_kvzip_plan.md): the niah tasks' second draw (the question-agnostic second draw's samples)
 # scored question-aware, B = 256 then 128, one task at a time; a run is skipped when its results file or its
-# committed copy docs/study_kvzip/h17-aware-TASK-draw2-BBUDGET.json exists, and resumes from its .partial (or
-# from a copy committed under docs/study_kvzip/partial/ at a session's end).
-# Usage: docs/study_kvzip/run_aware_niah2.sh OUTDIR   (from the repository root)
+# committed copy studies/kvzip/h17-aware-TASK-draw2-BBUDGET.json.xz exists, and resumes from its .partial (or
+# from a copy committed under studies/kvzip/partial/ at a session's end).
+# Usage: studies/kvzip/run_aware_niah2.sh OUTDIR   (from the repository root)
 set -u
 OUT=${1:?usage: run_aware_niah2.sh OUTDIR}
-S=docs/study_kvzip
+S=studies/kvzip
 mkdir -p "$OUT"
 UNIFORMS=(--baseline full)
 for p in tova snapkv h2o streaming_llm kvzip keydiff expected_attention; do UNIFORMS+=(--baseline "uniform:$p"); done
@@ -20,7 +20,7 @@ for budget in 256 128; do
   for i in "${!TASKS[@]}"; do
     name="h17-aware-${TASKS[$i]}-draw2-B$budget.json"
     out="$OUT/$name"
-    [ -f "$out" ] || [ -f "$S/$name" ] && continue
+    [ -f "$out" ] || [ -f "$S/$name" ] || [ -f "$S/$name.xz" ] && continue
     [ -f "$S/partial/$name.partial" ] && [ ! -f "$out.partial" ] && cp "$S/partial/$name.partial" "$out.partial"
     strategies=("${B256[@]}")
     [ $budget = 128 ] && strategies=("${B128[@]}")
