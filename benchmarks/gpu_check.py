@@ -20,7 +20,7 @@
     snapkv,kvzip,kvzip[allocation=model],keydiff,expected_attention --paired-to snapkv``, 4 repeats, k = 1:
     kvzip's prefill and every new pattern's decode over snapkv's, per repeat, with intervals); then kvzip
     against snapkv the same way on two layers of Llama-3.1-8B's shape with random weights
-    (``shape_model.py``, written to ``--out``; 2.44× snapkv's prefill on a CPU, docs/study_kvzip.md), the
+    (``shape_model.py``, written to ``--out``; 2.44× snapkv's prefill on a CPU, studies/kvzip/study_kvzip.md), the
     regime of the KVzip paper's ~2×; their JSON in ``--out`` (``--smoke``: 128-token runs on the CPU, the
     shape a small stand-in). The pattern comparisons' time on a GPU is not measured yet.
 (c) **Summary**: one screen; ``summary.json`` in ``--out``.

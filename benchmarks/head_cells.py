@@ -1,7 +1,7 @@
 """Do the retrieval heads cost the most when streamed? Streaming cells per KV head beside retrieval scores.
 
     python benchmarks/head_cells.py --samples 8 --prose-samples 8 --context-len 512 --budgets 32,64,128 \
-        --json docs/head_cells_smollm2.json
+        --json studies/heads/head_cells_smollm2.json
 
 On ``--samples`` calibration-split evidence samples (one statement each, the answer teacher-forced) the
 script measures every KV head's retrieval score (:mod:`signals.retrieval_heads`) and, per (layer, KV head,

@@ -2,7 +2,7 @@
 
 Run (from the repository root)::
 
-    python benchmarks/study_decode.py RESULTS.json --out docs/study_decode_pairs.json > table.md
+    python benchmarks/study_decode.py RESULTS.json --out studies/decode/study_decode_pairs.json > table.md
 
 Entries are found by name: ``full``, and per budget B ``uniform-P-B``, ``ilp-B``, ``decoding-only-B``
 and ``prefill-only-B`` (the file stems of the study's strategies). Per budget it prints every entry's

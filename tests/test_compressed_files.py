@@ -44,6 +44,7 @@ def test_each_loader_reads_the_compressed_form_as_the_plain_one(tmp_path, suffix
     (tmp_path / "t.json").write_text(json.dumps(table.to_json()))
     loaded = SignalTable.load(compressed(tmp_path, tmp_path / "t.json", suffix, "t.json"))
     assert loaded.to_json() == SignalTable.load(tmp_path / "t.json").to_json()
+    assert main(["show", str(tmp_path / f"t.json{suffix}")]) == 0  # the CLI's own reader decompresses too
     strategy = Strategy.uniform(3, "snapkv", 16)
     strategy.save(tmp_path / "s.json")
     assert Strategy.load(compressed(tmp_path, tmp_path / "s.json", suffix, "s.json")) == strategy

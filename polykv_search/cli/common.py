@@ -24,6 +24,8 @@ from typing import Any
 
 from rich.console import Console
 
+from polykv_search import io
+
 console = Console(stderr=True)
 out = Console()
 
@@ -173,10 +175,11 @@ def load_model_from_args(args: argparse.Namespace):
 
 
 def read_text(path: str | os.PathLike, flag: str | None = None) -> str:
-    """The UTF-8 text of ``path``; :class:`CLIError` naming the file (and ``flag``) when it cannot be read."""
+    """The UTF-8 text of ``path`` (a ``.xz`` or ``.gz`` file decompressed); :class:`CLIError` naming the file (and
+    ``flag``) when it cannot be read."""
     label = f"{flag} {os.fspath(path)}" if flag else os.fspath(path)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return io.read_text(path)
     except UnicodeDecodeError as err:
         raise CLIError(describe_decode_error(err, label)) from None
     except OSError as err:

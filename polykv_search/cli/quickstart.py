@@ -16,7 +16,7 @@ scores the head-level ilp (``strategies/ilp-head-B<B>.json``: per KV head, keep 
 strategy that keeps ruler's needles; ``--no-head-level`` skips it.
 
 The baselines (``--baselines``) include KVzip's own allocation, ``uniform:kvzip[allocation=model]``, the
-best uniform on ruler in the studies (docs/results.md): the verdict compares with the best uniform scored.
+best uniform on ruler in the studies (studies/results.md): the verdict compares with the best uniform scored.
 
 ``--jobs`` (default ``auto``: one worker process per CPU core, at most 4 and one per 4 GiB of available
 memory, one thread each; 1 on an accelerator) runs collect and score as their ``--jobs`` do; the results

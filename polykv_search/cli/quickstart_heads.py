@@ -2,7 +2,7 @@
 
 Every layer-level strategy loses ruler's sparse evidence (every per-layer scorer evicts a needle's few
 tokens in every head); a few retrieval heads kept whole, the other heads evicting or sharing KVzip's pool,
-do not (docs/study_kvzip.md, issues 25 and 26). So the quickstart collects a second, small table —
+do not (studies/kvzip/study_kvzip.md, issues 25 and 26). So the quickstart collects a second, small table —
 per-KV-head retrieval scores and head cells on the same calibration split
 (:mod:`polykv_search.cli.collect_heads`) — and scores ``ilp --granularity head`` on it beside the
 layer-level strategies: per KV head, keep every token or one (pattern, budget) cell, under the same

@@ -139,7 +139,8 @@ def print_guard(guard) -> None:
     if "evidence" not in guard.kinds:
         console.print(
             "warning: no guard sample carries evidence, so the guard cannot see what a strategy loses of sparse "
-            "evidence (docs/study_kvzip.md, H22: prose alone chose uniform h2o over a solve that keeps most needles)",
+            "evidence (studies/kvzip/study_kvzip.md, H22: prose alone chose uniform h2o over a solve that keeps most "
+            "needles)",
             markup=False,
             highlight=False,
         )

@@ -77,7 +77,7 @@ class KVzip(Pattern):
       job). kvpress's ``KVzipPress`` drops its lowest scores over several heads at once: with
       ``layerwise=True`` over the heads of each layer (``int(Hkv * n * ratio)`` per layer), with its
       default ``layerwise=False`` over all layers and heads (``allocation="layer"`` and ``"model"`` here).
-      Without them, uniform kvzip loses ruler's needles (``docs/study_kvzip.md``, exploratory section).
+      Without them, uniform kvzip loses ruler's needles (``studies/kvzip/study_kvzip.md``, exploratory section).
     * Decoding, which has no reconstruction pass: prompt tokens keep their pass scores and every
       token appended after the pass ranks above them, newest first. So kvzip in decoding evicts the
       least-reconstructed prompt tokens first and appended tokens (question, answer) only when the
@@ -93,7 +93,7 @@ class KVzip(Pattern):
       two agree to float rounding, with the same kept sets (``tests/test_kvzip_fast.py``).
     * Checked against kvpress 0.5.5's ``KVzipPress`` on SmolLM2 (``scripts/verify_kvpress_patterns.py
       --patterns kvzip``; 3 prompts of 512 tokens, compression ratios 0.5, 0.75 and 0.9, i.e. budgets
-      256, 128 and 51; 270 (prompt, layer, KV head) sets per ratio; ``docs/study_kvzip.md``):
+      256, 128 and 51; 270 (prompt, layer, KV head) sets per ratio; ``studies/kvzip/study_kvzip.md``):
 
       - *The scores are the same.* kvpress fed the raw prompt (its ``prefix_length`` set to 0), one
         chunk; its ``score_val`` ranked by the rule here (per head top-``b``, first 4 kept): 809 of 810

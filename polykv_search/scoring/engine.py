@@ -180,7 +180,7 @@ def protocol_notes(tasks, protocol: str) -> list[str]:
     """What a reader of this run's scores should know about the protocol (one line each): under
     ``question-aware`` a task whose score the first answer token decides (``Task.first_token_decides``)
     gets that token from the prompt call, before any eviction, so every entry scores FullKV's there
-    (measured: docs/study_kvzip.md, broad at B = 128)."""
+    (measured: studies/kvzip/study_kvzip.md, broad at B = 128)."""
     if protocol != AWARE:
         return []
     return [
