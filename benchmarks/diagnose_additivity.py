@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from polykv_search.data import load_corpus, samples_fingerprint  # noqa: E402
 from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix, scored_span  # noqa: E402
 from polykv_search.evaluation.fidelity import log_probs, token_kl  # noqa: E402
-from polykv_search.io import atomic_write_text  # noqa: E402
+from polykv_search.io import atomic_write_text, read_text  # noqa: E402
 from polykv_search.runtime import apply_strategy, strategy_plans  # noqa: E402
 from polykv_search.scoring.job import SampleJob  # noqa: E402
 from polykv_search.scoring.shared import SharedScorer  # noqa: E402
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--records", type=int, help="--answerable: evidence statements per sample (default: the table's)")
     args = p.parse_args(argv)
-    table = json.loads(Path(args.signals).read_text())
+    table = json.loads(read_text(args.signals))
     if "per_sample" not in (table.get("uncertainty") or {}):
         p.error(f"{args.signals}: no per-sample values (collect it with this version)")
     budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else table["budgets"]

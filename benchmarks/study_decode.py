@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from polykv_search import stats
-from polykv_search.io import write_json
+from polykv_search.io import read_text, write_json
 
 MEASURES = {  # name -> (task, per-sample field, lower is better)
     "kl": ("decode/trajectory", "kl", True),
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the pairs as JSON")
     p.add_argument("--budgets", default="64,128")
     args = p.parse_args(argv)
-    doc = json.loads(Path(args.results).read_text())
+    doc = json.loads(read_text(args.results))  # .json or the studies' .json.xz
     by_name = {e["name"]: e for e in doc["entries"]}
     options = {"seed": 0}
     out: dict = {"results": args.results, "samples": doc["provenance"]["settings"]["samples"], "budgets": {}}
