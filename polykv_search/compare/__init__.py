@@ -14,7 +14,7 @@ one list of rows (deduplicated by strategy digest + budget) and computes, per bu
       gap = (S_strategy - S_bestuniform) / (S_full - S_bestuniform)
 
   where ``S_bestuniform`` is the best uniform single-pattern baseline (solver ``uniform``) at that
-  budget on that suite and ``S_full`` the FullKV entry. It is ``None`` ("n/a", with the reason)
+  budget on that suite and ``S_full`` the FullKV entry. It is ``None`` (a dash in the tables, the reason in a note)
   when FullKV or every uniform baseline is missing, or when ``S_full - S_bestuniform`` is not
   clearly positive (its paired interval does not lie above 0);
 * on teacher-forced tasks of v2 results, fidelity: KL(FullKV ‖ entry), ΔNLL and the gap
