@@ -28,15 +28,16 @@ def add_parser(sub) -> None:
         "baselines (deduplicated by strategy digest + budget), columns = suite scores as score±h (h = half-width of "
         "the 95% paired bootstrap interval over samples; per-task scores with --tasks), the share of FullKV's KV "
         "bytes held, and gap recovered per suite, (S - S_bestuniform) / (S_full - S_bestuniform), where "
-        "S_bestuniform is the best uniform baseline at the same budget on that suite (a dash, with a note under the table, "
-        "when FullKV - best uniform is not resolved above 0). ▲/▼ marks a difference to the best uniform whose interval excludes 0. --details "
+        "S_bestuniform is the best uniform baseline at the same budget on that suite (a dash, with a note under "
+        "the table, when FullKV - best uniform is not resolved above 0). ▲/▼ marks a difference to the best "
+        "uniform whose interval excludes 0. --details "
         "adds the differences, KV MiB, gap intervals and KL(FullKV‖entry) fidelity columns. The best value per "
         "column (within each budget) is highlighted. Results made on different samples or models, or at different "
         "budgets, are refused unless --allow-mismatch / --across-budgets. Files that split a suite's tasks between "
         "them (e.g. one `score --suite ruler/TASK` run per task; they may overlap on tasks of the same samples) "
         "are task shards of one run: merged, each row's suite score is the mean over every task of the suite."
         "\n\nThe terminal shows at most three lines before the table (the recommendation, its export command or "
-        "what would decide, what was compared), the table once, then the details (the recommendation's reasons, "
+        "what would decide, why), the table once, then the details (the recommendation's reasons, "
         "the verdict, notes). --json holds it all, the recommendation included.\n\n" + RULE,
         formatter_class=ParagraphHelpFormatter,
     )
@@ -143,9 +144,11 @@ def run(args: argparse.Namespace) -> int:
     head = brief(comparison, found)
     details = [cmp.describe(comparison), *recommendation_details(found), *verdict(comparison)]
     if args.markdown:
-        sys.stdout.write("".join(f"{line}  \n" for line in head) + "\n")
-        sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
-        sys.stdout.write("".join(f"\n- {line}" for line in [*details, *cmp.notes(comparison)]) + "\n")
+        sys.stdout.write("".join(f"{line}  \n" for line in brief(comparison, found, markdown=True)) + "\n")
+        sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks) + "\n")
+        sys.stdout.write("".join(f"{line}\n" for line in recommendation_details(found, markdown=True)))
+        notes = [cmp.describe(comparison), *verdict(comparison), *cmp.notes(comparison)]
+        sys.stdout.write("".join(f"- {line}\n" for line in notes))
     else:
         # at most three lines, the table once, then the details (the lines on their own: as the table's
         # title they would wrap to a narrow table's width); entry names hold [k=v], so no markup

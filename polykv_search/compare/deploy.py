@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from polykv_search.compare.model import Row, fmt_budget, layers_of
+from strategies import Strategy
+from strategies.exporters import ExportError, ExportOptions, render_export
 
 #: baselines ``score`` builds from a spec with a solver, which ``solve --method`` runs the same way
 SPEC_SOLVERS = ("uniform", "pyramid")
@@ -64,23 +66,26 @@ class Deployment:
             return None
         return f"{self.make} && {cmd}" if self.make else cmd
 
-    def line(self) -> str:
+    def line(self, markdown: bool = False) -> str:
         """One line for the verdict: the command, or why kvpress cannot take it."""
+        command = f"`{self.command}`" if markdown else self.command
         if self.export:
-            return f"kvpress: {self.command}"
+            return f"kvpress: {command}"
         if self.approximate:
-            return f"kvpress, approximated: {self.command}"
+            return f"kvpress, approximated: {command}"
         if self.refusal:
             return f"kvpress cannot express it ({_short(self.refusal)}): apply it with polykv-search's runtime (below)"
         return "no strategy file to export: apply it with polykv-search's runtime (below)"
 
-    def details(self) -> list[str]:
-        """Lines for under the table: the commands, what kvpress changes or refuses, the Python."""
+    def details(self, markdown: bool = False) -> list[str]:
+        """Lines for under the table: the commands, what kvpress changes or refuses, the Python (with
+        ``markdown``: bullets, and the Python in a fenced block)."""
+        code = (lambda text: f"`{text}`") if markdown else (lambda text: text)  # noqa: E731
         lines = []
         if self.make:
-            lines.append(f"its strategy file: {self.make}")
+            lines.append(f"its strategy file: {code(self.make)}")
         if self.export:
-            lines.append(f"export for kvpress: {self.export}")
+            lines.append(f"export for kvpress: {code(self.export)}")
             if self.differences:
                 lines.append(
                     f"kvpress's presses differ from the scored patterns in {self.differences} way"
@@ -90,10 +95,11 @@ class Deployment:
             if self.refusal:
                 lines.append(f"kvpress cannot express it exactly: {self.refusal}")
             if self.approximate:
-                lines.append(f"approximately (every change printed): {self.approximate}")
+                lines.append(f"approximately (every change printed): {code(self.approximate)}")
         lines.append("with polykv-search's own runtime (what was scored):")
-        lines += ["    " + line for line in self.runtime.splitlines()]
-        return lines
+        if markdown:
+            return [f"- {line}" for line in lines] + ["", "```python", *self.runtime.splitlines(), "```"]
+        return lines + ["    " + line for line in self.runtime.splitlines()]
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "command": self.command}
@@ -101,9 +107,6 @@ class Deployment:
 
 def deployment(row: Row, model: str | None) -> Deployment:
     """How to deploy ``row`` (a strategy or baseline of a comparison), for the ``model`` it was scored on."""
-    from strategies import Strategy
-    from strategies.exporters import ExportError, ExportOptions, render_export
-
     file, make = _strategy_file(row)
     module = module_name(row) + ".py"
     runtime = runtime_snippet(file or "strategy.json", model)

@@ -119,9 +119,10 @@ class Recommendation:
             f"{tied[self.broken_by]}{basis}."
         )
 
-    def lines(self) -> list[str]:
+    def lines(self, markdown: bool = False) -> list[str]:
         """The verdict at this budget: at most three lines (what, why, how to export)."""
-        return [self.headline(), self.why()] + ([self.deployment.line()] if self.deployment is not None else [])
+        export = [] if self.deployment is None else [self.deployment.line(markdown)]
+        return [self.headline(), self.why(), *export]
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -139,25 +140,28 @@ def recommend(c: Comparison, *, deploy: bool = True) -> list[Recommendation]:
     return [r for r in found if r is not None]
 
 
-def brief(c: Comparison, found: list[Recommendation]) -> list[str]:
+def brief(c: Comparison, found: list[Recommendation], markdown: bool = False) -> list[str]:
     """At most three lines to read before the table: what to use, why, how to export it."""
     if not found:
         return ["No recommendation: no entry other than FullKV was scored on every suite."]
     if len(found) == 1:
-        return found[0].lines()
+        return found[0].lines(markdown)
     picks = "; ".join(f"B = {fmt_budget(r.budget)} {r.entry or _KIND_SHORT[r.kind]}" for r in found)
     return [f"Recommended: {picks}.", "Why, and each one's export command: under the table."]
 
 
-def details(found: list[Recommendation]) -> list[str]:
-    """The lines under the table: the rule's reasons per suite and the deployment of each recommendation."""
+def details(found: list[Recommendation], markdown: bool = False) -> list[str]:
+    """The lines under the table: the rule's reasons per suite and the deployment of each recommendation
+    (``markdown``: a bold title, a bullet per reason, the Python in a fenced block)."""
     lines = []
     for r in found:
         label = f"B = {fmt_budget(r.budget)}" + (f", run {r.run}" if r.run else "")
-        lines.append(f"Recommendation at {label}: {r.entry or r.kind} ({_KIND_WORDS[r.kind]})")
-        lines += [f"  {reason}" for reason in r.reasons]
-        if r.deployment is not None:
-            lines += [f"  {line}" for line in r.deployment.details()]
+        title = f"Recommendation at {label}: {r.entry or _KIND_SHORT[r.kind]} ({_KIND_WORDS[r.kind]})"
+        deploy = [] if r.deployment is None else r.deployment.details(markdown)
+        if markdown:
+            lines += [f"**{title}**", "", *[f"- {x}" for x in r.reasons], *deploy, ""]
+        else:
+            lines += [title, *[f"  {x}" for x in [*r.reasons, *deploy]]]
     return lines
 
 
@@ -213,7 +217,8 @@ def _recommend(c: Comparison, run: int, budget: float, deploy: bool) -> Recommen
     reasons = [_pick_reason(c, s, pick, best[s], diffs[s]) for s in c.suites]
     if len(ranked) > 1:
         runner = ranked[1]
-        broken_by = "memory" if _memory(pick) != _memory(runner) else "kl" if _kl(c, pick) != _kl(c, runner) else "order"
+        broken_by = "memory" if _memory(pick) != _memory(runner) else "order"
+        broken_by = "kl" if broken_by == "order" and _kl(c, pick) != _kl(c, runner) else broken_by
         reasons.append(_tie_reason(c, ranked, broken_by))
     model = c.runs[run].get("model") if run < len(c.runs) else None
     return Recommendation(

@@ -74,9 +74,8 @@ def unresolved(c: Comparison) -> list[str]:
     for ref in c.references:
         d = ref.full_minus_uniform
         if d is not None and not d.excludes_zero:
-            lines.append(
-                f"{ref.full} vs {ref.best_uniform} on {ref.suite} (B={fmt_budget(ref.budget)}): {signed(d)}, not resolved"
-            )
+            where = f"{ref.suite} (B={fmt_budget(ref.budget)})"
+            lines.append(f"{ref.full} vs {ref.best_uniform} on {where}: {signed(d)}, not resolved")
     for row in c.rows:
         for suite, d in row.diff.items():
             if d is not None and not d.excludes_zero:
