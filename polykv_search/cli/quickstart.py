@@ -112,8 +112,8 @@ def add_parser(sub) -> None:
         "--baselines",
         type=comma_list(str, "baseline", split=split_specs),
         default=None,
-        help=f"baselines scored beside the strategies, as score's --baseline (default {BASELINES}; with --full "
-        f"{FULL_BASELINES})",
+        help=f"baselines scored beside the strategies, as score's --baseline (default {BASELINES}; --full adds "
+        "uniform:snapkv, uniform:tova and uniform:streaming_llm)",
     )
     add_protocol_arg(
         p,
@@ -125,7 +125,7 @@ def add_parser(sub) -> None:
         "--methods",
         type=comma_list(str, "method"),
         default=None,
-        help=f"solvers to run (default {','.join(METHODS)}; with --full {','.join(FULL_METHODS)})",
+        help=f"solvers to run (default {','.join(METHODS)}; with --full {', '.join(FULL_METHODS)})",
     )
     p.add_argument(
         "--full",

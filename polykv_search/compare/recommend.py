@@ -28,7 +28,7 @@ from polykv_search.compare.deploy import Deployment, deployment
 from polykv_search.compare.gaps import aligned
 from polykv_search.compare.model import Comparison, Row, finite, fmt_budget, ordered
 from polykv_search.compare.summary import signed
-from polykv_search.compare.verdict import samples_per_task, samples_to_resolve
+from polykv_search.compare.verdict import SHOWN, samples_per_task, samples_to_resolve
 
 WINNER, TIE, UNRESOLVED, SPLIT = "winner", "tie", "unresolved", "split"
 
@@ -317,7 +317,8 @@ def _tie_reason(c: Comparison, ranked: list[Row], broken_by: str) -> str:
 
     pick, others = ranked[0], ranked[1:]
     rule = {"memory": "the least memory", "kl": "tied on memory, the lower KL", "order": "tied, first in the table"}
-    return f"kept {len(ranked)}: {held(pick)} ({rule[broken_by]}); " + "; ".join(held(r) for r in others)
+    shown = [held(r) for r in others[:SHOWN]] + ([f"{len(others) - SHOWN} more"] if len(others) > SHOWN else [])
+    return f"kept {len(ranked)}: {held(pick)} ({rule[broken_by]}); " + "; ".join(shown)
 
 
 def _open_reason(c: Comparison, suite: str, best: Row, diffs: dict) -> str:
