@@ -239,3 +239,19 @@ def test_a_strategy_kvpress_cannot_express_says_why_and_what_the_python_runtime_
     assert d.line().startswith("kvpress cannot express it (layer 0 prefill KV heads")
     assert "apply_strategy(model, Strategy.load('polykv-quickstart/strategies/ilp-head-B128.json'))" in d.runtime
     assert "load_model('smollm2-135m')" in d.runtime and math.isfinite(len(d.details()))
+
+
+def test_the_runtime_snippet_runs_as_printed(tmp_path):
+    from polykv_search.compare.deploy import runtime_snippet
+    from tests.test_eval_support import char_tokenizer
+    from tests.tiny import tiny_model
+
+    ckpt = tmp_path / "tiny-llama"
+    tiny_model("llama", layers=2).save_pretrained(ckpt)
+    char_tokenizer().save_pretrained(ckpt)
+    path = Strategy.uniform(2, "snapkv", 8).save(tmp_path / "s.json")
+    code = runtime_snippet(str(path), str(ckpt)).replace('"..."', '"a long enough context to evict from. Q: a?"')
+    code = code.replace("max_new_tokens=64", "max_new_tokens=4")  # shorter, for the test's time
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 - the snippet the recommendation prints, with a prompt filled in
+    assert scope["out"].shape[1] > len(scope["prompt"])  # it generated, with the strategy applied

@@ -146,6 +146,7 @@ def runtime_snippet(strategy_file: str, model: str | None) -> str:
             "from polykv_search.runtime import apply_strategy",
             "from strategies import Strategy",
             f"model, tok = load_model({model or 'smollm2-135m'!r})",
+            'prompt = "..."  # your context, then your question',
             f"with apply_strategy(model, Strategy.load({strategy_file!r})):",
             "    out = model.generate(**tok(prompt, return_tensors='pt'), max_new_tokens=64)",
         ]
