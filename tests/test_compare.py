@@ -159,7 +159,7 @@ def test_gap_is_none_without_full_or_uniform_or_when_they_tie():
     )
     assert row(tie, "proportional").gap == pytest.approx({"ruler": None, "broad": (65 - 60) / 30})
     md = cmp.to_markdown(no_full)
-    assert "n/a" in md
+    assert "| - | - |" in md and "gap -: no FullKV score on ruler" in cmp.notes(no_full)
 
 
 # ---------------------------------------------------------------------------- merging / dedup
@@ -280,10 +280,10 @@ def test_markdown_exact_for_a_small_case():
         "| entry | B | ruler | KV MiB | KV % FullKV | gap ruler |\n"
         "|---|---:|---:|---:|---:|---:|\n"
         "| full | - | 80.0 | 10.00 | 100.0% | ref |\n"
-        "| uniform-snapkv | 64 | 40.0 | 1.25 | 12.5% | -33.3% |\n"
-        "| uniform-tova | 64 | 50.0 | 1.25 | 12.5% | 0.0% |\n"
-        "| proportional | 64 | **65.0** | **0.62** | **6.2%** | **50.0%** |\n"
-    )
+        "| uniform-snapkv | 64 | 40.0 | 1.25 | 12.5% | - |\n"
+        "| uniform-tova | 64 | 50.0 | 1.25 | 12.5% | - |\n"
+        "| proportional | 64 | **65.0** | **0.62** | **6.2%** | - |\n"
+    )  # no per-sample scores: FullKV - best uniform cannot be resolved, so no gap figure
     with_tasks = cmp.to_markdown(cmp.compare([d]), tasks=True).splitlines()
     assert with_tasks[0] == "| entry | B | ruler/niah_single | ruler | KV MiB | KV % FullKV | gap ruler |"
     assert with_tasks[-1].startswith("| proportional | 64 | **65.0** | **65.0** |")
@@ -293,14 +293,16 @@ def test_cli_prints_table_markdown_and_writes_json(tmp_path, capsys):
     a = write(tmp_path, "a.json", standard())
     assert main(["compare", a, "--markdown", "--json", str(tmp_path / "c.json")]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("| entry | B | ruler | broad |") and "| proportional | 64 |" in printed
+    verdict, table = printed.split("\n\n", 1)  # the verdict's lines, then the table
+    assert verdict.startswith("At B = 64 nothing is resolved: no recommendation.") and len(verdict.splitlines()) <= 3
+    assert table.startswith("| entry | B | ruler | broad |") and "| proportional | 64 |" in printed
     saved = json.loads((tmp_path / "c.json").read_text())
     assert saved["schema"] == "polykv-comparison"
     prop = next(r for r in saved["rows"] if r["name"] == "proportional")
     assert prop["gap_recovered"] == pytest.approx({"ruler": 0.5, "broad": -0.25})
     assert main(["compare", a, "--tasks"]) == 0
     out = capsys.readouterr().out
-    assert "proportional" in out and "50.0%" in out and "niah_single" in out
+    assert "proportional" in out and "65.0" in out and "niah_single" in out
 
 
 # ------------------------------------------------------------------------------------- plots

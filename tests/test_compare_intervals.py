@@ -128,10 +128,10 @@ def test_gap_is_undefined_when_full_minus_best_uniform_is_not_clearly_positive()
         if not r.is_full:
             assert r.gap["ruler"] is None and r.gap_iv["ruler"].reason == ref.gap_note and r.gap["broad"] is not None
     assert any(
-        line.startswith("gap n/a: FullKV − best uniform (uniform-snapkv) on ruler at B=64") for line in cmp.notes(c)
+        line.startswith("gap -: FullKV − best uniform (uniform-snapkv) on ruler at B=64") for line in cmp.notes(c)
     )
     md = cmp.to_markdown(c)
-    assert [cell.strip() for cell in md.splitlines()[4].strip("|").split("|")][9] == "n/a"
+    assert [cell.strip() for cell in md.splitlines()[4].strip("|").split("|")][9] == "-"
     saved = c.to_json()
     prop = next(r for r in saved["rows"] if r["name"] == "proportional-B64")
     assert prop["gap_recovered"]["ruler"] is None and prop["gap_recovered_interval"]["ruler"]["reason"] == ref.gap_note

@@ -80,3 +80,6 @@ def test_compare_a_results_file_written_by_score(tmp_path, capsys):
     assert "KL gap" in shown and "uniform-h2o" in shown
     saved = json.loads(out.read_text())
     assert all("fidelity" in r and r["intervals"]["suites"] for r in saved["rows"])
+    (rec,) = saved["recommendation"]["budgets"]  # the rule on a real file: the two uniforms are its candidates
+    assert rec["candidates"] == ["uniform-snapkv", "uniform-h2o"] and rec["kind"] in ("winner", "tie", "unresolved")
+    assert shown.splitlines()[: len(saved["recommendation"]["brief"])] == saved["recommendation"]["brief"]

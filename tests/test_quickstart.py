@@ -49,11 +49,13 @@ def test_quickstart_writes_every_artifact_and_reuses_finished_work(tmp_path):
     ]
     results = json.loads((out / "results-B32.json").read_text())
     names = {e["name"] for e in results["entries"]}
-    assert {"full", "uniform-snapkv", "proportional-B32", "ilp-B32", "ilp-head-B32"} <= names
+    assert {"full", "uniform-h2o", "uniform-kvzip[allocation=model]", "proportional-B32", "ilp-head-B32"} <= names
     report = (out / "report.md").read_text()
     assert "3 samples per task" in report and "±" in report and "paired bootstrap" in report
     assert "Head level:" in report and "`signals-heads.json`" in report
     assert "resolved" in report  # says which differences to the best uniform are (not) resolved
+    verdict = report.split("\n\n")[1].splitlines()  # after the title: at most three lines, then the table
+    assert 1 <= len(verdict) <= 3 and report.split("\n\n")[2].startswith("| entry |")
     stamp = (out / "results-B32.json").stat().st_mtime_ns
     assert main(["quickstart", "--out", str(out), *REDUCED]) == 0  # second run reuses the results
     assert (out / "results-B32.json").stat().st_mtime_ns == stamp

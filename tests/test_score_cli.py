@@ -60,9 +60,11 @@ def score(checkpoint, out, *extra):
     return json.loads(out.read_text())
 
 
-def test_shared_and_per_entry_paths_write_the_same_scores(checkpoint, tmp_path):
+def test_shared_and_per_entry_paths_write_the_same_scores(checkpoint, tmp_path, capsys):
     shared = score(checkpoint, tmp_path / "shared.json")
-    per = score(checkpoint, tmp_path / "per.json", "--no-shared-prefill", "--batch-entries", "2")
+    assert "uniform-snapkv" in capsys.readouterr().out  # the run's table
+    per = score(checkpoint, tmp_path / "per.json", "--no-shared-prefill", "--batch-entries", "2", "--no-table")
+    assert "uniform-snapkv" not in capsys.readouterr().out  # --no-table: the quickstart prints it once, later
     assert shared["version"] == 2 and shared["provenance"]["engine"] == "shared"
     assert per["provenance"]["engine"] == "per-entry"
     for a, b in zip(shared["entries"], per["entries"]):

@@ -7,7 +7,16 @@ import sys
 
 from rich.markup import escape
 
-from polykv_search.cli.common import CLIError, check_output_path, console, non_negative_int, out, positive_int
+from polykv_search.cli.common import (
+    CLIError,
+    ParagraphHelpFormatter,
+    check_output_path,
+    console,
+    non_negative_int,
+    out,
+    positive_int,
+)
+from polykv_search.compare.recommend import RULE
 from signals.predict import OBJECTIVES as OBJECTIVE_CHOICES
 
 
@@ -17,15 +26,20 @@ def add_parser(sub) -> None:
         help="compare score results: one table with intervals and gap recovered, markdown, plots",
         description="Merge results files written by `polykv-search score` into one table: rows = strategies and "
         "baselines (deduplicated by strategy digest + budget), columns = suite scores as score±h (h = half-width of "
-        "the 95%% paired bootstrap interval over samples; per-task scores with --tasks), the share of FullKV's KV "
+        "the 95% paired bootstrap interval over samples; per-task scores with --tasks), the share of FullKV's KV "
         "bytes held, and gap recovered per suite, (S - S_bestuniform) / (S_full - S_bestuniform), where "
-        "S_bestuniform is the best uniform baseline at the same budget on that suite (n/a when FullKV - best uniform "
-        "is not clearly positive). ▲/▼ marks a difference to the best uniform whose interval excludes 0. --details "
+        "S_bestuniform is the best uniform baseline at the same budget on that suite (a dash, with a note under "
+        "the table, when FullKV - best uniform is not resolved above 0). ▲/▼ marks a difference to the best "
+        "uniform whose interval excludes 0. --details "
         "adds the differences, KV MiB, gap intervals and KL(FullKV‖entry) fidelity columns. The best value per "
         "column (within each budget) is highlighted. Results made on different samples or models, or at different "
         "budgets, are refused unless --allow-mismatch / --across-budgets. Files that split a suite's tasks between "
         "them (e.g. one `score --suite ruler/TASK` run per task; they may overlap on tasks of the same samples) "
-        "are task shards of one run: merged, each row's suite score is the mean over every task of the suite.",
+        "are task shards of one run: merged, each row's suite score is the mean over every task of the suite."
+        "\n\nThe terminal shows at most three lines before the table (what to use, why, and its export command; "
+        "or, when nothing is resolved, how many samples would decide), the table once, then the details (the "
+        "recommendation's reasons, the verdict, notes). --json holds it all, the recommendation included.\n\n" + RULE,
+        formatter_class=ParagraphHelpFormatter,
     )
     p.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files from `polykv-search score`")
     p.add_argument("--tasks", action="store_true", help="also show per-task scores")
@@ -100,6 +114,9 @@ def _level(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from polykv_search import compare as cmp
     from polykv_search import stats
+    from polykv_search.compare.recommend import brief, recommend
+    from polykv_search.compare.recommend import details as recommendation_details
+    from polykv_search.compare.verdict import verdict
     from polykv_search.io import write_json
 
     for path, flag in ((args.json_out, "--json"), (args.plot, "--plot")):
@@ -123,18 +140,29 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("the results files hold no entries")
     for warning in comparison.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
+    found = recommend(comparison)
+    head = brief(comparison, found)
+    details = [cmp.describe(comparison), *recommendation_details(found), *verdict(comparison)]
     if args.markdown:
-        sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks))
-        sys.stdout.write("".join(f"\n- {line}" for line in cmp.notes(comparison)) + "\n")
+        sys.stdout.write("".join(f"{line}  \n" for line in brief(comparison, found, markdown=True)) + "\n")
+        sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks) + "\n")
+        sys.stdout.write("".join(f"{line}\n" for line in recommendation_details(found, markdown=True)))
+        notes = [cmp.describe(comparison), *verdict(comparison), *cmp.notes(comparison)]
+        sys.stdout.write("".join(f"- {line}\n" for line in notes))
     else:
-        # the description on a line of its own: as the table's title it would wrap to a narrow table's width
-        out.print(cmp.describe(comparison), highlight=False)
+        # at most three lines, the table once, then the details (the lines on their own: as the table's
+        # title they would wrap to a narrow table's width); entry names hold [k=v], so no markup
+        for line in head:
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
         _print_uncut(comparison, args.tasks, args.details)
+        for line in details:
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
-            console.print(line, style="dim", highlight=False, markup=False)  # entry names hold [k=v]
+            console.print(line, style="dim", highlight=False, markup=False)
     agreement = _agreement(args, comparison, predict) if predict else None
     if args.json_out:
         doc = comparison.to_json()
+        doc["recommendation"] = {"rule": RULE, "brief": head, "budgets": [r.to_json() for r in found]}
         if agreement is not None:
             doc["prediction"] = {
                 "signals": args.signals,
@@ -182,7 +210,8 @@ def _legend(comparison, details: bool) -> list[str]:
     lines = [
         (
             "gap = (S - S_bestuniform) / (S_full - S_bestuniform) per suite at the same budget; "
-            "n/a without FullKV or a uniform baseline, or when FullKV - best uniform is not clearly positive"
+            "- (see the notes) without FullKV or a uniform baseline, or when FullKV - best uniform is not resolved "
+            "above 0"
         )
     ]
     if not details and comparison.has_intervals:

@@ -1,9 +1,12 @@
 """`polykv-search quickstart`: the whole PolyKV workflow on the embedded default, in one command.
 
-collect a small signal grid -> every solver at one budget -> score them with the baselines on both
-suites -> compare table, plots and a short markdown report, all under one output folder. Each step
-reuses finished work when rerun (collect resumes from its journal; solved strategies and score
-results whose settings match are kept).
+collect a small signal grid -> three solvers at one budget (the paper's proportional rule, ilp and
+PyramidKV's schedule) -> score them with FullKV, two uniform baselines and the head-level ilp on both
+suites -> compare: the recommendation (the strategy to use and its export command, by the rule of
+``compare --help``), the table once, plots and a short markdown report, all under one output folder.
+``--full`` runs the full entry set of earlier runs instead (every solver, the 2023-24 uniforms too;
+docs/quickstart.md says what it adds). Each step reuses finished work when rerun (collect resumes from
+its journal; solved strategies and score results whose settings match are kept).
 
 ``--retrieval-mix MIX`` (as ``collect --retrieval-mix``: a count, a fraction or a percentage of
 ``--calib-samples``) makes the calibration retrieval-aware; its signal table and strategies are
@@ -48,11 +51,12 @@ from polykv_search.cli.common import (
     positive_int,
     resolve_jobs,
 )
-from polykv_search.cli.quickstart_report import print_summary, write_report
+from polykv_search.cli.quickstart_report import write_report
 from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
 
 #: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
 METHODS, BASELINES, EVAL_SAMPLES = D.METHODS, D.BASELINES, D.EVAL_SAMPLES
+FULL_METHODS, FULL_BASELINES = D.FULL_METHODS, D.FULL_BASELINES
 
 
 def add_parser(sub) -> None:
@@ -60,7 +64,7 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser(
         "quickstart",
-        help="collect -> solve (every method) -> score -> compare, on the default model, in one command",
+        help="collect -> solve -> score -> compare on the default model, ending with the strategy to use",
         description=__doc__,
         formatter_class=ParagraphHelpFormatter,
     )
@@ -107,8 +111,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--baselines",
         type=comma_list(str, "baseline", split=split_specs),
-        default=BASELINES,
-        help=f"baselines scored beside the strategies, as score's --baseline (default {BASELINES})",
+        default=None,
+        help=f"baselines scored beside the strategies, as score's --baseline (default {BASELINES}; --full adds "
+        "uniform:snapkv, uniform:tova and uniform:streaming_llm)",
     )
     add_protocol_arg(
         p,
@@ -119,8 +124,14 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--methods",
         type=comma_list(str, "method"),
-        default=",".join(METHODS),
-        help=f"solvers to run (default {','.join(METHODS)})",
+        default=None,
+        help=f"solvers to run (default {','.join(METHODS)}; with --full {', '.join(FULL_METHODS)})",
+    )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the full entry set of earlier runs: every solver and the 2023-24 uniforms too (the defaults of "
+        "--methods and --baselines above; docs/quickstart.md says what each adds)",
     )
     H.add_args(p)
     p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
@@ -145,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from solvers import list_methods
 
     # every argument is checked before the output folder is made or any step runs
+    args.methods, args.baselines = planned_entries(args)
     out = check_output_dir(args.out)
     mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
     qa = "-question-aware" if args.question_aware else ""  # each protocol's files sit beside the other's
@@ -267,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
             str(eval_len),
             *(["--question-aware"] if qa else []),
             *fan_out,
+            "--no-table",  # the table is printed once, by the compare step
             "--out",
             str(results),
         ]
@@ -276,13 +289,21 @@ def run(args: argparse.Namespace) -> int:
         "4/4 compare",
         ["compare", str(results), "--plot", str(out / "compare.png"), "--json", str(out / "compare.json")],
     )
-    sentences = write_report(out, results, timings, args, calibration_summary(signals), signals)
-    print_summary(sentences)
+    write_report(out, results, timings, args, calibration_summary(signals), signals)
     console.print(
         f"[green]done[/green]: everything is in {out}/ "
         f"(report.md, compare.png, strategies/, {signals.name}, {results.name})"
     )
     return 0
+
+
+def planned_entries(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """``(methods, baselines)``: those given, else the defaults, or with ``--full`` the full set of earlier runs."""
+    from polykv_search.patterns.spec import split_specs
+
+    methods = args.methods or list(FULL_METHODS if args.full else METHODS)
+    baselines = args.baselines or split_specs(FULL_BASELINES if args.full else BASELINES)
+    return methods, baselines
 
 
 def check_retrieval_mix(spec: str, n_samples: int) -> str | None:

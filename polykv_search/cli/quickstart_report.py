@@ -1,17 +1,18 @@
-"""quickstart's report: ``report.md`` and the terminal summary, both opening with the verdict.
+"""quickstart's report, ``report.md``: the terminal's compare output as markdown, with the run's setting.
 
-The verdict (:func:`polykv_search.compare.verdict.verdict`) is 3–6 sentences generated from the
-results: which strategies are resolved better or worse than the best uniform, on which measure,
-with intervals; what is not resolved and roughly how many samples would resolve it; whether there
-is a gap to recover; the memory held. The tables, notes and step times follow.
+It opens with at most three lines (:func:`polykv_search.compare.recommend.brief`): the strategy to use at
+the budget by the rule of ``compare --help``, why, and its ``polykv-search export`` command for kvpress
+(or why kvpress cannot express it). Then the table once, then the details: the setting, the
+recommendation's reasons per suite and the Python that applies it, the verdict's sentences
+(:func:`polykv_search.compare.verdict.verdict`: what is resolved better or worse than the best uniform,
+what is not and roughly how many samples would resolve it, the gap to recover, the memory held), the
+notes and the step times.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-from polykv_search.cli.common import out as stdout
 
 #: the opening line of the verdict when the results have no intervals to judge by
 NO_VERDICT = "No verdict: these results have no per-sample scores, so no difference can be resolved."
@@ -24,16 +25,23 @@ def verdict_sentences(comparison) -> list[str]:
 
 
 def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, calibration: str, signals: Path) -> str:
-    """The markdown of ``report.md``: verdict, setting, table, notes, plot, step times."""
+    """The markdown of ``report.md``: at most three lines of verdict (what to use, why, its export command),
+    the table once, then the details: setting, the recommendation's reasons and deployment, the verdict's
+    sentences, notes, plot, step times."""
     from polykv_search import compare as cmp
+    from polykv_search.compare.recommend import brief, details, recommend
     from polykv_search.protocol import protocol_of
 
     settings = doc["provenance"]["settings"]
     warning = cmp.unresolved_warning(comparison)
+    found = recommend(comparison)
     lines = [
         "# polykv-search quickstart",
         "",
-        " ".join(verdict_sentences(comparison)),
+        *[f"{line}  " for line in brief(comparison, found, markdown=True)],
+        "",
+        cmp.to_markdown(comparison),
+        "## Details",
         "",
         f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "
         f"{settings['context_len']} tokens, {settings['samples']} samples per task, suites `{args.suite}`, "
@@ -42,7 +50,8 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
         f"patterns {','.join(args.patterns)}, budgets {','.join(map(str, args.budgets))} "
         f"(`{signals.name}`). {calibration}{_head_level(args)}",
         "",
-        cmp.to_markdown(comparison),
+        *details(found, markdown=True),
+        " ".join(verdict_sentences(comparison)),
         "",
         *[f"- {note}" for note in cmp.notes(comparison)],
         "",
@@ -80,19 +89,12 @@ def _head_level(args: argparse.Namespace) -> str:
 
 def write_report(
     out: Path, results: Path, timings: dict, args: argparse.Namespace, calibration: str, signals: Path
-) -> list[str]:
-    """Write ``out/report.md`` atomically; returns the verdict's sentences (for the terminal summary)."""
+) -> None:
+    """Write ``out/report.md`` atomically (the terminal got the same verdict, table and details from the
+    quickstart's compare step)."""
     from polykv_search import compare as cmp
     from polykv_search.io import atomic_write_text
 
     doc = cmp.load_results(results)
     comparison = cmp.compare([doc], sources=[str(results)])
     atomic_write_text(out / "report.md", report_text(comparison, doc, timings, args, calibration, signals))
-    return verdict_sentences(comparison)
-
-
-def print_summary(sentences: list[str]) -> None:
-    """The terminal summary (stdout, beside the tables): the verdict, one sentence a line."""
-    stdout.rule("[bold]verdict")
-    for sentence in sentences:
-        stdout.print(sentence, highlight=False, soft_wrap=True)

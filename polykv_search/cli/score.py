@@ -106,6 +106,13 @@ def add_parser(sub) -> None:
     )
     add_protocol_arg(p)
     p.add_argument("--out", help="results JSON to write")
+    p.add_argument(
+        "--table",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="print the run's compare table at the end (default on; quickstart passes --no-table and prints the "
+        "table once, after its compare step)",
+    )
     p.add_argument("--list-tasks", action="store_true", help="list the tasks and suites, then exit")
     p.set_defaults(func=run)
 
@@ -249,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
         lm_eval_score.fold(doc, lm_runs, lm_request)
     write_json(args.out, doc)
     checkpoint.remove()
-    print_results(doc)
+    if args.table:
+        print_results(doc)
     console.print(f"wrote {args.out}")
     return 0
 

@@ -14,7 +14,7 @@ one list of rows (deduplicated by strategy digest + budget) and computes, per bu
       gap = (S_strategy - S_bestuniform) / (S_full - S_bestuniform)
 
   where ``S_bestuniform`` is the best uniform single-pattern baseline (solver ``uniform``) at that
-  budget on that suite and ``S_full`` the FullKV entry. It is ``None`` ("n/a", with the reason)
+  budget on that suite and ``S_full`` the FullKV entry. It is ``None`` (a dash in the tables, the reason in a note)
   when FullKV or every uniform baseline is missing, or when ``S_full - S_bestuniform`` is not
   clearly positive (its paired interval does not lie above 0);
 * on teacher-forced tasks of v2 results, fidelity: KL(FullKV ‖ entry), ΔNLL and the gap
@@ -22,7 +22,9 @@ one list of rows (deduplicated by strategy digest + budget) and computes, per bu
 
 Modules: :mod:`~.reading` (files), :mod:`~.model` (rows, references), :mod:`~.merging`
 (:func:`compare`), :mod:`~.gaps` (references, intervals), :mod:`~.tables` (markdown, rich,
-:func:`summary_table`), :mod:`~.summary` (notes, :func:`unresolved`), :mod:`~.plots`.
+:func:`summary_table`), :mod:`~.summary` (notes, :func:`unresolved`), :mod:`~.plots`, :mod:`~.verdict`
+(sentences), :mod:`~.recommend` (the entry to use per budget, by :data:`RULE`) and :mod:`~.deploy` (its export
+command or the runtime snippet).
 
 Typical use::
 
@@ -44,6 +46,7 @@ from polykv_search.compare.reading import (
     entry_samples,
     load_results,
 )
+from polykv_search.compare.recommend import RULE, Recommendation, brief, recommend
 from polykv_search.compare.summary import describe, notes, unresolved, unresolved_warning
 from polykv_search.compare.tables import (
     Column,
@@ -59,11 +62,13 @@ __all__ = [
     "COMPARISON_SCHEMA",
     "COMPARISON_VERSION",
     "MIB",
+    "RULE",
     "RUNTIME_SETTINGS",
     "SUPPORTED_VERSIONS",
     "Column",
     "CompareError",
     "Comparison",
+    "Recommendation",
     "Reference",
     "Row",
     "TaskSamples",
@@ -71,6 +76,7 @@ __all__ = [
     "best_cells",
     "best_uniform",
     "best_uniform_kl",
+    "brief",
     "check_results",
     "columns",
     "compare",
@@ -81,6 +87,7 @@ __all__ = [
     "notes",
     "pattern_colors",
     "plot",
+    "recommend",
     "summary_table",
     "to_markdown",
     "to_rich",

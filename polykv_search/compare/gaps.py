@@ -6,7 +6,7 @@ Per run, budget and suite the reference is the best uniform single-pattern basel
 * the interval of each task score and suite score (stratified by task);
 * the paired interval of its difference to the best uniform (same samples, same resamples);
 * gap recovered ``(S - S_bestuniform) / (S_full - S_bestuniform)`` with its interval, undefined
-  ("n/a", with the reason) unless FullKV − best uniform is clearly positive;
+  (a dash in the tables, the reason in a note) unless FullKV − best uniform is clearly positive;
 * on teacher-forced tasks (version-2 results): KL(FullKV ‖ row), ΔNLL and the gap recovered on
   KL, ``(KL_u − KL) / KL_u`` against the uniform baseline with the lowest KL.
 

@@ -254,6 +254,7 @@ def _merge_rows(docs, sources, doc_run, warnings, sharded: dict[str, list[str]])
                     full_kv_bytes=num(e.get("full_kv_bytes")),
                     kv_ratio=num(e.get("kv_ratio")) if not full else (num(e.get("kv_ratio")) or 1.0),
                     strategy=e.get("strategy") if isinstance(e.get("strategy"), dict) else None,
+                    source=e.get("source") if isinstance(e.get("source"), str) else None,
                 )
             else:
                 if e["name"] != row.name and e["name"] not in row.aliases:

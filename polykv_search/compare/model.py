@@ -39,6 +39,8 @@ class Row:
     aliases: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     strategy: dict[str, Any] | None = None
+    #: what ``score`` was given for it: a strategy file's path, or a baseline spec (``uniform:snapkv``)
+    source: str | None = None
     samples: dict[str, TaskSamples] = field(default_factory=dict)
     #: task -> interval of the task score; suite -> interval of the suite score
     task_iv: dict[str, Interval] = field(default_factory=dict)
@@ -101,6 +103,7 @@ class Row:
                 "kl_buckets": {s: ivs(b) for s, b in self.kl_buckets.items()},
             },
             "sources": list(self.sources),
+            "source": self.source,
         }
 
 

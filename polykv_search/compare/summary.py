@@ -30,7 +30,7 @@ def describe(c: Comparison) -> str:
 
 
 def notes(c: Comparison) -> list[str]:
-    """Lines to print under a table: what ± and the marks mean, the references, why gaps are n/a."""
+    """Lines to print under a table: what ± and the marks mean, the references, why a gap shows a dash."""
     st = c.statistics
     lines = []
     if c.has_intervals:
@@ -49,9 +49,19 @@ def notes(c: Comparison) -> list[str]:
         kl = [f"{r.suite} {r.kl_best_uniform}" for r in refs if r.kl_best_uniform]
         if kl:
             lines.append(f"lowest-KL uniform at {where}: " + ", ".join(kl))
-    lines += ordered(f"gap n/a: {r.gap_note}" for r in c.references if r.gap_note)
-    lines += ordered(f"KL gap n/a: {r.kl_gap_note}" for r in c.references if r.kl_gap_note)
+    lines += ordered(_gap_note(r) for r in c.references if r.gap_note or r.full_minus_uniform is None)
+    lines += ordered(f"KL gap -: {r.kl_gap_note}" for r in c.references if r.kl_gap_note)
     return lines
+
+
+def _gap_note(ref) -> str:
+    """Why the gap recovered column shows a dash for this reference."""
+    if ref.gap_note:
+        return f"gap -: {ref.gap_note}"
+    return (
+        f"gap -: {ref.suite} at B={fmt_budget(ref.budget)} has no per-sample scores, so FullKV − best uniform "
+        "cannot be resolved"
+    )
 
 
 def unresolved(c: Comparison) -> list[str]:
@@ -64,16 +74,15 @@ def unresolved(c: Comparison) -> list[str]:
     for ref in c.references:
         d = ref.full_minus_uniform
         if d is not None and not d.excludes_zero:
-            lines.append(
-                f"{ref.full} vs {ref.best_uniform} on {ref.suite} (B={fmt_budget(ref.budget)}): {_pm(d)}, not resolved"
-            )
+            where = f"{ref.suite} (B={fmt_budget(ref.budget)})"
+            lines.append(f"{ref.full} vs {ref.best_uniform} on {where}: {signed(d)}, not resolved")
     for row in c.rows:
         for suite, d in row.diff.items():
             if d is not None and not d.excludes_zero:
                 ref = c.reference(row.run, row.budget, suite)
                 lines.append(
                     f"{row.name} vs {ref.best_uniform if ref else 'best uniform'} on {suite} "
-                    f"(B={fmt_budget(row.budget)}): {_pm(d)}, not resolved"
+                    f"(B={fmt_budget(row.budget)}): {signed(d)}, not resolved"
                 )
     return lines
 
@@ -96,7 +105,7 @@ def unresolved_warning(c: Comparison, shown: int = 3) -> str | None:
         f"contain 0)" + (": " + ", ".join(names) if names else "")
     )
     if refs:
-        line += f"; FullKV − best uniform is not resolved on {', '.join(sorted({r.suite for r in refs}))} (gap n/a)"
+        line += f"; FullKV − best uniform is not resolved on {', '.join(sorted({r.suite for r in refs}))} (gap -)"
     return line
 
 
@@ -107,7 +116,8 @@ def _by_group(c: Comparison) -> dict[tuple, list]:
     return out
 
 
-def _pm(iv: stats.Interval) -> str:
+def signed(iv: stats.Interval) -> str:
+    """``+1.2 [-0.3, +2.7]``: an interval of a difference, signed (one decimal)."""
     if not iv.bounded:
         return f"{iv.estimate:+.1f} (a task has a single sample)"
     return f"{iv.estimate:+.1f} [{iv.low:+.1f}, {iv.high:+.1f}]"

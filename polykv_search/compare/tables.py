@@ -81,7 +81,7 @@ def value(c: Comparison, row: Row, col: Column) -> Any:
         d = row.diff.get(arg)
         return None if d is None else d.estimate
     if kind == "gap":
-        return row.gap.get(arg)
+        return row.gap.get(arg) if gap_shown(c, row, arg) else None
     if kind == "kl":
         iv = row.kl.get(arg)
         return None if iv is None else iv.estimate
@@ -107,7 +107,7 @@ def text(c: Comparison, row: Row, col: Column, details: bool = True) -> str:
     if kind == "budget":
         return fmt_budget(v)
     if kind == "gap":
-        return "ref" if row.is_full else _gap_text(row.gap.get(arg), row.gap_iv.get(arg), details)
+        return "ref" if row.is_full else _gap_text(v, row.gap_iv.get(arg), details)
     if kind == "klgap":
         if row.is_full:
             return "ref"
@@ -152,9 +152,16 @@ def _hw(iv: Interval, spec: str) -> str:
     return f"{iv.half_width:{spec}}" if iv.bounded else "?"
 
 
+def gap_shown(c: Comparison, row: Row, suite: str) -> bool:
+    """Gap recovered is shown only where FullKV − best uniform is itself resolved above 0 (else a dash and a
+    note under the table: without per-sample scores it cannot be resolved)."""
+    ref = c.reference(row.run, row.budget, suite)
+    return ref is not None and ref.gap_defined and ref.full_minus_uniform is not None
+
+
 def _gap_text(point: float | None, gap: Gap | None, details: bool) -> str:
     if point is None or not math.isfinite(point):
-        return "n/a"
+        return "-"
     iv = gap.interval if gap is not None else None
     if iv is None:
         return f"{100 * point:.1f}%"

@@ -148,7 +148,7 @@ def _listing(items: list[Finding]) -> str:
     items = sorted(items, key=lambda f: (f.measure == "kl", -abs(f.interval.estimate)))
     words = [f.text() for f in items[:SHOWN]]
     if len(items) > SHOWN:
-        words.append(f"and {len(items) - SHOWN} more (table below)")
+        words.append(f"and {len(items) - SHOWN} more (in the table)")
     return "; ".join(words)
 
 
@@ -171,7 +171,7 @@ def _unresolved(c: Comparison, budget: float, found: list[Finding], level: float
         )
     if not named:
         return f"{head}."
-    now = min(_samples_per_task(f.row, c, f.suite) for f in open_)
+    now = min(samples_per_task(f.row, c, f.suite) for f in open_)
     return (
         f"{head}; the best-placed strategy's score difference{'s' if len(named) > 1 else ''}, {' and '.join(named)}, "
         f"would likely need {' and '.join(needs)} samples per task to resolve (now {now}; normal-approximation "
@@ -190,7 +190,7 @@ def _needed(c: Comparison, f: Finding, level: float) -> int | None:
     return None if arrays is None else samples_to_resolve(arrays[0], arrays[1], level=level)
 
 
-def _samples_per_task(row: Row, c: Comparison, suite: str) -> int:
+def samples_per_task(row: Row, c: Comparison, suite: str) -> int:
     counts = [len(ts.ids) for t, ts in row.samples.items() if t.split("/")[0] == suite]
     return min(counts) if counts else 0
 
