@@ -230,7 +230,7 @@ def test_a_recommended_uniform_baseline_comes_with_the_commands_that_rebuild_and
 
 
 def test_a_strategy_kvpress_cannot_express_says_why_and_what_the_python_runtime_needs():
-    path = Path(__file__).parents[1] / "docs" / "quickstart" / "2026-12-06-ilp-head-B128.json"
+    path = Path(__file__).parents[1] / "studies" / "quickstart" / "2026-12-06-ilp-head-B128.json"
     strategy = Strategy.load(path)  # head groups with h2o and KVzip's pool: kvpress has neither per head
     row = cmp.Row("ilp-head-B128", "strategy", "ilp", 128.0, strategy.digest(), 0, strategy=strategy.to_json())
     row.source = "polykv-quickstart/strategies/ilp-head-B128.json"
