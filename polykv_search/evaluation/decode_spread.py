@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from polykv_search.evaluation.base import SampleCheckError, as_texts, check_request, sample_rng
-from polykv_search.evaluation.decode import NAMES, Recall, _prompt_ids, _prose_window, _question_text
+from polykv_search.evaluation.decode import NAMES, DecodeTask, Recall, _prompt_ids, _prose_window, _question_text
 from polykv_search.evaluation.samples import Sample, has_chat_template
 
 HEAD = (
@@ -142,8 +142,7 @@ class SpreadRecall(Recall):
         return text, f"{asked[0]}:"
 
     def check(self, sample: Sample) -> None:
-        if not sample.context_ids or sample.meta.get("generate_len") != self.generate_len:
-            raise SampleCheckError(f"{sample.id}: malformed decode sample")
+        DecodeTask.check(self, sample)  # Recall's own check is for one fact asked
         asked, facts = sample.meta.get("asked", []), sample.meta.get("facts", [])
         if len(asked) != self.questions or len(sample.answers) != len(asked) or len(set(sample.answers)) != len(asked):
             raise SampleCheckError(f"{sample.id}: needs {self.questions} questions with distinct answers")
