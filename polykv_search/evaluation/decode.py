@@ -17,6 +17,11 @@ budget.
     continue a held-out passage; FullKV writes N tokens, every entry is teacher-forced along them,
     then a question about one fact follows (a new user turn with a chat template) and the entry
     answers greedily. Exact match of the number; the trajectory's fidelity is recorded beside it.
+``decode/recall_carry``
+    As ``decode/recall``, but the question is stated in the prompt, before the passage; after the
+    generation a cue that names no one asks for the answer, so the model has to carry the question.
+    Registered, not in the suite's default run. ``decode/recall_spread``: see
+    :mod:`~polykv_search.evaluation.decode_spread`.
 """
 
 from __future__ import annotations
@@ -140,12 +145,10 @@ class Recall(DecodeTask):
             numbers = [str(rng.randint(10000, 99999)) for _ in names]
             asked = rng.randrange(self.facts)
             facts = "".join(f"The secret number of {n} is {v}.\n" for n, v in zip(names, numbers))
-            head = f"Remember these facts.\n{facts}\nNow continue this passage from a novel:\n\n"
-            question = f"What is the secret number of {names[asked]}?"
-            prefix = f"The secret number of {names[asked]} is"
+            head, question, prefix = self.texts(facts, names[asked])
             fixed = len(_prompt_ids(tokenizer, head, "", chat))
             if context_len - fixed < 8:
-                raise ValueError(f"context length {context_len} is too short for decode/recall ({fixed} fixed tokens)")
+                raise ValueError(f"context length {context_len} is too short for {self.name} ({fixed} fixed tokens)")
             window, where = _prose_window(tokenizer, docs, context_len - fixed, rng)
             passage = tokenizer.decode(window, skip_special_tokens=True)
             sample = Sample(
@@ -163,11 +166,21 @@ class Recall(DecodeTask):
                     "generate_len": self.generate_len,
                     "facts": facts.splitlines(),
                     "asked": names[asked],
+                    **self.extra_meta(names[asked]),
                 },
             )
             self.check(sample)
             samples.append(sample)
         return samples
+
+    def texts(self, facts: str, name: str) -> tuple[str, str, str]:
+        """The prompt's text before the passage, the question asked after the generation, its answer prefix."""
+        head = f"Remember these facts.\n{facts}\nNow continue this passage from a novel:\n\n"
+        return head, f"What is the secret number of {name}?", f"The secret number of {name} is"
+
+    def extra_meta(self, name: str) -> dict:
+        """Details a variant adds to a sample's ``meta``."""
+        return {}
 
     def check(self, sample: Sample) -> None:
         super().check(sample)
@@ -187,6 +200,29 @@ class Recall(DecodeTask):
             return 0.0
         hits = sum(self.number(p["answer"]) == s.answers[0] for p, s in zip(predictions, samples))
         return 100.0 * hits / len(samples)
+
+
+class CarriedRecall(Recall):
+    name = "decode/recall_carry"
+    description = "facts and a question before the passage; after N tokens of FullKV's continuation, 'answer it now'"
+    metric = "exact match % of the number asked for (the question is not repeated after the generation)"
+    version = "1"
+
+    def texts(self, facts: str, name: str) -> tuple[str, str, str]:
+        """The question is stated before the passage; after the generation only a cue to answer it follows,
+        which names no one, so the model has to carry the question through the generated tokens."""
+        head = (
+            f"Remember these facts.\n{facts}\n{self.carried_question(name)} Do not answer it yet: first continue "
+            "this passage from a novel. I will ask for your answer after it.\n\n"
+        )
+        return head, "Now answer the question I asked before the passage.", "The secret number is"
+
+    @staticmethod
+    def carried_question(name: str) -> str:
+        return f"My question: what is the secret number of {name}?"
+
+    def extra_meta(self, name: str) -> dict:
+        return {"carried_question": self.carried_question(name)}
 
 
 def _prompt_ids(tokenizer, head: str, passage: str, chat: bool) -> list[int]:

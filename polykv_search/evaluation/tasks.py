@@ -15,7 +15,8 @@ from typing import Any
 
 from polykv_search.evaluation.base import SUITES, Task
 from polykv_search.evaluation.broad import BROAD_TASKS
-from polykv_search.evaluation.decode import DECODE_TASKS
+from polykv_search.evaluation.decode import DECODE_TASKS, CarriedRecall
+from polykv_search.evaluation.decode_spread import SpreadRecall
 from polykv_search.evaluation.longbench import DATASETS as LONGBENCH_DATASETS
 from polykv_search.evaluation.longbench import LongBenchTask
 from polykv_search.evaluation.ruler import RULER_TASKS
@@ -52,6 +53,10 @@ def register(name: str, suite: str, factory: Callable[..., Task], *, default: bo
 
 for _cls in RULER_TASKS + BROAD_TASKS + DECODE_TASKS:
     register(_cls.name, _cls.suite, _cls)
+# the recall variants run when named (``--suite decode,recall_spread,recall_carry``): the spread one wants a
+# longer prompt than the suite's other tasks, and `--suite decode` keeps its tasks and suite score
+for _cls in (SpreadRecall, CarriedRecall):
+    register(_cls.name, _cls.suite, _cls, default=False)
 for _d in LONGBENCH_DATASETS:
     register(f"longbench/{_d}", "longbench", partial(LongBenchTask, _d), default=_d in DEFAULT_LONGBENCH)
 
