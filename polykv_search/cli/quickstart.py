@@ -44,6 +44,7 @@ from polykv_search.cli.common import (
     comma_list,
     console,
     jobs_count,
+    pattern_specs,
     positive_float,
     positive_int,
     resolve_jobs,
@@ -84,7 +85,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--patterns",
-        type=comma_list(str, "pattern", split=split_specs),
+        type=pattern_specs(),
         default="snapkv,tova,h2o,streaming_llm",
         help="signal grid patterns (default snapkv,tova,h2o,streaming_llm)",
     )

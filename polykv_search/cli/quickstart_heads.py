@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, comma_list, positive_int
+from polykv_search.cli.common import CLIError, comma_list, pattern_specs, positive_int
 from polykv_search.cli.quickstart_defaults import HEAD_CELLS, HEAD_LEVEL, HEAD_PATTERNS
 
 #: the head-level table, beside signals.json; its solved strategy, beside the layer-level ones
@@ -24,8 +24,6 @@ HEAD_STRATEGY = "ilp-head"
 
 def add_args(p) -> None:
     """``--head-level/--no-head-level``, ``--head-cells`` and ``--head-patterns``."""
-    from polykv_search.patterns.spec import split_specs
-
     p.add_argument(
         "--head-level",
         action=argparse.BooleanOptionalAction,
@@ -41,7 +39,7 @@ def add_args(p) -> None:
     )
     p.add_argument(
         "--head-patterns",
-        type=comma_list(str, "pattern", split=split_specs),
+        type=pattern_specs(),
         default=HEAD_PATTERNS,
         help=f"head-cell patterns of --head-level, names or specs (default {HEAD_PATTERNS})",
     )

@@ -22,8 +22,8 @@ from polykv_search.cli.common import (
     out,
     positive_float,
     positive_int,
-    resolve_jobs,
 )
+from polykv_search.cli.score_checks import check_fan_out, check_limits
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
 
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)
-    _check_fan_out(args)
+    check_fan_out(args)
     lm_request = None
     if args.lm_eval_tasks:
         from polykv_search.integrations import lm_eval_support
@@ -159,7 +159,9 @@ def run(args: argparse.Namespace) -> int:
     if found.key is not None:
         check_partial_protocol(f"{args.out}.partial", found.protocol, protocol)
     check_model_args(args)
+    check_limits(args, tasks)
     model, tok = load_model_from_args(args)
+    check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
     for s in entries:
@@ -252,16 +254,6 @@ def run(args: argparse.Namespace) -> int:
     print_results(doc)
     console.print(f"wrote {args.out}")
     return 0
-
-
-def _check_fan_out(args: argparse.Namespace) -> None:
-    resolve_jobs(args)
-    if args.address and not args.backend:
-        raise CLIError("--address applies to --backend dask or ray; give --backend")
-    if args.address and args.backend == "loky":
-        raise CLIError("--address does not apply to --backend loky (local processes)")
-    if args.backend == "loky" and args.jobs == 1:
-        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
 
 
 def _fan_out(args: argparse.Namespace):
