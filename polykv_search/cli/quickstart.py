@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.methods if m not in known]
     if unknown:
         raise CLIError(f"--methods: unknown method {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    H.check_head_methods(args.methods, args.head_level)
     eval_len = args.eval_context_len or args.context_len
     jobs = resolve_jobs(args)
     fan_out = ["--jobs", str(jobs)] if jobs > 1 else []  # local processes, one thread each on a CPU
@@ -242,7 +243,17 @@ def run(args: argparse.Namespace) -> int:
         if not target.exists():
             step(
                 f"2/4 solve {method}",
-                ["solve", "--method", method, "--signals", str(signals), "--budget", B, *extra, "--out", str(target)],
+                [
+                    "solve",
+                    "--method",
+                    method,
+                    *H.method_solve_args(method, signals, heads, eval_len),
+                    "--budget",
+                    B,
+                    *extra,
+                    "--out",
+                    str(target),
+                ],
             )
         paths.append(str(target))
     if args.head_level:

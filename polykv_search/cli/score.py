@@ -23,7 +23,7 @@ from polykv_search.cli.common import (
     positive_float,
     positive_int,
 )
-from polykv_search.cli.score_checks import check_fan_out, check_limits
+from polykv_search.cli.score_checks import check_fan_out, check_held_budgets, check_limits
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
 
@@ -54,7 +54,14 @@ def add_parser(sub) -> None:
         "none: lm-eval tasks only",
     )
     p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
-    p.add_argument("--context-len", type=positive_int, default=1024, help="prompt length in tokens (default 1024)")
+    p.add_argument(
+        "--context-len",
+        type=positive_int,
+        default=1024,
+        help="prompt length in tokens (default 1024); a strategy that would hold more tokens at this length than "
+        "the budget it states (a 'full' layer or head, keep-all heads built for a shorter context) is refused, not "
+        "scored with a B that misstates its memory",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
@@ -154,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
+    check_held_budgets(strategies, args.context_len)
     shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
     found = read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
     if found.key is not None:
@@ -229,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:  # one line: where the finished samples are
         raise Interrupted(
-            f"{len(checkpoint.done)} finished samples kept in {checkpoint.path}; the same command resumes from there"
+            f"{_kept(checkpoint, shape)} finished samples kept in {checkpoint.path}; the same command resumes from "
+            "there"
         ) from None
     if lm_request is not None:
         lm_runs = lm_eval_score.run_entries(
@@ -254,6 +263,18 @@ def run(args: argparse.Namespace) -> int:
     print_results(doc)
     console.print(f"wrote {args.out}")
     return 0
+
+
+def _kept(checkpoint, shape: dict) -> int:
+    """Finished samples in the checkpoint file as a resume will read them (an interrupt may land between a
+    sample's line reaching the disk and the in-memory count)."""
+    from polykv_search.scoring import ScoreError
+    from polykv_search.scoring.checkpoint_schema import read_partial
+
+    try:
+        return len(read_partial(checkpoint.path, **shape).rows)
+    except (ScoreError, OSError):
+        return len(checkpoint.done)
 
 
 def _fan_out(args: argparse.Namespace):

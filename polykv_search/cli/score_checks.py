@@ -51,3 +51,27 @@ def check_limits(args: argparse.Namespace, tasks: list, config: dict | None = No
         device=args.device,
         workers=args.jobs if local else 1,
     )
+
+
+def check_held_budgets(strategies: list, context_len: int) -> None:
+    """Refuse a strategy that would hold more tokens at ``--context-len`` than the budget it states: a ``full``
+    layer or head group keeps the whole context whatever its budget, and a head-level strategy counts its groups
+    at most at the context length it was built for (``context_len``), so scored at a longer one its keep-all
+    heads (and groups above that length) hold more than its B says. ``strategies``: ``(path, Strategy)``."""
+    from strategies import PHASES
+    from strategies.head_groups import held_tokens
+
+    for path, s in strategies:
+        if s.global_budget is None:
+            continue
+        for phase in PHASES:
+            for layer, choice in enumerate(s.phase(phase)):
+                held = held_tokens(choice, context_len, s.num_kv_heads)
+                if choice.budget is None or held <= choice.budget + 1e-9:
+                    continue
+                built = f"built for {s.context_len}-token contexts, " if s.context_len else ""
+                raise CLIError(
+                    f"{path}: layers[{layer}].{phase} {built}holds {held:g} tokens per KV head at --context-len "
+                    f"{context_len} but counts {choice.budget:g} in its B = {s.global_budget:g}; score it at the "
+                    "context length it was solved for, or solve it again for this one (--target-context-len)"
+                )
