@@ -69,9 +69,9 @@ def check_held_budgets(strategies: list, context_len: int) -> None:
                 held = held_tokens(choice, context_len, s.num_kv_heads)
                 if choice.budget is None or held <= choice.budget + 1e-9:
                     continue
-                built = f"built for {s.context_len}-token contexts, " if s.context_len else ""
+                built = f" (built for {s.context_len}-token contexts)" if s.context_len else ""
                 raise CLIError(
-                    f"{path}: layers[{layer}].{phase} {built}holds {held:g} tokens per KV head at --context-len "
+                    f"{path}{built}: layers[{layer}].{phase} holds {held:g} tokens per KV head at --context-len "
                     f"{context_len} but counts {choice.budget:g} in its B = {s.global_budget:g}; score it at the "
                     "context length it was solved for, or solve it again for this one (--target-context-len)"
                 )
