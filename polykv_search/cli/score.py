@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
         default=1024,
         help="prompt length in tokens (default 1024); a strategy that would hold more tokens at this length than "
         "the budget it states (a 'full' layer or head, keep-all heads built for a shorter context) is refused, not "
-        "scored with a B that misstates its memory",
+        "scored with a B that misstates its memory (one that holds less, at a shorter context, is scored)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
