@@ -193,19 +193,3 @@ def auto_jobs(device: str, cap: int = AUTO_JOBS_CAP, worker_bytes: int = WORKER_
     memory = available_memory()
     fits = cap if memory is None else memory // worker_bytes
     return max(1, min(usable_cores(), cap, fits))
-
-
-#: the fewest workers an explicit ``--jobs N`` is clamped to: a fan-out (``--backend loky``) needs two
-MIN_JOBS_LIMIT = 2
-
-
-def jobs_limit(worker_bytes: int = WORKER_BYTES) -> tuple[int, str]:
-    """``(most, why)``: the most local worker processes an explicit ``--jobs N`` starts, as :func:`auto_jobs`
-    counts them (one per usable core, as many as the available memory holds at ``worker_bytes`` each) but
-    at least :data:`MIN_JOBS_LIMIT`; ``why`` says what bounds it, for the notice."""
-    cores, memory = usable_cores(), available_memory()
-    fits = cores if memory is None else int(memory // worker_bytes)
-    why = f"{cores} usable CPU cores"
-    if memory is not None:
-        why += f", {memory / 2**30:.1f} GiB available at {worker_bytes / 2**30:g} GiB a worker"
-    return max(MIN_JOBS_LIMIT, min(cores, fits)), why

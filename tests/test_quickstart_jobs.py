@@ -59,11 +59,13 @@ def test_auto_starts_no_more_workers_than_the_memory_holds(monkeypatch):
 def test_an_explicit_count_is_capped_by_the_cores_and_memory_as_auto_is_but_never_below_two(monkeypatch):
     monkeypatch.setattr(parallel, "usable_cores", lambda: 8)
     monkeypatch.setattr(parallel, "available_memory", lambda: 13 * 2**30)
-    assert parallel.jobs_limit()[0] == 3  # 4 GiB a worker
+    from polykv_search.cli.limits import MIN_JOBS_LIMIT, jobs_limit
+
+    assert jobs_limit()[0] == 3  # 4 GiB a worker
     monkeypatch.setattr(parallel, "available_memory", lambda: 2**30)
-    assert parallel.jobs_limit()[0] == parallel.MIN_JOBS_LIMIT == 2  # a fan-out needs two
+    assert jobs_limit()[0] == MIN_JOBS_LIMIT == 2  # a fan-out needs two
     monkeypatch.setattr(parallel, "available_memory", lambda: None)
-    most, why = parallel.jobs_limit()
+    most, why = jobs_limit()
     assert most == 8 and why == "8 usable CPU cores"
 
 

@@ -315,14 +315,15 @@ def jobs_count(text: str) -> str | int:
 def resolve_jobs(args: argparse.Namespace) -> int:
     """``args.jobs`` as a count (``auto``: :func:`polykv_search.parallel.auto_jobs` for ``args.device``), set on
     ``args`` and returned. A count of local workers above what this machine holds
-    (:func:`polykv_search.parallel.jobs_limit`: its cores and memory) is clamped to it, with a one-line notice;
+    (:func:`polykv_search.cli.limits.jobs_limit`: its cores and memory) is clamped to it, with a one-line notice;
     a cluster's workers (``--backend dask|ray --address``) are the cluster's business."""
-    from polykv_search import parallel
+    from polykv_search.cli.limits import jobs_limit
+    from polykv_search.parallel import auto_jobs
 
     if args.jobs == "auto":
-        args.jobs = parallel.auto_jobs(args.device)
+        args.jobs = auto_jobs(args.device)
     elif args.jobs > 1 and not getattr(args, "address", None):
-        most, why = parallel.jobs_limit()
+        most, why = jobs_limit()
         if args.jobs > most:
             console.print(
                 f"note: --jobs {args.jobs} clamped to {most}, the most worker processes this machine holds ({why})",

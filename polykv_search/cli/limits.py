@@ -163,6 +163,28 @@ def _memory(device: str) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------
+# Local workers
+
+#: the fewest workers an explicit ``--jobs N`` is clamped to: a fan-out (``--backend loky``) needs two
+MIN_JOBS_LIMIT = 2
+
+
+def jobs_limit() -> tuple[int, str]:
+    """``(most, why)``: the most local worker processes an explicit ``--jobs N`` starts, as
+    :func:`polykv_search.parallel.auto_jobs` counts them (one per usable core, as many as the available memory
+    holds at :data:`~polykv_search.parallel.WORKER_BYTES` each) but at least :data:`MIN_JOBS_LIMIT`; ``why``
+    says what bounds it, for the notice."""
+    from polykv_search import parallel
+
+    cores, memory, each = parallel.usable_cores(), parallel.available_memory(), parallel.WORKER_BYTES
+    fits = cores if memory is None else int(memory // each)
+    why = f"{cores} usable CPU cores"
+    if memory is not None:
+        why += f", {memory / 2**30:.1f} GiB available at {each / 2**30:g} GiB a worker"
+    return max(MIN_JOBS_LIMIT, min(cores, fits)), why
+
+
+# --------------------------------------------------------------------------------------------
 # Cluster back-ends
 
 _INSTALL = {"dask": "dask.distributed (pip install 'dask[distributed]')", "ray": "ray (pip install 'ray[default]')"}
