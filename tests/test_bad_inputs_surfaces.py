@@ -244,3 +244,15 @@ def test_ctrl_c_counts_the_samples_the_checkpoint_file_holds(tmp_path):
     checkpoint = Checkpoint(tmp_path / "r.json.partial", "0123456789abcdef01234567")  # nothing counted in memory
     assert _kept(checkpoint, {"entries": 1, "kinds": {"ruler/niah_single": "generate"}}) == 1
     assert snapshot(tmp_path) == before
+
+
+def test_a_full_layer_is_refused_when_its_budget_is_below_the_context_it_was_built_for():
+    from strategies import LayerChoice, Strategy, StrategyError
+
+    def built(budget: int) -> Strategy:
+        layers = [LayerChoice("full", budget), LayerChoice("snapkv", 8)]
+        return Strategy(layers, layers, 16.0, 1, {"solver": "test"}, context_len=16)
+
+    assert built(16).global_budget == 16  # keeps the 16 tokens it counts
+    with pytest.raises(StrategyError, match=r"layers\[0\]\.prefill\.budget: pattern 'full' keeps every token"):
+        built(8)
