@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from polykv_search.patterns.spec import parse_spec, split_specs
 from solvers.base import Plan, Problem, SolverError
 from solvers.exact import HEAD_SIGNALS, ExactSettings
 from solvers.heads import CELLS_OPTION, HeadCells, context_length, grouped_plan, head_cell_sets, head_total
@@ -65,15 +66,29 @@ KEEP_ALL = "full"
 def _selected(sets: list[HeadCells], settings: ExactSettings, solver: str) -> list[HeadCells]:
     if settings.head_patterns is None:
         return sets
-    wanted = [p.strip() for p in settings.head_patterns.split(",")]
-    have = [c.pattern for c in sets]
-    missing = [p for p in wanted if p not in have]
-    if missing or not all(wanted) or len(set(wanted)) != len(wanted):
+    wanted = split_specs(settings.head_patterns)
+    have = [short_label(c.pattern, c.params) for c in sets]
+    picked = [_match(p, sets, have) for p in wanted]
+    if None in picked or len(set(picked)) != len(picked):
         raise SolverError(
             f"head_patterns: {settings.head_patterns!r} must name distinct patterns with head cells in the table "
             f"({','.join(have)}); collect others with `polykv-search collect {CELLS_OPTION} ... --head-patterns`"
         )
-    return [c for c in sets if c.pattern in wanted]
+    return [c for i, c in enumerate(sets) if i in picked]
+
+
+def _match(text: str, sets: list[HeadCells], labels: list[str]) -> int | None:
+    """The index of the cells ``text`` names: their label as collect, show and the solver print it
+    (``kvzip[allocation=model]``), or the bare pattern name of exactly one kind of cells (``kvzip``)."""
+    try:
+        name, params = parse_spec(text)
+    except ValueError:
+        return None
+    label = short_label(name, params)
+    if label in labels:
+        return labels.index(label)
+    same = [i for i, c in enumerate(sets) if c.pattern == text.strip()]
+    return same[0] if len(same) == 1 else None
 
 
 def _values(cells: HeadCells, settings: ExactSettings, z: float, rule: str) -> np.ndarray:

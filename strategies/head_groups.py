@@ -56,9 +56,33 @@ class HeadGroup:
         return f"{short_label(self.pattern, self.params)}@{self.budget}[{','.join(str(h) for h in self.heads)}]"
 
 
+#: the pattern that keeps every token: its budget must say what it holds
+KEEP_ALL = "full"
+
+
+def keeps_all(budget: int, context_len: int) -> str:
+    """Why a ``full`` group or layer with ``budget`` below ``context_len`` is inconsistent (one clause)."""
+    return (
+        f"pattern 'full' keeps every token, so it holds the whole {context_len}-token context, but its budget "
+        f"says {budget} (B would count {budget}); give a budget of at least {context_len}"
+    )
+
+
 def mean_budget(groups: Sequence[HeadGroup], context_len: int, num_kv_heads: int) -> Fraction:
     """The layer's budget: mean over its KV heads of the group budgets capped at ``context_len``."""
     return Fraction(sum(len(g.heads) * min(g.budget, context_len) for g in groups), num_kv_heads)
+
+
+def held_tokens(choice: Any, context_len: int, num_kv_heads: int | None) -> float:
+    """Tokens a layer choice holds per KV head (mean over heads) after a ``context_len``-token prompt: a ``full``
+    layer, head group or unbounded budget the whole context, any other budget at most the context."""
+
+    def held(pattern: str, budget: int | None) -> int:
+        return context_len if pattern == KEEP_ALL or budget is None else min(budget, context_len)
+
+    if choice.head_groups is None:
+        return held(choice.pattern, choice.budget)
+    return sum(len(g.heads) * held(g.pattern, g.budget) for g in choice.head_groups) / num_kv_heads  # type: ignore[operator]
 
 
 def as_number(x: Fraction) -> int | float:
@@ -112,6 +136,8 @@ def check_groups(where: str, groups: Any, num_kv_heads: int | None, context_len:
             )
         if g.budget < 0:
             raise HeadGroupError(f"{at}.budget: must be non-negative, got {g.budget}")
+        if g.pattern == KEEP_ALL and g.budget < context_len:
+            raise HeadGroupError(f"{at}.budget: {keeps_all(g.budget, context_len)}")
     missing = [h for h in range(num_kv_heads) if h not in owner]
     if missing:
         raise HeadGroupError(

@@ -26,7 +26,16 @@ from strategies.choice import (
     LayerChoice,
     StrategyError,
 )
-from strategies.head_groups import HEAD_GROUPS, HeadGroup, HeadGroupError, as_number, check_groups, mean_budget
+from strategies.head_groups import (
+    HEAD_GROUPS,
+    KEEP_ALL,
+    HeadGroup,
+    HeadGroupError,
+    as_number,
+    check_groups,
+    keeps_all,
+    mean_budget,
+)
 from strategies.io import atomic_write_text, read_text
 from strategies.strategy_json import first_non_finite, parse_document
 
@@ -170,6 +179,8 @@ class Strategy:
                     raise StrategyError(f"{where}.budget: must be non-negative, got {b}")
                 if b < self.b_min:
                     raise StrategyError(f"{where}.budget: {b} is below b_min={self.b_min}")
+                if choice.pattern == KEEP_ALL and self.context_len is not None and b < self.context_len:
+                    raise StrategyError(f"{where}.budget: {keeps_all(b, self.context_len)}")
                 total += b
             if B is not None and total > self.num_layers * Fraction(B) + Fraction(1, 10**9):
                 raise StrategyError(

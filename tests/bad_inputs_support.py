@@ -198,6 +198,60 @@ def _row_without(*path: str) -> dict:
     return row
 
 
+def full_budget_1_doc() -> dict:
+    """A layer-level strategy (no context_len) whose first layer is pattern 'full' with budget 1: B counts 1 token
+    where the layer keeps the whole context."""
+    prefill = [("full", 1), ("snapkv", 16), ("h2o", 16), ("tova", 16)]
+    return Strategy.from_choices(prefill, prefill, 16.0, solver="test").to_json()
+
+
+def heads_ctx16_doc(full_budget: int = 16) -> dict:
+    """A head-level strategy declaring context_len 16 whose groups keep 120 tokens (and one keep-all head at
+    ``full_budget``): B counts every head at most at 16 tokens."""
+    from strategies import LayerChoice
+    from strategies.head_groups import HeadGroup
+
+    g = LayerChoice.grouped([HeadGroup((0,), "full", full_budget), HeadGroup((1, 2), "streaming_llm", 120)])
+    layers = [g] * L
+    return Strategy(layers, layers, 16.0, 1, {"solver": "test"}, context_len=16, num_kv_heads=3).to_json()
+
+
+def head_cells_table(kvzip: bool = False):
+    """A head-level signal table as the quickstart collects it: one layer-level cell (snapkv at 32, prefill,
+    layer 0 only) and per-KV-head retrieval scores and cells (streaming_llm, h2o, with ``kvzip`` kvzip's pool)."""
+    import numpy as np
+
+    from signals import SignalTable
+    from signals.head_prefill_cells import PrefillCells
+    from signals.head_signals import HeadCells, HeadSignals
+    from tests.head_tables import random_heads
+
+    rng = np.random.default_rng(0)
+
+    def arrays():
+        nan = np.full((L, 3, 2), np.nan)
+        return rng.uniform(0.1, 1, (L, 3, 2)), nan, rng.uniform(0, 0.1, (L, 3, 2)), nan
+
+    base = random_heads(L, 3, context_len=256)
+    scored = [PrefillCells("h2o", (16, 32), *arrays())]
+    if kvzip:
+        scored.append(PrefillCells("kvzip", (16, 32), *arrays(), params={"allocation": "model"}))
+    table = SignalTable.empty(L, ["prefill"], ["snapkv"], [32], {"model": "tiny"})
+    table.set_heads(HeadSignals(base.retrieval, base.provenance, HeadCells(4, (16, 32), *arrays()), tuple(scored)))
+    return table
+
+
+#: a model folder whose config claims a huge context and shape: its KV cache at long contexts fits no machine
+HUGE_CONFIG = {
+    "model_type": "llama",
+    "max_position_embeddings": 10**9,
+    "num_hidden_layers": 100,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "head_dim": 128,
+    "hidden_size": 8192,
+}
+
 LATIN1 = "Caf\xe9 au lait, na\xefve r\xe9sum\xe9 \xe0 la carte".encode("latin-1")
 
 FILES = {
@@ -229,6 +283,13 @@ FILES = {
     "partial-unknown-task": lambda: partial_text(partial_row(task="ruler/nosuch")),
     "partial-twice": lambda: partial_text(partial_row(), partial_row()),
     "partial-latin1": lambda: LATIN1,
+    # issue 62: budgets that misstate the memory held, a head-cells table, a model config without weights
+    "strategy-full-budget-1": lambda: json.dumps(full_budget_1_doc()),
+    "strategy-heads-ctx16": lambda: json.dumps(heads_ctx16_doc()),
+    "strategy-heads-full-1": lambda: json.dumps(heads_ctx16_doc()).replace('"budget": 16,', '"budget": 1,', 1),
+    "signals-heads": lambda: head_cells_table().dumps(),
+    "signals-kvzip-cells": lambda: head_cells_table(kvzip=True).dumps(),
+    "model-config-huge": lambda: json.dumps(HUGE_CONFIG),
 }
 
 

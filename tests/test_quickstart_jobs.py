@@ -28,8 +28,13 @@ def test_one_job_runs_every_step_in_this_process(tmp_path, monkeypatch, two_core
     assert not any("--jobs" in c for c in planned(tmp_path, monkeypatch, "--jobs", "1"))
 
 
-def test_a_count_is_passed_on_as_given(tmp_path, monkeypatch, two_cores):
-    assert value(planned(tmp_path, monkeypatch, "--jobs", "3")[-1], "--jobs") == "3"
+def test_a_count_the_machine_holds_is_passed_on_as_given(tmp_path, monkeypatch, two_cores):
+    assert value(planned(tmp_path, monkeypatch, "--jobs", "2")[-1], "--jobs") == "2"
+
+
+def test_a_count_above_the_cores_is_clamped_with_a_notice_before_any_step(tmp_path, monkeypatch, two_cores, capsys):
+    assert value(planned(tmp_path, monkeypatch, "--jobs", "100000")[-1], "--jobs") == "2"
+    assert "note: --jobs 100000 clamped to 2, the most worker processes this machine holds" in capsys.readouterr().err
 
 
 def test_auto_is_one_per_core_on_a_cpu_up_to_the_cap_and_one_on_an_accelerator(monkeypatch):
@@ -49,6 +54,19 @@ def test_auto_starts_no_more_workers_than_the_memory_holds(monkeypatch):
     assert parallel.auto_jobs("cpu") == 1  # never fewer than one
     monkeypatch.setattr(parallel, "available_memory", lambda: None)  # unknown: the cores and the cap decide
     assert parallel.auto_jobs("cpu") == 4
+
+
+def test_an_explicit_count_is_capped_by_the_cores_and_memory_as_auto_is_but_never_below_two(monkeypatch):
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 8)
+    monkeypatch.setattr(parallel, "available_memory", lambda: 13 * 2**30)
+    from polykv_search.cli.limits import MIN_JOBS_LIMIT, jobs_limit
+
+    assert jobs_limit()[0] == 3  # 4 GiB a worker
+    monkeypatch.setattr(parallel, "available_memory", lambda: 2**30)
+    assert jobs_limit()[0] == MIN_JOBS_LIMIT == 2  # a fan-out needs two
+    monkeypatch.setattr(parallel, "available_memory", lambda: None)
+    most, why = jobs_limit()
+    assert most == 8 and why == "8 usable CPU cores"
 
 
 def test_the_available_memory_is_read_from_this_machine():
@@ -85,4 +103,6 @@ def test_score_and_collect_take_auto_too(command, monkeypatch, two_cores):
     assert args.jobs == "auto"
     assert resolve_jobs(args) == args.jobs == 2
     assert resolve_jobs(argparse.Namespace(jobs="auto", device="cuda")) == 1
-    assert resolve_jobs(argparse.Namespace(jobs=3, device="cpu")) == 3
+    assert resolve_jobs(argparse.Namespace(jobs=2, device="cpu")) == 2
+    assert resolve_jobs(argparse.Namespace(jobs=3, device="cpu")) == 2  # clamped to the cores, with a notice
+    assert resolve_jobs(argparse.Namespace(jobs=3, device="cpu", address="tcp://h:1")) == 3  # a cluster's own

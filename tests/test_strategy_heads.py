@@ -158,7 +158,16 @@ BAD = [
         r"layers\[0\]\.prefill\.head_groups: needs a version 2 file",
     ),
     ("over the budget", lambda d: d.update(global_budget=100), r"^prefill: budgets sum to 437\.33.*over L\*B"),
-    ("mean below b_min", lambda d: _groups(d)[0].update(budget=0) or d.update(b_min=40), r"mean budget 32 is below"),
+    (
+        "mean below b_min",
+        lambda d: _groups(d)[0].update(pattern="streaming_llm", budget=0) or d.update(b_min=40),
+        r"mean budget 32 is below",
+    ),
+    (  # a keep-all group holds the whole context: a smaller budget would undercount it in B
+        "full group under the context",
+        lambda d: _groups(d)[0].update(budget=1),
+        r"head_groups\[0\]\.budget: pattern 'full' keeps every token, so it holds the whole 1024-token context",
+    ),
 ]
 
 

@@ -32,7 +32,11 @@ def baseline(spec: str, num_layers: int, budget: float | None, b_min: int = 1) -
             raise ScoreError("baseline 'uniform' needs a pattern: uniform:snapkv")
         try:  # uniform:kvzip[allocation=model] and uniform:kvzip:allocation=model name the same entry
             base, params = parse_spec(pattern)
-            pattern = spec_label(base, checked_params(base, {**params, **parse_params(text)}))
+            extra = parse_params(text)
+            twice = sorted(set(params) & set(extra))
+            if twice:
+                raise ValueError(f"parameter {twice[0]!r} is given twice")
+            pattern = spec_label(base, checked_params(base, {**params, **extra}))
         except ValueError as err:
             raise ScoreError(f"baseline {spec!r}: {err}") from None
         strategy = get_solver("uniform", pattern=pattern).solve(problem).strategy

@@ -42,9 +42,11 @@ from polykv_search.cli.common import (
     jobs_count,
     load_model_from_args,
     non_negative_int,
+    pattern_specs,
     positive_int,
     resolve_jobs,
 )
+from polykv_search.cli.limits import check_backend, check_lengths, model_shape
 
 # From the signal-quality measurement (README, "Signal quality per CPU-minute"): at equal tokens, many
 # short samples give the lowest per-cell standard error per CPU-minute.
@@ -55,7 +57,6 @@ DEFAULT_CONTINUATION = 32
 
 def add_parser(sub) -> None:
     from polykv_search.patterns import PATTERNS
-    from polykv_search.patterns.spec import split_specs
     from signals.collect import DEFAULT_BUDGETS, DEFAULT_PATTERNS
 
     p = sub.add_parser(
@@ -114,7 +115,7 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("grid")
     g.add_argument(
         "--patterns",
-        type=comma_list(str, "pattern", split=split_specs),
+        type=pattern_specs(),
         default=",".join(DEFAULT_PATTERNS),
         help=f"comma separated, any of {','.join(PATTERNS)}, each with parameters if wanted, e.g. "
         f"kvzip[allocation=model] (default {','.join(DEFAULT_PATTERNS)})",
@@ -243,6 +244,17 @@ def check(args: argparse.Namespace):
         raise CLIError(f"--resume: nothing to resume, {journal_path(out)} does not exist")
     check_output_path(journal_path(out), "--out")
     check_model_args(args)
+    check_backend(args.backend, args.address)
+    check_lengths(
+        model_shape(args.model),
+        context_len=args.context_len,
+        after=args.continuation_len,
+        after_flag="--continuation-len tokens",
+        dtype=args.dtype,
+        attn=args.attn,
+        device=args.device,
+        workers=args.jobs if not args.address else 1,
+    )
     return out, mix
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from polykv_search.cli.common import CLIError, comma_list, console, non_negative_int, positive_int
+from polykv_search.cli.common import CLIError, comma_list, console, non_negative_int, pattern_specs, positive_int
 from polykv_search.patterns.spec import parse_spec, split_specs
 
 DEFAULT_HEAD_SAMPLES = 8
@@ -50,7 +50,7 @@ def add_args(g) -> None:
     )
     g.add_argument(
         "--head-patterns",
-        type=comma_list(str, "pattern", split=split_specs),
+        type=pattern_specs(),
         default=STREAMING,
         metavar="PATTERNS",
         help="with --head-cells: the patterns of the cells, comma separated (default streaming_llm): streaming_llm "

@@ -317,11 +317,23 @@ def jobs_count(text: str) -> str | int:
 
 def resolve_jobs(args: argparse.Namespace) -> int:
     """``args.jobs`` as a count (``auto``: :func:`polykv_search.parallel.auto_jobs` for ``args.device``), set on
-    ``args`` and returned."""
-    if args.jobs == "auto":
-        from polykv_search.parallel import auto_jobs
+    ``args`` and returned. A count of local workers above what this machine holds
+    (:func:`polykv_search.cli.limits.jobs_limit`: its cores and memory) is clamped to it, with a one-line notice;
+    a cluster's workers (``--backend dask|ray --address``) are the cluster's business."""
+    from polykv_search.cli.limits import jobs_limit
+    from polykv_search.parallel import auto_jobs
 
+    if args.jobs == "auto":
         args.jobs = auto_jobs(args.device)
+    elif args.jobs > 1 and not getattr(args, "address", None):
+        most, why = jobs_limit()
+        if args.jobs > most:
+            console.print(
+                f"note: --jobs {args.jobs} clamped to {most}, the most worker processes this machine holds ({why})",
+                highlight=False,
+                soft_wrap=True,
+            )
+            args.jobs = most
     return args.jobs
 
 
@@ -346,7 +358,8 @@ def comma_list(
                 values.append(cast(item))
             except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
                 detail = str(err) if isinstance(err, argparse.ArgumentTypeError) else f"not a valid {what}"
-                raise argparse.ArgumentTypeError(f"{item!r} in {text!r}: {detail}") from None
+                where = f"{item!r} in {text!r}: " if len(items) > 1 else ("" if item in detail else f"{item!r}: ")
+                raise argparse.ArgumentTypeError(f"{where}{detail}") from None
         if len(set(map(repr, values))) != len(values):
             raise argparse.ArgumentTypeError(f"repeated {what} in {text!r}")
         return values
@@ -357,3 +370,23 @@ def comma_list(
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def pattern_spec_text(text: str) -> str:
+    """One pattern spec, ``NAME`` or ``NAME[KEY=VALUE,...]``, checked for syntax (an unclosed bracket, a
+    parameter given twice); the name is checked where the command knows which patterns it takes."""
+    from polykv_search.patterns.spec import parse_spec
+
+    try:
+        parse_spec(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def pattern_specs(what: str = "pattern") -> Callable[[str], list]:
+    """An argparse type: comma-separated pattern specs (commas inside brackets kept), each checked by
+    :func:`pattern_spec_text`, so a malformed spec is an argparse refusal (one line) before anything runs."""
+    from polykv_search.patterns.spec import split_specs
+
+    return comma_list(pattern_spec_text, what, split=split_specs)

@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(str(err)) from None
     if not comparison.rows:
         raise CLIError("the results files hold no entries")
+    agreement = _agreement(args, comparison, predict) if predict else None  # refused before any output
     for warning in comparison.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     found = recommend(comparison)
@@ -158,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
         for line in details:
             out.print(line, highlight=False, markup=False, soft_wrap=True)
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
-            console.print(line, style="dim", highlight=False, markup=False)
-    agreement = _agreement(args, comparison, predict) if predict else None
+            console.print(line, style="dim", highlight=False, markup=False)  # entry names hold [k=v]
+    if agreement is not None:
+        _print_agreement(args, agreement)
     if args.json_out:
         doc = comparison.to_json()
         doc["recommendation"] = {"rule": RULE, "brief": head, "budgets": [r.to_json() for r in found]}
@@ -195,15 +197,27 @@ def _predictor(args):
 
 
 def _agreement(args, comparison, predict) -> list:
-    """Print (and return) the rank agreement of the table's predictions with the measured values."""
+    """The rank agreement of the table's predictions with the measured values; a table that predicts none of
+    the entries (a head-cells table, another model's) is refused rather than shown as an empty table."""
     from polykv_search import stats
-    from polykv_search.compare.prediction import describe, prediction_agreement
+    from polykv_search.compare.prediction import prediction_agreement
 
     agreement = prediction_agreement(comparison, predict, seed=args.seed, resamples=args.resamples or stats.RESAMPLES)
+    if not agreement:
+        raise CLIError(
+            f"--signals {args.signals}: predicts none of the entries (no entry's layers, patterns and budgets are "
+            "all cells of this table; a head-cells table such as signals-heads.json holds one layer-level cell); "
+            "give the layer-level table the strategies were solved on"
+        )
+    return agreement
+
+
+def _print_agreement(args, agreement: list) -> None:
+    from polykv_search.compare.prediction import describe
+
     out.print(f"predicted {args.objective} degradation vs measured (Spearman, 95 % bootstrap over entries):")
     for a in agreement:
         out.print(f"  {describe(a)}", highlight=False)
-    return agreement
 
 
 def _legend(comparison, details: bool) -> list[str]:

@@ -47,6 +47,7 @@ from polykv_search.cli.common import (
     comma_list,
     console,
     jobs_count,
+    pattern_specs,
     positive_float,
     positive_int,
     resolve_jobs,
@@ -88,7 +89,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--patterns",
-        type=comma_list(str, "pattern", split=split_specs),
+        type=pattern_specs(),
         default="snapkv,tova,h2o,streaming_llm",
         help="signal grid patterns (default snapkv,tova,h2o,streaming_llm)",
     )
@@ -172,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.methods if m not in known]
     if unknown:
         raise CLIError(f"--methods: unknown method {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    H.check_head_methods(args.methods, args.head_level)
     eval_len = args.eval_context_len or args.context_len
     jobs = resolve_jobs(args)
     fan_out = ["--jobs", str(jobs)] if jobs > 1 else []  # local processes, one thread each on a CPU
@@ -253,7 +255,17 @@ def run(args: argparse.Namespace) -> int:
         if not target.exists():
             step(
                 f"2/4 solve {method}",
-                ["solve", "--method", method, "--signals", str(signals), "--budget", B, *extra, "--out", str(target)],
+                [
+                    "solve",
+                    "--method",
+                    method,
+                    *H.method_solve_args(method, signals, heads, eval_len),
+                    "--budget",
+                    B,
+                    *extra,
+                    "--out",
+                    str(target),
+                ],
             )
         paths.append(str(target))
     if args.head_level:

@@ -14,18 +14,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, comma_list, positive_int
+from polykv_search.cli.common import CLIError, comma_list, pattern_specs, positive_int
 from polykv_search.cli.quickstart_defaults import HEAD_CELLS, HEAD_LEVEL, HEAD_PATTERNS
 
 #: the head-level table, beside signals.json; its solved strategy, beside the layer-level ones
 HEADS_TABLE = "signals-heads.json"
 HEAD_STRATEGY = "ilp-head"
+#: solvers that read the per-KV-head retrieval scores: ``--methods`` solves them on the head-level table
+HEAD_SIGNAL_METHODS = ("duo", "headkv")
 
 
 def add_args(p) -> None:
     """``--head-level/--no-head-level``, ``--head-cells`` and ``--head-patterns``."""
-    from polykv_search.patterns.spec import split_specs
-
     p.add_argument(
         "--head-level",
         action=argparse.BooleanOptionalAction,
@@ -41,7 +41,7 @@ def add_args(p) -> None:
     )
     p.add_argument(
         "--head-patterns",
-        type=comma_list(str, "pattern", split=split_specs),
+        type=pattern_specs(),
         default=HEAD_PATTERNS,
         help=f"head-cell patterns of --head-level, names or specs (default {HEAD_PATTERNS})",
     )
@@ -91,6 +91,25 @@ def head_solve_argv(table: Path, budget: str, context_len: int, out: Path) -> li
         "--out",
         str(out),
     ]
+
+
+def check_head_methods(methods: list[str], head_level: bool) -> None:
+    """Refuse a ``--methods`` solver that reads per-KV-head retrieval scores when ``--no-head-level`` leaves
+    them uncollected (one line, before any step runs)."""
+    wanted = [m for m in methods if m in HEAD_SIGNAL_METHODS]
+    if wanted and not head_level:
+        raise CLIError(
+            f"--methods {wanted[0]}: reads per-KV-head retrieval scores, which only --head-level collects "
+            f"({HEADS_TABLE}); drop --no-head-level or the method"
+        )
+
+
+def method_solve_args(method: str, layer_table: Path, heads_table: Path, context_len: int) -> list[str]:
+    """``solve``'s table for ``method`` (a head-signal solver reads the head-level table, built for
+    ``context_len``-token prompts, as the head-level ilp is)."""
+    if method in HEAD_SIGNAL_METHODS:
+        return ["--signals", str(heads_table), "--target-context-len", str(context_len)]
+    return ["--signals", str(layer_table)]
 
 
 def check_head_level(calib_samples: int, cells: list[int], context_len: int) -> None:

@@ -22,8 +22,8 @@ from polykv_search.cli.common import (
     out,
     positive_float,
     positive_int,
-    resolve_jobs,
 )
+from polykv_search.cli.score_checks import check_fan_out, check_held_budgets, check_limits
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
 
@@ -54,7 +54,14 @@ def add_parser(sub) -> None:
         "none: lm-eval tasks only",
     )
     p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
-    p.add_argument("--context-len", type=positive_int, default=1024, help="prompt length in tokens (default 1024)")
+    p.add_argument(
+        "--context-len",
+        type=positive_int,
+        default=1024,
+        help="prompt length in tokens (default 1024); a strategy that would hold more tokens at this length than "
+        "the budget it states (a 'full' layer or head, keep-all heads built for a shorter context) is refused, not "
+        "scored with a B that misstates its memory (one that holds less, at a shorter context, is scored)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
@@ -135,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)
-    _check_fan_out(args)
+    check_fan_out(args)
     lm_request = None
     if args.lm_eval_tasks:
         from polykv_search.integrations import lm_eval_support
@@ -161,12 +168,15 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.baseline:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
+    check_held_budgets(strategies, args.context_len)
     shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
     found = read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
     if found.key is not None:
         check_partial_protocol(f"{args.out}.partial", found.protocol, protocol)
     check_model_args(args)
+    check_limits(args, tasks)
     model, tok = load_model_from_args(args)
+    check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
     for s in entries:
@@ -234,7 +244,8 @@ def run(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:  # one line: where the finished samples are
         raise Interrupted(
-            f"{len(checkpoint.done)} finished samples kept in {checkpoint.path}; the same command resumes from there"
+            f"{_kept(checkpoint, shape)} finished samples kept in {checkpoint.path}; the same command resumes from "
+            "there"
         ) from None
     if lm_request is not None:
         lm_runs = lm_eval_score.run_entries(
@@ -262,14 +273,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_fan_out(args: argparse.Namespace) -> None:
-    resolve_jobs(args)
-    if args.address and not args.backend:
-        raise CLIError("--address applies to --backend dask or ray; give --backend")
-    if args.address and args.backend == "loky":
-        raise CLIError("--address does not apply to --backend loky (local processes)")
-    if args.backend == "loky" and args.jobs == 1:
-        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
+def _kept(checkpoint, shape: dict) -> int:
+    """Finished samples in the checkpoint file as a resume will read them (an interrupt may land between a
+    sample's line reaching the disk and the in-memory count)."""
+    from polykv_search.scoring import ScoreError
+    from polykv_search.scoring.checkpoint_schema import read_partial
+
+    try:
+        return len(read_partial(checkpoint.path, **shape).rows)
+    except (ScoreError, OSError):
+        return len(checkpoint.done)
 
 
 def _fan_out(args: argparse.Namespace):

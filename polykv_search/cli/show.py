@@ -79,6 +79,29 @@ def show_strategy(strategy, title: str) -> None:
         budgets = [b for b in strategy.budgets(phase) if b is not None]
         if budgets:
             out.print(f"{phase}: sum {_b(sum(budgets))}, min {_b(min(budgets))}, max {_b(max(budgets))}")
+    for note in held_notes(strategy):
+        out.print(f"note: {note}", highlight=False, markup=False)
+
+
+def held_notes(strategy) -> list[str]:
+    """Where the B a strategy states is not the memory it holds at every context length: ``full`` layers
+    with a budget (they keep the whole context), head groups above the context length they were built for."""
+    notes = []
+    full = sorted({i for p in PHASES for i, c in enumerate(strategy.phase(p)) if c.pattern == "full" and c.budget})
+    if full and strategy.global_budget is not None:
+        notes.append(
+            f"layers {','.join(map(str, full))} use pattern 'full' with a budget: they keep the whole context, so "
+            "they hold more than B counts wherever the context is longer than that budget (score refuses that)"
+        )
+    n = strategy.context_len
+    groups = [g for p in PHASES for c in strategy.phase(p) for g in c.head_groups or ()]
+    above = [g.budget for g in groups if g.pattern != "full" and n is not None and g.budget > n]
+    if above:
+        notes.append(
+            f"head groups with budgets above the {n}-token context it was built for (up to {max(above)}) count "
+            f"as {n} in B; at a longer context they hold more (score refuses that)"
+        )
+    return notes
 
 
 def _pat(choice) -> str:

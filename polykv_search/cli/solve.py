@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, check_output_path, comma_list, console, out, positive_float, positive_int
+from polykv_search.cli.common import (
+    CLIError,
+    check_output_path,
+    comma_list,
+    console,
+    out,
+    pattern_specs,
+    positive_float,
+    positive_int,
+)
 from polykv_search.cli.solve_guard import GUARD_DESTS, add_guard_args, apply_guard, check_guard_args
 
 #: Flags that belong to the problem, not to a solver's settings.
@@ -32,8 +41,6 @@ _PROBLEM_DESTS = {
 
 
 def add_parser(sub) -> None:
-    from polykv_search.patterns.spec import split_specs
-
     p = sub.add_parser(
         "solve",
         help="compute a strategy with a solver",
@@ -65,7 +72,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--patterns",
-        type=comma_list(str, "pattern", split=split_specs),
+        type=pattern_specs(),
         help="patterns the solver may choose, comma separated (default: the table's); a pattern with parameters "
         "is a column of the table such as kvzip[allocation=model]",
     )
@@ -148,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model and "model" in names:  # solvers that run the model (optuna) take it as a setting
         given["model"] = args.model
     settings = cls.Settings.from_strings({k: str(v) for k, v in given.items()})
+    _check_granularity(args, settings, given)
     table = None
     if args.signals:
         from signals import SignalTable
@@ -207,6 +215,22 @@ def run(args: argparse.Namespace) -> int:
     if pool:
         console.print(pool, highlight=False, markup=False)
     return 0
+
+
+def _check_granularity(args: argparse.Namespace, settings, given: dict) -> None:
+    """Refuse the pattern flag of the other granularity: ``--patterns`` names the layer-level table's columns,
+    ``--head-patterns`` the per-KV-head cells; each is ignored at the other level, so it is refused."""
+    head = getattr(settings, "granularity", "layer") == "head"
+    if head and args.patterns:
+        raise CLIError(
+            "--patterns names the layer-level table's columns, which --granularity head does not read; "
+            "choose the head cells' patterns with --head-patterns"
+        )
+    if "head_patterns" in given and not head:
+        raise CLIError(
+            "--head-patterns chooses among the per-KV-head cells of --granularity head; at layer granularity "
+            "choose the table's columns with --patterns"
+        )
 
 
 def _model_pool_note(strategy) -> str | None:

@@ -55,6 +55,8 @@ __all__ = [
     "DEFAULT_MODEL",
     "BuiltinModel",
     "ModelError",
+    "cached_config",
+    "checkpoint_dir",
     "ModelSource",
     "load_model",
     "model_fingerprint",
@@ -67,15 +69,40 @@ __all__ = [
 
 # The loading chain (load_model -> model_path -> _gguf_checkpoint) lives in this module, so the names it
 # calls (model_path, _check_hub, builtin_gguf, _convert_gguf) can be replaced on polykv_search.models.
-def _gguf_checkpoint(source: ModelSource) -> Path:
-    """The cached plain checkpoint for a built-in model or a local GGUF file (built on first use)."""
+def checkpoint_dir(source: ModelSource) -> Path:
+    """Where the cached plain checkpoint of a built-in model or a local GGUF file is (or will be) kept."""
     root = cache_dir("models")
     if source.kind == "builtin":
         builtin = BUILTIN_MODELS[source.location]
-        tag = (builtin.sha256 or builtin.version)[:12]
-        final = root / f"{builtin.name}-{tag}-v{CHECKPOINT_FORMAT}"
-        if _is_complete(final):
-            return final
+        return root / f"{builtin.name}-{(builtin.sha256 or builtin.version)[:12]}-v{CHECKPOINT_FORMAT}"
+    gguf_file = Path(source.location)
+    stat = gguf_file.stat()
+    key = hashlib.sha256(f"{gguf_file}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return root / "gguf" / f"{source.name}-{key}-v{CHECKPOINT_FORMAT}"
+
+
+def cached_config(source: ModelSource) -> Path | None:
+    """The ``config.json`` of a model, found without loading or building anything: a local checkpoint's,
+    the cached checkpoint's of a built-in model or GGUF file once it is built, a hub id's in the HF cache;
+    None when there is none yet."""
+    if source.kind == "local":
+        return Path(source.location) / "config.json"
+    if source.kind in ("builtin", "gguf"):
+        final = checkpoint_dir(source)
+        return final / "config.json" if _is_complete(final) else None
+    import huggingface_hub
+
+    found = huggingface_hub.try_to_load_from_cache(source.location, "config.json")
+    return Path(found) if isinstance(found, str) else None
+
+
+def _gguf_checkpoint(source: ModelSource) -> Path:
+    """The cached plain checkpoint for a built-in model or a local GGUF file (built on first use)."""
+    final = checkpoint_dir(source)
+    if _is_complete(final):
+        return final
+    if source.kind == "builtin":
+        builtin = BUILTIN_MODELS[source.location]
 
         def build(tmp: Path) -> dict[str, Any]:
             gguf_file = builtin_gguf(builtin)
@@ -87,11 +114,6 @@ def _gguf_checkpoint(source: ModelSource) -> Path:
 
     else:
         gguf_file = Path(source.location)
-        stat = gguf_file.stat()
-        key = hashlib.sha256(f"{gguf_file}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-        final = root / "gguf" / f"{source.name}-{key}-v{CHECKPOINT_FORMAT}"
-        if _is_complete(final):
-            return final
 
         def build(tmp: Path) -> dict[str, Any]:
             _notice(f"converting {gguf_file} to a cached checkpoint in {final} (once)")

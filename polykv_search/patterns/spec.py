@@ -38,6 +38,8 @@ def parse_params(text: str) -> dict[str, Any]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"pattern parameters are KEY=VALUE, got {item!r}")
+        if key.strip() in params:
+            raise ValueError(f"parameter {key.strip()!r} is given twice in {text!r}")
         params[key.strip()] = parse_value(value.strip())
     return params
 

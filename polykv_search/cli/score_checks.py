@@ -1,0 +1,77 @@
+"""`score`'s checks of its arguments that need no model: the fan-out, the run's length against the model's
+positions and this machine's memory, and the strategies' declared context length against ``--context-len``."""
+
+from __future__ import annotations
+
+import argparse
+
+from polykv_search.cli.common import CLIError, resolve_jobs
+from polykv_search.cli.limits import check_backend
+
+
+def check_fan_out(args: argparse.Namespace) -> None:
+    resolve_jobs(args)
+    if args.address and not args.backend:
+        raise CLIError("--address applies to --backend dask or ray; give --backend")
+    if args.address and args.backend == "loky":
+        raise CLIError("--address does not apply to --backend loky (local processes)")
+    if args.backend == "loky" and args.jobs == 1:
+        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
+    check_backend(args.backend, args.address)
+
+
+def check_limits(args: argparse.Namespace, tasks: list, config: dict | None = None) -> None:
+    """Refuse ``--generate-len`` without the decode suite, and a run longer than the model's positions or
+    this machine's memory (:mod:`polykv_search.cli.limits`; ``config``: the loaded model's, else read from disk)."""
+    from polykv_search.cli.limits import ModelShape, check_lengths, model_shape
+
+    decode = [t for t in tasks if t.suite == "decode"]
+    if args.generate_len is not None and not decode:
+        raise CLIError(
+            "--generate-len sets the decode suite's trajectory length; add decode to --suite, or leave it out"
+        )
+    after = (
+        max(
+            (getattr(t, "generate_len", 0) if t.suite == "decode" else 0)
+            + (t.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens)
+            for t in tasks
+        )
+        if tasks
+        else 0
+    )
+    shape = model_shape(args.model) if config is None else ModelShape.from_config(args.model, config)
+    local = args.backend in (None, "loky") or not args.address
+    check_lengths(
+        shape,
+        context_len=args.context_len,
+        after=after,
+        after_flag="tokens decoded after it (--generate-len, answers)" if decode else "tokens decoded after it",
+        dtype=args.dtype,
+        attn=args.attn,
+        device=args.device,
+        workers=args.jobs if local else 1,
+    )
+
+
+def check_held_budgets(strategies: list, context_len: int) -> None:
+    """Refuse a strategy that would hold more tokens at ``--context-len`` than the budget it states: a ``full``
+    layer or head group keeps the whole context whatever its budget, and a head-level strategy counts its groups
+    at most at the context length it was built for (``context_len``), so scored at a longer one its keep-all
+    heads (and groups above that length) hold more than its B says. ``strategies``: ``(path, Strategy)``."""
+    from strategies import PHASES
+    from strategies.head_groups import held_tokens
+
+    for path, s in strategies:
+        if s.global_budget is None:
+            continue
+        for phase in PHASES:
+            for layer, choice in enumerate(s.phase(phase)):
+                held = held_tokens(choice, context_len, s.num_kv_heads)
+                if choice.budget is None or held <= choice.budget + 1e-9:
+                    continue
+                built = f" (built for {s.context_len}-token contexts)" if s.context_len else ""
+                raise CLIError(
+                    f"{path}{built}: layers[{layer}].{phase} holds {held:g} tokens per KV head at --context-len "
+                    f"{context_len} but counts {choice.budget:g} in its B = {s.global_budget:g}; score it at the "
+                    "context length it was solved for, or solve it again for this one (--target-context-len)"
+                )
