@@ -145,8 +145,12 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
         raise CLIError(f"{flags} do not apply to the {args.method!r} solver")
-    if args.model and "model" in names:  # solvers that run the model (optuna) take it as a setting
+    if args.model and "model" in names:  # solvers that run the model (optuna, search) take it as a setting
         given["model"] = args.model
+    if "journal" in names and "journal" not in given:  # a resumable solver (search): OUT.journal
+        from signals.journal import journal_path
+
+        given["journal"] = str(check_output_path(journal_path(args.out), "--out"))
     settings = cls.Settings.from_strings({k: str(v) for k, v in given.items()})
     table = None
     if args.signals:
