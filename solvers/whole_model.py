@@ -29,10 +29,18 @@ Tests inject ``loaded_model=(model, tokenizer)``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
+from polykv_search.models import ModelError, load_model, model_fingerprint
+from polykv_search.progress import ProgressBar
+from signals.journal import JournalError
+from solvers import get_solver_class
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, SolveResult, setting
 from solvers.guard import guard_samples, uniform_candidates
 from solvers.problem import layer_choice
@@ -91,9 +99,20 @@ class WholeModelSolver(Solver):
     needs_table = True
     Settings = SearchSettings
 
-    def __init__(self, settings: Settings | None = None, *, loaded_model: tuple[Any, Any] | None = None, **kwargs):
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        loaded_model: tuple[Any, Any] | None = None,
+        evaluator: Callable[[Sequence[Strategy]], Any] | None = None,
+        kinds: Sequence[str] | None = None,
+        **kwargs,
+    ):
         super().__init__(settings, **kwargs)
+        if evaluator is not None and (loaded_model is not None or not kinds):
+            raise SolverError("evaluator= needs kinds= (one per sample) and no loaded_model=")
         self.loaded_model = loaded_model
+        self.evaluator, self.kinds = evaluator, list(kinds or [])
         self.trace = None  # the last search (for inspection)
 
     def solve(self, problem: Problem) -> SolveResult:
@@ -107,42 +126,34 @@ class WholeModelSolver(Solver):
         begin = time.perf_counter()
         solved_name, solved = self._calibrated_start(problem)
         starts = [(solved_name, solved), *uniform_candidates(problem, solved)]
-        model, tokenizer = self._model(problem)
-        samples, described = guard_samples(tokenizer, problem.table, s.samples, seed=s.sample_seed, mix=s.mix)
-        journal = self._journal(model, described)
         step = max(1, round(s.step * problem.global_budget))
-        try:
-            with _progress(s, s.max_evaluations * len(samples)) as advance:
-                objective = WholeModelObjective(model, samples, journal, on_run=advance)
-                trace = local_search(
-                    starts,
-                    lambda start: SearchSpace(problem, start, blocks=s.blocks, step=step, patterns=problem.patterns),
-                    objective,
-                    objective.kinds,
-                    neighbors=s.neighbors,
-                    max_moves=s.max_moves,
-                    max_evaluations=s.max_evaluations,
-                    level=s.level,
-                    seed=s.seed,
-                    check=lambda strategy: check_budgets(strategy, problem),
-                )
-        finally:
-            journal.close()
+        with self._objective(problem) as (objective, kinds, described):
+            trace = local_search(
+                starts,
+                lambda start: SearchSpace(problem, start, blocks=s.blocks, step=step, patterns=problem.patterns),
+                objective,
+                kinds,
+                neighbors=s.neighbors,
+                max_moves=s.max_moves,
+                max_evaluations=s.max_evaluations,
+                level=s.level,
+                seed=s.seed,
+                check=lambda strategy: check_budgets(strategy, problem),
+            )
         self.trace = trace
         result = trace.result
         check_budgets(result, problem)
-        wall = time.perf_counter() - begin
-        cost = {**objective.cost(), "wall_s": round(wall, 3), "resumed_from_journal": objective.cached > 0}
+        cost = objective.cost() if hasattr(objective, "cost") else {}
+        cost["wall_s"] = round(time.perf_counter() - begin, 3)
         record = {
             **trace.to_json(),
             "samples": described,
-            "journal": str(journal.path) if journal.path is not None else None,
             "cost": cost,
             "step_tokens": step,
             "blocks": [[r.start, r.stop - 1] for r in layer_blocks(problem.num_layers, s.blocks)],
+            "settings": s.to_json(),
         }
-        follows = dict(dict(starts)[trace.start].provenance.get("phases_following") or {})
-        plan = Plan(
+        return Plan(
             {phase: list(result.phase(phase)) for phase in problem.phases},
             objective=float(trace.values.mean()),
             message=_message(trace, cost),
@@ -150,14 +161,31 @@ class WholeModelSolver(Solver):
             provenance={"search": record},
             context_len=result.context_len,
             num_kv_heads=result.num_kv_heads,
-            follows=follows,
+            follows=dict(dict(starts)[trace.start].provenance.get("phases_following") or {}),
         )
-        return plan
+
+    @contextmanager
+    def _objective(self, problem: Problem):
+        """``(objective, sample kinds, samples description)``: the injected evaluator, or the model on calibration
+        samples drawn like the guard's, journaled, with a progress bar."""
+        if self.evaluator is not None:
+            yield self.evaluator, self.kinds, {"evaluator": "injected"}
+            return
+        s = self.settings
+        model, tokenizer = self._model(problem)
+        samples, described = guard_samples(tokenizer, problem.table, s.samples, seed=s.sample_seed, mix=s.mix)
+        journal = self._journal(model, described)
+        described = {**described, "journal": str(journal.path) if journal.path is not None else None}
+        console = Console(stderr=True) if s.progress else None
+        try:
+            with ProgressBar(console, "search", s.max_evaluations * len(samples), unit="runs") as bar:
+                objective = WholeModelObjective(model, samples, journal, on_run=lambda: bar.advance(1))
+                yield objective, objective.kinds, described
+        finally:
+            journal.close()
 
     # ------------------------------------------------------------------ parts
     def _calibrated_start(self, problem: Problem) -> tuple[str, Strategy]:
-        from solvers import get_solver_class
-
         s = self.settings
         path = Path(s.start)
         if s.start.endswith(".json") or path.exists():
@@ -182,8 +210,6 @@ class WholeModelSolver(Solver):
     def _model(self, problem: Problem):
         if self.loaded_model is not None:
             return self.loaded_model
-        from polykv_search.models import ModelError, load_model
-
         prov = problem.table.provenance
         args = prov.get("model_args") or {}
         name = self.settings.model or prov.get("model")
@@ -200,9 +226,6 @@ class WholeModelSolver(Solver):
             raise SolverError(f"model: cannot load {name!r}: {str(err).splitlines()[0]}") from None
 
     def _journal(self, model, described: dict[str, Any]) -> SearchJournal:
-        from polykv_search.models import model_fingerprint
-        from signals.journal import JournalError
-
         key = {
             "model": str(getattr(model.config, "name_or_path", "")),
             "model_fingerprint": model_fingerprint(model),
@@ -252,29 +275,10 @@ def _message(trace, cost: dict[str, Any]) -> str:
     if trace.final is not None:
         f = trace.final
         line += f"; KL − start {f.estimate:+.4g} [{f.low:+.4g}, {f.high:+.4g}]"
-    minutes = cost["wall_s"] / 60
-    return f"{line}; {cost['strategy_runs']} strategy runs, {cost['forward_calls']} model calls, {minutes:.1f} min"
-
-
-class _progress:
-    """A progress bar over the search's runs (nothing when ``progress`` is off); yields its advance callback."""
-
-    def __init__(self, settings: SearchSettings, total: int):
-        self.enabled, self.total, self.bar = settings.progress, total, None
-
-    def __enter__(self):
-        if not self.enabled:
-            return None
-        from rich.console import Console
-
-        from polykv_search.progress import ProgressBar
-
-        self.bar = ProgressBar(Console(stderr=True), "search", self.total, unit="runs").__enter__()
-        return lambda: self.bar.advance(1)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+    runs = ""
+    if "strategy_runs" in cost:
+        runs = f"{cost['strategy_runs']} strategy runs, {cost['forward_calls']} model calls, "
+    return f"{line}; {runs}{cost['wall_s'] / 60:.1f} min"
 
 
 __all__ = ["SearchSettings", "WholeModelSolver"]
