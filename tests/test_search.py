@@ -290,3 +290,32 @@ def test_bad_search_input_is_one_line_and_exit_2(table_path, tmp_path, capsys, e
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not out.exists() and not (tmp_path / "s.json.journal").exists()
+
+
+# ------------------------------------------------------------------------------ the solver, model-free
+def test_the_solver_searches_from_a_head_level_start_file_and_keeps_its_following_phase(tmp_path):
+    """``--start FILE``: a head-level strategy (decoding follows prefill) is searched as it is and written with its
+    phases as measured; the objective here rewards head groups and budget in the later layers."""
+    from signals import random_signal_table
+    from solvers.whole_model import WholeModelSolver
+
+    table = random_signal_table(6, budgets=(16, 32, 64), patterns=("snapkv", "tova"), seed=1)
+    p = Problem(global_budget=32, table=table, b_min=8, phases=["prefill"], patterns=["snapkv", "tova"])
+    start = head_level_start(p)
+    path = start.save(tmp_path / "head.json")
+    seen = []
+
+    def evaluator(strategies):
+        seen.extend(strategies)
+        heads = np.array([0.5 * s.has_head_groups for s in strategies])
+        return fake_objective(0.05, 0.001)(strategies) - heads
+
+    solver = WholeModelSolver(start=str(path), evaluator=evaluator, kinds=KINDS, max_moves=2, max_evaluations=30)
+    result = solver.solve(p)
+    s, search = result.strategy, result.strategy.provenance["search"]
+    assert search["start"] == "start-head" and set(search["starts"]) == {"start-head", "uniform-snapkv", "uniform-tova"}
+    assert s.has_head_groups and s.decoding == s.prefill and s.provenance["phases_following"] == {"decoding": "prefill"}
+    assert len(search["moves"]) == 2 and all(m["versus_before"]["high"] < 0 for m in search["moves"])
+    assert s.digest() == solver.trace.result.digest()
+    for strategy in seen:
+        check_budgets(strategy, p)
