@@ -70,6 +70,7 @@ class SearchTrace:
 
     start: str
     starts: dict[str, Interval]  #: every start's mean KL
+    versus_starts: dict[str, Interval]  #: KL(result) − KL(start) for every start (level)
     steps: list[Step]
     result: Strategy
     values: np.ndarray  #: the result's per-sample KL
@@ -88,6 +89,7 @@ class SearchTrace:
         return {
             "start": self.start,
             "starts": {k: v.to_json() for k, v in self.starts.items()},
+            "result_minus_each_start": {k: v.to_json() for k, v in self.versus_starts.items()},
             "moves": [s.to_json() for s in self.steps],
             "moves_kept": self.kept_steps,
             "result_minus_start": None if self.final is None else self.final.to_json(),
@@ -170,9 +172,15 @@ def local_search(
         history.append((current, cur))
         tried = set()
     result, values_r, final, kept = _final_check(history, kinds, level, seed)
+    mine = strata(values_r, kinds)
+    versus = {
+        n: paired_difference_interval(mine, strata(values[:, j], kinds), level=level, seed=seed)
+        for j, n in enumerate(names)
+    }
     return SearchTrace(
         start=names[first],
         starts=means,
+        versus_starts=versus,
         steps=steps,
         result=result,
         values=values_r,

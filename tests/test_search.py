@@ -110,10 +110,14 @@ def test_the_result_is_never_resolved_worse_than_its_start(seed):
 
     p = problem()
     start = uniform(p, PATTERNS[seed % 3])
-    trace = local_search([("start", start)], space_for(p), objective, KINDS, max_evaluations=30, seed=seed)
+    starts = [("start", start), *uniform_candidates(p, start)]
+    trace = local_search(starts, space_for(p), objective, KINDS, max_evaluations=30, seed=seed)
+    start = dict(starts)[trace.start]
     result, first = table[trace.result.digest()], table[start.digest()]
     iv = paired_difference_interval(strata(result, KINDS), strata(first, KINDS))
     assert not iv.low > 0  # never resolved worse
+    assert trace.versus_starts[trace.start].estimate == pytest.approx(iv.estimate)
+    assert all(not v.low > 0 for v in trace.versus_starts.values())  # nor worse than any candidate offered
     assert trace.result.digest() == start.digest() or (trace.final.high < 0 and iv.high < 0)
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, check_output_path, comma_list, console, out, positive_float, positive_int
+from polykv_search.cli.common import (
+    CLIError,
+    Interrupted,
+    check_output_path,
+    comma_list,
+    console,
+    out,
+    positive_float,
+    positive_int,
+)
 from polykv_search.cli.solve_guard import GUARD_DESTS, add_guard_args, apply_guard, check_guard_args
 
 #: Flags that belong to the problem, not to a solver's settings.
@@ -178,7 +187,14 @@ def run(args: argparse.Namespace) -> int:
         fixed_pattern=args.fixed_pattern,
         default_pattern=args.default_pattern,
     )
-    result = cls(settings).solve(problem)
+    try:
+        result = cls(settings).solve(problem)
+    except KeyboardInterrupt:
+        if str(given.get("journal", "none")).lower() == "none":
+            raise
+        raise Interrupted(
+            f"measured strategies are kept in {given['journal']}; rerun the same command to continue"
+        ) from None
     strategy = apply_guard(args, problem, result) if args.guard else result.strategy
     if args.model:
         strategy.provenance.setdefault("model", args.model)
