@@ -265,7 +265,9 @@ def test_solve_search_end_to_end_and_a_rerun_measures_nothing(table_path, tmp_pa
     assert search["strategies_evaluated"] == 5 and search["cost"]["strategy_runs"] == 20
     assert search["cost"]["forward_calls"] > 20 and search["samples"]["n"] == 4
     assert all(m["versus_before"]["high"] < 0 for m in search["moves"])
-    assert "strategy runs" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "strategy runs" in captured.err
+    assert "search: KL to FullKV on 4 calibration samples (2 evidence, 2 prose)" in " ".join(captured.out.split())
     assert (tmp_path / "s.json.journal").exists()
     assert main(argv) == 0
     again = json.loads(out.read_text())["provenance"]["search"]

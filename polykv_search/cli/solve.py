@@ -196,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
             f"measured strategies are kept in {given['journal']}; rerun the same command to continue"
         ) from None
     strategy = apply_guard(args, problem, result) if args.guard else result.strategy
+    if "search" in strategy.provenance:
+        from polykv_search.cli.solve_search import print_search
+
+        print_search(strategy.provenance["search"])
     if args.model:
         strategy.provenance.setdefault("model", args.model)
     strategy.provenance.setdefault("predicted", dict(result.predicted))
