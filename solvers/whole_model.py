@@ -37,6 +37,7 @@ from typing import Any
 
 from rich.console import Console
 
+from polykv_search.data import samples_fingerprint
 from polykv_search.models import ModelError, load_model, model_fingerprint
 from polykv_search.progress import ProgressBar
 from signals.journal import JournalError
@@ -174,6 +175,11 @@ class WholeModelSolver(Solver):
         s = self.settings
         model, tokenizer = self._model(problem)
         samples, described = guard_samples(tokenizer, problem.table, s.samples, seed=s.sample_seed, mix=s.mix)
+        described = {  # the journal's key: the samples' tokens and scored spans, not only how they were drawn
+            **described,
+            "fingerprint": samples_fingerprint(samples),
+            "scored": [list(x.scored) if getattr(x, "scored", None) is not None else None for x in samples],
+        }
         journal = self._journal(model, described)
         described = {**described, "journal": str(journal.path) if journal.path is not None else None}
         console = Console(stderr=True) if s.progress else None
