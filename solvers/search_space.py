@@ -10,7 +10,8 @@ Slots
 Moves (EvolKV-style, over ``blocks`` contiguous groups of layers: a low-dimensional parametrization)
     * ``budget``: every movable slot of block A gives ``step`` tokens (never going below ``b_min`` for a layer,
       1 for a head), and the tokens taken are shared evenly by block B's movable slots (capped at
-      ``max_budget`` / the context length);
+      ``max_budget`` / the context length); a move between pooled slots only (``kvzip[allocation=model]``,
+      one ranking at the sum of their budgets) changes nothing and is skipped;
     * ``fill``: budget left unused (``floor(L·B)`` minus the phase's sum) is shared by block B's slots;
     * ``pattern``: every movable slot of block A takes pattern P, budgets unchanged.
 
@@ -153,7 +154,7 @@ class SearchSpace:
         state = self.state(strategy)
         rows = [list(r) for r in state[move.phase]]
         changed = {"budget": self._shift, "fill": self._fill, "pattern": self._swap}[move.kind](move, rows)
-        if not changed:
+        if not changed or (move.kind == "budget" and _within_the_pool(state[move.phase], rows)):
             return None
         state[move.phase] = tuple(tuple(r) for r in rows)
         return self.build(state)
@@ -218,6 +219,13 @@ class SearchSpace:
     def _count_cap(self, phase: str, b: int) -> int:
         ctx = self.start.context_len if self.headwise[phase] else None
         return min(b, ctx) if ctx else b
+
+
+def _within_the_pool(before: Slots, after) -> bool:
+    """True when only pooled slots changed budget: the pool ranks its tokens at the sum of its heads' budgets, so
+    tokens moved inside it change nothing the runtime does (:mod:`polykv_search.runtime.pooled`)."""
+    changed = [new for old_row, new_row in zip(before, after) for old, new in zip(old_row, new_row) if old != new]
+    return all(_alone(*pattern_spec(spec)) for spec, _ in changed)
 
 
 def _choice(spec: str, budget: int) -> tuple[str, int, dict[str, Any]]:

@@ -325,3 +325,14 @@ def test_the_solver_searches_from_a_head_level_start_file_and_keeps_its_followin
     assert s.digest() == solver.trace.result.digest()
     for strategy in seen:
         check_budgets(strategy, p)
+
+
+def test_budget_moved_inside_the_pool_is_no_move():
+    """kvzip[allocation=model] ranks its tokens over the model at the sum of its budgets: moving budget between
+    pooled layers changes nothing, so the search does not spend a measurement on it."""
+    p = problem()
+    pooled = uniform(p, "kvzip[allocation=model]")
+    space = SearchSpace(p, pooled, blocks=3, step=8, patterns=p.patterns)
+    assert all(space.apply(pooled, m) is None for m in space.moves(pooled) if m.kind == "budget")
+    mixed = space.apply(pooled, next(m for m in space.moves(pooled) if m.kind == "pattern" and m.pattern == "tova"))
+    assert any(space.apply(mixed, m) is not None for m in space.moves(mixed) if m.kind == "budget")
