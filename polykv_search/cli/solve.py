@@ -156,10 +156,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"{flags} do not apply to the {args.method!r} solver")
     if args.model and "model" in names:  # solvers that run the model (optuna, search) take it as a setting
         given["model"] = args.model
-    if "journal" in names and "journal" not in given:  # a resumable solver (search): OUT.journal
+    if "journal" in names:  # a resumable solver (search): OUT.journal unless told
         from signals.journal import journal_path
 
-        given["journal"] = str(check_output_path(journal_path(args.out), "--out"))
+        if "journal" not in given:
+            given["journal"] = str(check_output_path(journal_path(args.out), "--out"))
+        elif str(given["journal"]).lower() != "none":
+            check_output_path(given["journal"], "--journal")
     settings = cls.Settings.from_strings({k: str(v) for k, v in given.items()})
     table = None
     if args.signals:
