@@ -1,11 +1,12 @@
 """The whole-model search's space: a strategy's optimized phases as budget *slots*, and the moves between them.
 
 Slots
-    A layer-level phase has one slot per layer: ``(spec, budget)``. A phase where any layer has head groups
-    (a head-level strategy) has one slot per (layer, KV head), the layer's budget being the mean of its heads'
-    (each capped at the strategy's ``context_len``, as :mod:`strategies.head_groups` counts it). In both, the
-    phase's total ``Σ_l b_l`` is the sum of the slot budgets divided by the slots per layer, so moving whole
-    tokens between slots keeps the total exactly. ``full`` slots (keep-all heads) are never moved.
+    A layer-level phase has one slot per layer: ``(pattern, budget)``, the pattern as ``(name, params as JSON)``
+    exactly as the strategy writes it (an unchanged slot is written back unchanged). A phase where any layer has
+    head groups (a head-level strategy) has one slot per (layer, KV head), the layer's budget being the mean of
+    its heads' (each capped at the strategy's ``context_len``, as :mod:`strategies.head_groups` counts it). In
+    both, the phase's total ``Σ_l b_l`` is the sum of the slot budgets divided by the slots per layer, so moving
+    whole tokens between slots keeps the total exactly. ``full`` slots (keep-all heads) are never moved.
 
 Moves (EvolKV-style, over ``blocks`` contiguous groups of layers: a low-dimensional parametrization)
     * ``budget``: every movable slot of block A gives ``step`` tokens (never going below ``b_min`` for a layer,
@@ -13,7 +14,8 @@ Moves (EvolKV-style, over ``blocks`` contiguous groups of layers: a low-dimensio
       ``max_budget`` / the context length); a move between pooled slots only (``kvzip[allocation=model]``,
       one ranking at the sum of their budgets) changes nothing and is skipped;
     * ``fill``: budget left unused (``floor(L·B)`` minus the phase's sum) is shared by block B's slots;
-    * ``pattern``: every movable slot of block A takes pattern P, budgets unchanged.
+    * ``pattern``: block A's movable slots with pattern X take pattern P, budgets unchanged (in a layer-level
+      phase, the layers of A that use X; in a head-level one, those heads, so a block's other heads keep theirs).
 
 Every move keeps ``Σ_l b_l <= floor(L·B)`` and ``b_l >= b_min`` by construction; :func:`check_budgets` checks
 it on every strategy the search builds. Phases that follow another phase (head-level plans,
@@ -23,6 +25,8 @@ it on every strategy the search builds. Phases that follow another phase (head-l
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +40,8 @@ from strategies.head_groups import group_heads, mean_budget
 from strategies.pattern_spec import spec_label
 from strategies.strategy import PHASES, LayerChoice, Strategy
 
-Slot = tuple[str, int]  #: (canonical pattern spec, budget)
+Key = tuple[str, str]  #: (pattern name, its params as sorted JSON)
+Slot = tuple[Key, int]  #: (pattern, budget)
 Slots = tuple[tuple[Slot, ...], ...]  #: per layer, one slot (layer level) or one per KV head
 
 
@@ -48,7 +53,8 @@ class Move:
     phase: str
     target: int  #: block that receives budget, or takes the pattern
     source: int | None = None  #: block that gives budget ("budget")
-    pattern: str | None = None  #: the pattern ("pattern")
+    pattern: str | None = None  #: the pattern taken ("pattern")
+    replaces: str | None = None  #: the pattern it replaces ("pattern")
 
     def label(self, blocks: Sequence[range]) -> str:
         def name(b: int) -> str:
@@ -59,7 +65,7 @@ class Move:
             return f"{self.phase}: budget {name(self.source)} -> {name(self.target)}"  # type: ignore[arg-type]
         if self.kind == "fill":
             return f"{self.phase}: unused budget -> {name(self.target)}"
-        return f"{self.phase}: {name(self.target)} -> {self.pattern}"
+        return f"{self.phase}: {name(self.target)} {self.replaces} -> {self.pattern}"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -72,8 +78,18 @@ def layer_blocks(num_layers: int, blocks: int) -> list[range]:
     return [range(a, b) for a, b in zip(edges, edges[1:])]
 
 
-def _spec(pattern: str, params: Mapping[str, Any]) -> str:
-    return canonical_spec(spec_label(pattern, params))
+def _key(pattern: str, params: Mapping[str, Any]) -> Key:
+    return pattern, json.dumps(dict(params), sort_keys=True)
+
+
+@functools.cache
+def _canon(key: Key) -> str:
+    """The canonical spec of a slot's pattern (``kvzip[allocation=model]``; defaults dropped)."""
+    return canonical_spec(spec_label(key[0], json.loads(key[1])))
+
+
+def _full(key: Key) -> bool:
+    return key[0] == "full"
 
 
 def _alone(name: str, params: Mapping[str, Any]) -> bool:
@@ -95,8 +111,12 @@ class SearchSpace:
         self.step = int(step)
         self.headwise = {p: any(c.has_head_groups for c in start.phase(p)) for p in self.phases}
         self.heads = int(start.num_kv_heads or 1)
-        seen = [s for p in self.phases for row in self.slots(start, p) for s, _ in row if s != "full"]
-        self.patterns = tuple(dict.fromkeys([*(canonical_spec(p) for p in patterns), *seen]))
+        seen = [k for p in self.phases for row in self.slots(start, p) for k, _ in row if not _full(k)]
+        self.literal: dict[str, Key] = {}  #: canonical spec -> the pattern as the start writes it
+        for k in [*seen, *(_key(*pattern_spec(p)) for p in patterns)]:
+            self.literal.setdefault(_canon(k), k)
+        canon = [*(canonical_spec(p) for p in patterns), *(_canon(k) for k in seen)]
+        self.patterns = tuple(dict.fromkeys(canon))  #: canonical specs
 
     # ------------------------------------------------------------------ slots
     def per_layer(self, phase: str) -> int:
@@ -110,13 +130,13 @@ class SearchSpace:
         rows = []
         for c in strategy.phase(phase):
             if not self.headwise.get(phase, False):
-                rows.append(((_spec(c.pattern, c.params), int(c.budget)),))
+                rows.append(((_key(c.pattern, c.params), int(c.budget)),))
             elif c.head_groups is None:
-                rows.append(((_spec(c.pattern, c.params), int(c.budget)),) * self.heads)
+                rows.append(((_key(c.pattern, c.params), int(c.budget)),) * self.heads)
             else:
                 owner = {h: g for g in c.head_groups for h in g.heads}
                 row = (owner[h] for h in range(self.heads))
-                rows.append(tuple((_spec(g.pattern, g.params), g.budget) for g in row))
+                rows.append(tuple((_key(g.pattern, g.params), g.budget) for g in row))
         return tuple(rows)
 
     def build(self, slots: Mapping[str, Slots]) -> Strategy:
@@ -124,8 +144,7 @@ class SearchSpace:
         per_phase = {p: list(self.start.phase(p)) for p in PHASES}
         for phase, rows in slots.items():
             if self.headwise[phase]:
-                groups = [group_heads([_choice(*x) for x in row], alone=_alone) for row in rows]
-                per_phase[phase] = [LayerChoice.grouped(g) for g in groups]
+                per_phase[phase] = [self._grouped(phase, layer, row) for layer, row in enumerate(rows)]
             else:
                 per_phase[phase] = [LayerChoice(*_choice(*row[0])) for row in rows]
         for phase, source in self.follows.items():
@@ -134,6 +153,12 @@ class SearchSpace:
         return Strategy(
             per_phase["prefill"], per_phase["decoding"], s.global_budget, s.b_min, {}, s.context_len, s.num_kv_heads
         )
+
+    def _grouped(self, phase: str, layer: int, row: tuple[Slot, ...]) -> LayerChoice:
+        """A head-level layer's choice; one the start made at layer level stays so while its heads agree."""
+        if self.start.phase(phase)[layer].head_groups is None and len(set(row)) == 1:
+            return LayerChoice(*_choice(*row[0]))
+        return LayerChoice.grouped(group_heads([_choice(*x) for x in row], alone=_alone))
 
     def state(self, strategy: Strategy) -> dict[str, Slots]:
         return {p: self.slots(strategy, p) for p in self.phases}
@@ -146,7 +171,8 @@ class SearchSpace:
         for phase in self.phases:
             out += [Move("budget", phase, b, source=a) for a in k for b in k if a != b]
             out += [Move("fill", phase, b) for b in k]
-            out += [Move("pattern", phase, b, pattern=p) for b in k for p in self.patterns]
+            pairs = [(x, p) for x in self.patterns for p in self.patterns if x != p]
+            out += [Move("pattern", phase, b, pattern=p, replaces=x) for b in k for x, p in pairs]
         return out
 
     def apply(self, strategy: Strategy, move: Move) -> Strategy | None:
@@ -160,7 +186,7 @@ class SearchSpace:
         return self.build(state)
 
     def _movable(self, block: int, rows) -> list[tuple[int, int]]:
-        return [(l, i) for l in self.blocks[block] for i, (s, _) in enumerate(rows[l]) if s != "full"]
+        return [(l, i) for l in self.blocks[block] for i, (k, _) in enumerate(rows[l]) if not _full(k)]
 
     def _give(self, move: Move, rows, tokens: int) -> int:
         """Share ``tokens`` evenly over the target block's movable slots (capped); returns the tokens given."""
@@ -190,7 +216,7 @@ class SearchSpace:
         for l in self.blocks[move.source]:  # type: ignore[index]
             row = list(rows[l])
             floor = 1 if n > 1 else self.problem.b_min
-            cut = [min(self.step, b - floor) if s != "full" else 0 for s, b in row]
+            cut = [0 if _full(k) else min(self.step, b - floor) for k, b in row]
             after = sum(min(b - c, self._count_cap(move.phase, b - c)) for (_, b), c in zip(row, cut))
             if Fraction(after, n) < self.problem.b_min:
                 continue  # this layer would go below b_min: it gives nothing
@@ -211,8 +237,8 @@ class SearchSpace:
         changed = False
         for l, i in self._movable(move.target, rows):
             s, b = rows[l][i]
-            if s != move.pattern:
-                rows[l][i] = (move.pattern, b)  # type: ignore[assignment]
+            if _canon(s) == move.replaces:
+                rows[l][i] = (self.literal[move.pattern], b)  # type: ignore[index]
                 changed = True
         return changed
 
@@ -225,12 +251,11 @@ def _within_the_pool(before: Slots, after) -> bool:
     """True when only pooled slots changed budget: the pool ranks its tokens at the sum of its heads' budgets, so
     tokens moved inside it change nothing the runtime does (:mod:`polykv_search.runtime.pooled`)."""
     changed = [new for old_row, new_row in zip(before, after) for old, new in zip(old_row, new_row) if old != new]
-    return all(_alone(*pattern_spec(spec)) for spec, _ in changed)
+    return all(_alone(key[0], json.loads(key[1])) for key, _ in changed)
 
 
-def _choice(spec: str, budget: int) -> tuple[str, int, dict[str, Any]]:
-    name, params = pattern_spec(spec)
-    return name, budget, params
+def _choice(key: Key, budget: int) -> tuple[str, int, dict[str, Any]]:
+    return key[0], budget, json.loads(key[1])
 
 
 def check_budgets(strategy: Strategy, problem: Problem) -> None:

@@ -160,6 +160,29 @@ def test_budget_constraints_hold_after_every_move(shape):
             current = nxt
 
 
+@pytest.mark.parametrize("shape", ["layer", "head"])
+def test_an_unchanged_state_writes_the_start_back_exactly(shape):
+    p = problem()
+    start = uniform(p) if shape == "layer" else head_level_start(p)  # with params at their defaults (n_sink=4)
+    space = SearchSpace(p, start, blocks=3, step=8, patterns=p.patterns)
+    assert space.build(space.state(start)).digest() == start.digest()
+
+
+def test_a_pattern_swap_changes_only_the_heads_that_had_the_replaced_pattern():
+    p = problem()
+    start = head_level_start(p)
+    space = SearchSpace(p, start, blocks=3, step=8, patterns=p.patterns)
+    moves = space.moves(start)
+    swap = next(m for m in moves if m.target == 0 and (m.replaces, m.pattern) == ("streaming_llm", "tova"))
+    after = space.apply(start, swap)
+    for layer in (0, 1):
+        assert [(g.heads, g.pattern, g.budget) for g in after.prefill[layer].head_groups] == [
+            ((0,), "full", 64),
+            ((1, 2), "tova", 16),
+        ]
+    assert after.prefill[2:] == start.prefill[2:] and "streaming_llm -> tova" in swap.label(space.blocks)
+
+
 def test_a_budget_move_keeps_the_total_and_never_goes_below_b_min():
     p = problem(global_budget=16, b_min=12)
     space = SearchSpace(p, uniform(p), blocks=2, step=8, patterns=p.patterns)
@@ -334,5 +357,6 @@ def test_budget_moved_inside_the_pool_is_no_move():
     pooled = uniform(p, "kvzip[allocation=model]")
     space = SearchSpace(p, pooled, blocks=3, step=8, patterns=p.patterns)
     assert all(space.apply(pooled, m) is None for m in space.moves(pooled) if m.kind == "budget")
-    mixed = space.apply(pooled, next(m for m in space.moves(pooled) if m.kind == "pattern" and m.pattern == "tova"))
+    to_tova = next(m for m in space.moves(pooled) if (m.replaces, m.pattern) == (PATTERNS[2], "tova"))
+    mixed = space.apply(pooled, to_tova)
     assert any(space.apply(mixed, m) is not None for m in space.moves(mixed) if m.kind == "budget")
