@@ -54,7 +54,15 @@ def journal_path(out: str | Path) -> Path:
 
 
 class Journal:
-    """Finished records of one collection, on disk and in memory."""
+    """Finished records of one collection, on disk and in memory.
+
+    Another kind of journal (e.g. a search's evaluated strategies) subclasses it with its own
+    ``format``, ``version``, ``what`` (its name in messages), ``key_fields`` and :meth:`_remember`."""
+
+    format = JOURNAL_FORMAT
+    version = JOURNAL_VERSION
+    what = "collection journal"
+    key_fields = KEY_FIELDS
 
     def __init__(self, path: str | Path | None, key: Mapping[str, Any]):
         self.path = None if path is None else Path(path)
@@ -76,7 +84,7 @@ class Journal:
             journal._load()
         else:
             journal.path.parent.mkdir(parents=True, exist_ok=True)
-            journal._append({"format": JOURNAL_FORMAT, "version": JOURNAL_VERSION, "key": journal.key})
+            journal._append({"format": cls.format, "version": cls.version, "key": journal.key})
         return journal
 
     @property
@@ -89,11 +97,11 @@ class Journal:
         except (OSError, UnicodeDecodeError) as err:
             raise JournalError(f"cannot read the journal {self.path}: {err}") from None
         header = _parse(lines[0]) if lines else None
-        if not isinstance(header, dict) or header.get("format") != JOURNAL_FORMAT:
-            raise JournalError(f"{self.path} is not a polykv-search collection journal; move it away or pass --fresh")
-        if header.get("version") != JOURNAL_VERSION:
+        if not isinstance(header, dict) or header.get("format") != self.format:
+            raise JournalError(f"{self.path} is not a polykv-search {self.what}; move it away or pass --fresh")
+        if header.get("version") != self.version:
             raise JournalError(
-                f"{self.path} has journal version {header.get('version')!r}, expected {JOURNAL_VERSION}; pass --fresh"
+                f"{self.path} has journal version {header.get('version')!r}, expected {self.version}; pass --fresh"
             )
         self.check_key(header.get("key") or {})
         good = 1
@@ -110,11 +118,11 @@ class Journal:
             atomic_write_text(self.path, "\n".join(lines[:good]) + "\n")  # fsynced, then renamed
 
     def check_key(self, other: Mapping[str, Any]) -> None:
-        for field, words in KEY_FIELDS.items():
+        for field, words in self.key_fields.items():
             mine, theirs = self.key.get(field), other.get(field)
             if _canon(mine) != _canon(theirs):
                 raise JournalMismatch(
-                    f"{self.path} holds a partial collection with a different {words} "
+                    f"{self.path} holds a partial {self.what.split()[0]} with a different {words} "
                     f"({_short(theirs)} there, {_short(mine)} now); rerun the original command to finish it, "
                     f"or pass --fresh to discard it"
                 )

@@ -24,6 +24,37 @@ from strategies import Strategy
 
 
 @torch.no_grad()
+def fullkv_reference(model, sample) -> torch.Tensor:
+    """The FullKV next-token log-probabilities of ``sample`` on its scored span, ``[span, V]``: what
+    :func:`sample_kl` compares a strategy with (one FullKV run, the continuation in one call)."""
+    start, end = scored_span(sample)
+    num_layers = int(model.config.num_hidden_layers)
+    full = naive_run(
+        model, Strategy.full(num_layers), sample.context_ids, sample.continuation_ids, stepwise=False, capture_layers=()
+    )[2]
+    return torch.log_softmax(full, dim=-1)[start:end]
+
+
+@torch.no_grad()
+def sample_kl(model, sample, strategy: Strategy, reference: torch.Tensor) -> float:
+    """Mean KL(FullKV ‖ ``strategy``) over ``sample``'s scored span, ``reference`` from
+    :func:`fullkv_reference`; the strategy applied to the whole model, the continuation teacher-forced one
+    token per call."""
+    start, end = scored_span(sample)
+    _, _, logits = naive_run(
+        model, strategy, sample.context_ids, sample.continuation_ids, stepwise=True, capture_layers=()
+    )
+    return float(token_kl(reference, logits[None, start:end])[0].mean())
+
+
+def check_layers(model, strategies: Sequence[Strategy]) -> None:
+    """Raise ``ValueError`` when a strategy's layer count is not the model's."""
+    num_layers = int(model.config.num_hidden_layers)
+    for s in strategies:
+        if s.num_layers != num_layers:
+            raise ValueError(f"a strategy has {s.num_layers} layers, the model {num_layers}")
+
+
 def strategies_kl(
     model, samples: Sequence, strategies: Sequence[Strategy], *, on_done: Callable[[], None] | None = None
 ) -> np.ndarray:
@@ -33,19 +64,12 @@ def strategies_kl(
     ``on_done`` is called after each (sample, strategy) run, e.g. to advance a progress bar."""
     if not samples or not strategies:
         raise ValueError("strategies_kl needs at least one sample and one strategy")
-    num_layers = int(model.config.num_hidden_layers)
-    for s in strategies:
-        if s.num_layers != num_layers:
-            raise ValueError(f"a strategy has {s.num_layers} layers, the model {num_layers}")
+    check_layers(model, strategies)
     out = np.empty((len(samples), len(strategies)), dtype=np.float64)
     for i, sample in enumerate(samples):
-        start, end = scored_span(sample)
-        ctx, cont = sample.context_ids, sample.continuation_ids
-        _, _, full = naive_run(model, Strategy.full(num_layers), ctx, cont, stepwise=False, capture_layers=())
-        reference = torch.log_softmax(full, dim=-1)[start:end]
+        reference = fullkv_reference(model, sample)
         for j, strategy in enumerate(strategies):
-            _, _, logits = naive_run(model, strategy, ctx, cont, stepwise=True, capture_layers=())
-            out[i, j] = float(token_kl(reference, logits[None, start:end])[0].mean())
+            out[i, j] = sample_kl(model, sample, strategy, reference)
             if on_done is not None:
                 on_done()
     return out

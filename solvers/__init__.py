@@ -52,6 +52,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "cake": ("solvers.cake", "CakeSolver"),
     "duo": ("solvers.duo", "DuoSolver"),
     "headkv": ("solvers.headkv", "HeadKVSolver"),
+    "search": ("solvers.whole_model", "WholeModelSolver"),
 }
 _REGISTERED: dict[str, type[Solver]] = {}
 

@@ -92,7 +92,8 @@ class GuardResult:
         }
 
 
-def _strata(values: np.ndarray, kinds: Sequence[str]) -> list[np.ndarray]:
+def strata(values: np.ndarray, kinds: Sequence[str]) -> list[np.ndarray]:
+    """``values`` split by sample kind (sorted kinds): the strata of every interval."""
     return [values[[i for i, k in enumerate(kinds) if k == kind]] for kind in sorted(set(kinds))]
 
 
@@ -104,10 +105,10 @@ def decide(
     if kl.ndim != 2 or kl.shape[1] != len(names) or kl.shape[0] != len(kinds) or len(names) < 2:
         raise SolverError(f"guard: {kl.shape} KL values for {len(kinds)} samples and {len(names)} strategies")
     test_level = 1.0 - (1.0 - level) / (len(names) - 1)
-    means = {n: stratified_mean_interval(_strata(kl[:, j], kinds), level=level, seed=seed) for j, n in enumerate(names)}
-    solved = _strata(kl[:, 0], kinds)
+    means = {n: stratified_mean_interval(strata(kl[:, j], kinds), level=level, seed=seed) for j, n in enumerate(names)}
+    solved = strata(kl[:, 0], kinds)
     versus = {
-        n: paired_difference_interval(_strata(kl[:, j], kinds), solved, level=test_level, seed=seed)
+        n: paired_difference_interval(strata(kl[:, j], kinds), solved, level=test_level, seed=seed)
         for j, n in enumerate(names)
         if j
     }

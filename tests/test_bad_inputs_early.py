@@ -25,6 +25,7 @@ from tests.bad_inputs_support import (
 )
 
 OPTUNA = "solve --method optuna --signals sig.json --budget 64 --out o.json --storage"
+SEARCH = "solve --method search --signals sig.json --budget 64 --out o.json"
 SCORE = "score --baseline full --out o/r.json"  # one entry, the default suites
 
 
@@ -81,6 +82,13 @@ CASES = [
     row(f"{OPTUNA} d", "is a directory", {**SIG, "d": "dir"}, id="solve-optuna-storage-is-dir"),
     row(f"{OPTUNA} sqlite:///no/such/folder/s.db", "does not exist", SIG, id="solve-optuna-sqlite-folder-missing"),
     row(f"{OPTUNA} {READ_ONLY}", "cannot write in /proc", SIG, id="solve-optuna-storage-read-only", marks=ro),
+    # ---- solve --method search: its settings and its start before the model loads
+    row(f"{SEARCH} --start no.json", "start: strategy: cannot read no.json", SIG, id="solve-search-start-missing"),
+    row(f"{SEARCH} --start s.json --budget 32", "has 4 layers at B=64.0", {**SIG, **S}, id="search-start-b"),
+    row(f"{SEARCH} --start-settings objective", "'objective' is not KEY=VALUE", SIG, id="solve-search-start-settings"),
+    row(f"{SEARCH} --start-settings objective=x", "objective: 'x' is not one of", SIG, id="solve-search-start-value"),
+    row(f"{SEARCH} --step 0", "step: a share of B in (0, 1]", SIG, id="solve-search-step-0"),
+    row(f"{SEARCH} --journal d", "--journal d: is a directory", {**SIG, "d": "dir"}, id="solve-search-journal-dir"),
     row(
         "solve --budget 64 --signals bad.json --out o.json",
         "nan); a missing value is null (in bad.json)",
@@ -131,7 +139,9 @@ def test_clean_versions_pass_the_checks_and_reach_the_model(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     make("signals", tmp_path / "sig.json")
     make("partial", tmp_path / "o" / "r.json.partial")
+    make("strategy", tmp_path / "s.json")
     for argv in (
+        f"{SEARCH} --start s.json --model smollm2-135m",
         "collect --retrieval-mix 3 --evidence-records 19 --out o.json",
         SCORE,
         f"{OPTUNA} {tmp_path / 'study.journal'} --model smollm2-135m",
@@ -140,6 +150,7 @@ def test_clean_versions_pass_the_checks_and_reach_the_model(tmp_path, monkeypatc
         with pytest.raises(ModelLoaded):
             main(argv.split())
     assert not (tmp_path / "study.journal").exists() and not (tmp_path / "o.json").exists()
+    assert not (tmp_path / "o.json.journal").exists()
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from polykv_search.patterns import PATTERNS
@@ -71,11 +72,25 @@ def predicted_quality(problem: Problem):
     return lambda strategy: -predict_degradation(problem.table, strategy, problem.phases, "dppl")
 
 
+def predicted_kl(problem: Problem):
+    """Six per-sample values of a strategy (its predicted ΔPPL plus a fixed offset per sample) instead of a model."""
+    offsets = np.linspace(0.0, 0.5, 6)
+    return lambda strategies: np.stack(
+        [predict_degradation(problem.table, s, problem.phases, "dppl") + offsets for s in strategies], 1
+    )
+
+
 #: What a solver needs, beyond its default settings, to run here without a model. A new solver that
 #: cannot run on a signal table alone fails below until it gets an entry (its full tests live in its
 #: own file; see CONTRIBUTING.md).
 RUN_WITHOUT_A_MODEL = {
     "optuna": lambda problem: {"evaluator": predicted_quality(problem), "trials": 3, "storage": "memory"},
+    "search": lambda problem: {
+        "evaluator": predicted_kl(problem),
+        "kinds": ["prose"] * 3 + ["evidence"] * 3,
+        "max_evaluations": 12,
+        "progress": False,
+    },
 }
 
 

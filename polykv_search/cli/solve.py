@@ -7,6 +7,7 @@ from pathlib import Path
 
 from polykv_search.cli.common import (
     CLIError,
+    Interrupted,
     check_output_path,
     comma_list,
     console,
@@ -152,8 +153,15 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
         raise CLIError(f"{flags} do not apply to the {args.method!r} solver")
-    if args.model and "model" in names:  # solvers that run the model (optuna) take it as a setting
+    if args.model and "model" in names:  # solvers that run the model (optuna, search) take it as a setting
         given["model"] = args.model
+    if "journal" in names:  # a resumable solver (search): OUT.journal unless told
+        from signals.journal import journal_path
+
+        if "journal" not in given:
+            given["journal"] = str(check_output_path(journal_path(args.out), "--out"))
+        elif str(given["journal"]).lower() != "none":
+            check_output_path(given["journal"], "--journal")
     settings = cls.Settings.from_strings({k: str(v) for k, v in given.items()})
     _check_granularity(args, settings, given)
     table = None
@@ -182,8 +190,19 @@ def run(args: argparse.Namespace) -> int:
         fixed_pattern=args.fixed_pattern,
         default_pattern=args.default_pattern,
     )
-    result = cls(settings).solve(problem)
+    try:
+        result = cls(settings).solve(problem)
+    except KeyboardInterrupt:
+        if str(given.get("journal", "none")).lower() == "none":
+            raise
+        raise Interrupted(
+            f"measured strategies are kept in {given['journal']}; rerun the same command to continue"
+        ) from None
     strategy = apply_guard(args, problem, result) if args.guard else result.strategy
+    if "search" in strategy.provenance:
+        from polykv_search.cli.solve_search import print_search
+
+        print_search(strategy.provenance["search"])
     if args.model:
         strategy.provenance.setdefault("model", args.model)
     strategy.provenance.setdefault("predicted", dict(result.predicted))

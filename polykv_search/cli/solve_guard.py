@@ -56,8 +56,8 @@ def check_guard_args(args: argparse.Namespace) -> None:
         raise CLIError(f"--guard {args.guard}: needs at least 2 samples for an interval")
     if not args.signals:
         raise CLIError("--guard needs --signals: its samples are drawn like the table's")
-    if args.method == "optuna":
-        raise CLIError("--guard does not apply to optuna: its trials are scored end to end already")
+    if args.method in ("optuna", "search"):
+        raise CLIError(f"--guard does not apply to {args.method}: it measures whole strategies already")
 
 
 def apply_guard(args: argparse.Namespace, problem, result):

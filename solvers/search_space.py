@@ -1,0 +1,276 @@
+"""The whole-model search's space: a strategy's optimized phases as budget *slots*, and the moves between them.
+
+Slots
+    A layer-level phase has one slot per layer: ``(pattern, budget)``, the pattern as ``(name, params as JSON)``
+    exactly as the strategy writes it (an unchanged slot is written back unchanged). A phase where any layer has
+    head groups (a head-level strategy) has one slot per (layer, KV head), the layer's budget being the mean of
+    its heads' (each capped at the strategy's ``context_len``, as :mod:`strategies.head_groups` counts it). In
+    both, the phase's total ``Σ_l b_l`` is the sum of the slot budgets divided by the slots per layer, so moving
+    whole tokens between slots keeps the total exactly. ``full`` slots (keep-all heads) are never moved.
+
+Moves (EvolKV-style, over ``blocks`` contiguous groups of layers: a low-dimensional parametrization)
+    * ``budget``: every movable slot of block A gives ``step`` tokens (never going below ``b_min`` for a layer,
+      1 for a head), and the tokens taken are shared evenly by block B's movable slots (capped at
+      ``max_budget`` / the context length); a move between pooled slots only (``kvzip[allocation=model]``,
+      one ranking at the sum of their budgets) changes nothing and is skipped;
+    * ``fill``: budget left unused (``floor(L·B)`` minus the phase's sum) is shared by block B's slots;
+    * ``pattern``: block A's movable slots with pattern X take pattern P, budgets unchanged (in a layer-level
+      phase, the layers of A that use X; in a head-level one, those heads, so a block's other heads keep theirs).
+
+Every move keeps ``Σ_l b_l <= floor(L·B)`` and ``b_l >= b_min`` by construction; :func:`check_budgets` checks
+it on every strategy the search builds. Phases that follow another phase (head-level plans,
+``phases_following``) are rebuilt from it; phases that are not searched keep the start's choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from polykv_search.patterns import PATTERNS, canonical_spec, make_pattern, pattern_spec
+from solvers.problem import Problem
+from solvers.settings import SolverError
+from strategies.head_groups import group_heads, mean_budget
+from strategies.pattern_spec import spec_label
+from strategies.strategy import PHASES, LayerChoice, Strategy
+
+Key = tuple[str, str]  #: (pattern name, its params as sorted JSON)
+Slot = tuple[Key, int]  #: (pattern, budget)
+Slots = tuple[tuple[Slot, ...], ...]  #: per layer, one slot (layer level) or one per KV head
+
+
+@dataclass(frozen=True)
+class Move:
+    """One change of the searched strategy (module docstring)."""
+
+    kind: str  #: "budget", "fill" or "pattern"
+    phase: str
+    target: int  #: block that receives budget, or takes the pattern
+    source: int | None = None  #: block that gives budget ("budget")
+    pattern: str | None = None  #: the pattern taken ("pattern")
+    replaces: str | None = None  #: the pattern it replaces ("pattern")
+
+    def label(self, blocks: Sequence[range]) -> str:
+        def name(b: int) -> str:
+            r = blocks[b]
+            return f"layers {r.start}-{r.stop - 1}" if len(r) > 1 else f"layer {r.start}"
+
+        if self.kind == "budget":
+            return f"{self.phase}: budget {name(self.source)} -> {name(self.target)}"  # type: ignore[arg-type]
+        if self.kind == "fill":
+            return f"{self.phase}: unused budget -> {name(self.target)}"
+        return f"{self.phase}: {name(self.target)} {self.replaces} -> {self.pattern}"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def layer_blocks(num_layers: int, blocks: int) -> list[range]:
+    """``blocks`` contiguous groups of layers (sizes differ by at most one; at most one layer per block)."""
+    k = max(1, min(blocks, num_layers))
+    edges = [round(i * num_layers / k) for i in range(k + 1)]
+    return [range(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def _key(pattern: str, params: Mapping[str, Any]) -> Key:
+    return pattern, json.dumps(dict(params), sort_keys=True)
+
+
+@functools.cache
+def _canon(key: Key) -> str:
+    """The canonical spec of a slot's pattern (``kvzip[allocation=model]``; defaults dropped)."""
+    return canonical_spec(spec_label(key[0], json.loads(key[1])))
+
+
+def _full(key: Key) -> bool:
+    return key[0] == "full"
+
+
+def _alone(name: str, params: Mapping[str, Any]) -> bool:
+    """Heads given a pooled pattern (``kvzip[allocation=model]``) get a group each (as :mod:`solvers.heads`)."""
+    return name in PATTERNS and make_pattern(name, **params).pooled is not None
+
+
+class SearchSpace:
+    """Slots and moves of the searched phases of strategies sharing ``start``'s shape (module docstring)."""
+
+    def __init__(self, problem: Problem, start: Strategy, *, blocks: int, step: int, patterns: Sequence[str]):
+        if step < 1:
+            raise SolverError(f"step: moves at least 1 token, got {step}")
+        self.problem = problem
+        self.start = start
+        self.follows = dict(start.provenance.get("phases_following") or {})
+        self.phases = tuple(p for p in problem.phases if p not in self.follows)  # type: ignore[union-attr]
+        self.blocks = layer_blocks(start.num_layers, blocks)
+        self.step = int(step)
+        self.headwise = {p: any(c.has_head_groups for c in start.phase(p)) for p in self.phases}
+        self.heads = int(start.num_kv_heads or 1)
+        seen = [k for p in self.phases for row in self.slots(start, p) for k, _ in row if not _full(k)]
+        self.literal: dict[str, Key] = {}  #: canonical spec -> the pattern as the start writes it
+        for k in [*seen, *(_key(*pattern_spec(p)) for p in patterns)]:
+            self.literal.setdefault(_canon(k), k)
+        canon = [*(canonical_spec(p) for p in patterns), *(_canon(k) for k in seen)]
+        self.patterns = tuple(dict.fromkeys(canon))  #: canonical specs
+
+    # ------------------------------------------------------------------ slots
+    def per_layer(self, phase: str) -> int:
+        return self.heads if self.headwise[phase] else 1
+
+    def cap(self, phase: str) -> int | None:
+        caps = [c for c in (self.problem.max_budget, self.start.context_len if self.headwise[phase] else None) if c]
+        return min(caps) if caps else None
+
+    def slots(self, strategy: Strategy, phase: str) -> Slots:
+        rows = []
+        for c in strategy.phase(phase):
+            if not self.headwise.get(phase, False):
+                rows.append(((_key(c.pattern, c.params), int(c.budget)),))
+            elif c.head_groups is None:
+                rows.append(((_key(c.pattern, c.params), int(c.budget)),) * self.heads)
+            else:
+                owner = {h: g for g in c.head_groups for h in g.heads}
+                row = (owner[h] for h in range(self.heads))
+                rows.append(tuple((_key(g.pattern, g.params), g.budget) for g in row))
+        return tuple(rows)
+
+    def build(self, slots: Mapping[str, Slots]) -> Strategy:
+        """The strategy with ``slots`` in the searched phases (followers copy their source; others: the start's)."""
+        per_phase = {p: list(self.start.phase(p)) for p in PHASES}
+        for phase, rows in slots.items():
+            if self.headwise[phase]:
+                per_phase[phase] = [self._grouped(phase, layer, row) for layer, row in enumerate(rows)]
+            else:
+                per_phase[phase] = [LayerChoice(*_choice(*row[0])) for row in rows]
+        for phase, source in self.follows.items():
+            per_phase[phase] = list(per_phase[source])
+        s = self.start
+        return Strategy(
+            per_phase["prefill"], per_phase["decoding"], s.global_budget, s.b_min, {}, s.context_len, s.num_kv_heads
+        )
+
+    def _grouped(self, phase: str, layer: int, row: tuple[Slot, ...]) -> LayerChoice:
+        """A head-level layer's choice; one the start made at layer level stays so while its heads agree."""
+        if self.start.phase(phase)[layer].head_groups is None and len(set(row)) == 1:
+            return LayerChoice(*_choice(*row[0]))
+        return LayerChoice.grouped(group_heads([_choice(*x) for x in row], alone=_alone))
+
+    def state(self, strategy: Strategy) -> dict[str, Slots]:
+        return {p: self.slots(strategy, p) for p in self.phases}
+
+    # ------------------------------------------------------------------ moves
+    def moves(self, strategy: Strategy) -> list[Move]:
+        """Every move of the space, in a fixed order (the search shuffles them with its seed)."""
+        k = range(len(self.blocks))
+        out: list[Move] = []
+        for phase in self.phases:
+            out += [Move("budget", phase, b, source=a) for a in k for b in k if a != b]
+            out += [Move("fill", phase, b) for b in k]
+            pairs = [(x, p) for x in self.patterns for p in self.patterns if x != p]
+            out += [Move("pattern", phase, b, pattern=p, replaces=x) for b in k for x, p in pairs]
+        return out
+
+    def apply(self, strategy: Strategy, move: Move) -> Strategy | None:
+        """``strategy`` after ``move``, or None when the move changes nothing there."""
+        state = self.state(strategy)
+        rows = [list(r) for r in state[move.phase]]
+        changed = {"budget": self._shift, "fill": self._fill, "pattern": self._swap}[move.kind](move, rows)
+        if not changed or (move.kind == "budget" and _within_the_pool(state[move.phase], rows)):
+            return None
+        state[move.phase] = tuple(tuple(r) for r in rows)
+        return self.build(state)
+
+    def _movable(self, block: int, rows) -> list[tuple[int, int]]:
+        return [(l, i) for l in self.blocks[block] for i, (k, _) in enumerate(rows[l]) if not _full(k)]
+
+    def _give(self, move: Move, rows, tokens: int) -> int:
+        """Share ``tokens`` evenly over the target block's movable slots (capped); returns the tokens given."""
+        cap = self.cap(move.phase)
+        slots = self._movable(move.target, rows)
+        given = 0
+        while tokens > given and slots:
+            share, extra = divmod(tokens - given, len(slots))
+            room = []
+            for j, (l, i) in enumerate(slots):
+                s, b = rows[l][i]
+                add = share + (j < extra)
+                if cap is not None:
+                    add = min(add, max(0, cap - b))
+                rows[l][i] = (s, b + add)
+                given += add
+                if cap is None or b + add < cap:
+                    room.append((l, i))
+            if len(room) == len(slots):
+                break
+            slots = room
+        return given
+
+    def _shift(self, move: Move, rows) -> bool:
+        n = self.per_layer(move.phase)
+        taken = 0
+        for l in self.blocks[move.source]:  # type: ignore[index]
+            row = list(rows[l])
+            floor = 1 if n > 1 else self.problem.b_min
+            cut = [0 if _full(k) else min(self.step, b - floor) for k, b in row]
+            after = sum(min(b - c, self._count_cap(move.phase, b - c)) for (_, b), c in zip(row, cut))
+            if Fraction(after, n) < self.problem.b_min:
+                continue  # this layer would go below b_min: it gives nothing
+            rows[l] = [(s, b - c) for (s, b), c in zip(row, cut)]
+            taken += sum(cut)
+        if taken == 0:
+            return False
+        given = self._give(move, rows, taken)
+        return given > 0
+
+    def _fill(self, move: Move, rows) -> bool:
+        n = self.per_layer(move.phase)
+        used = sum(self._count_cap(move.phase, b) for row in rows for _, b in row)
+        left = self.problem.total * n - used
+        return left > 0 and self._give(move, rows, left) > 0
+
+    def _swap(self, move: Move, rows) -> bool:
+        changed = False
+        for l, i in self._movable(move.target, rows):
+            s, b = rows[l][i]
+            if _canon(s) == move.replaces:
+                rows[l][i] = (self.literal[move.pattern], b)  # type: ignore[index]
+                changed = True
+        return changed
+
+    def _count_cap(self, phase: str, b: int) -> int:
+        ctx = self.start.context_len if self.headwise[phase] else None
+        return min(b, ctx) if ctx else b
+
+
+def _within_the_pool(before: Slots, after) -> bool:
+    """True when only pooled slots changed budget: the pool ranks its tokens at the sum of its heads' budgets, so
+    tokens moved inside it change nothing the runtime does (:mod:`polykv_search.runtime.pooled`)."""
+    changed = [new for old_row, new_row in zip(before, after) for old, new in zip(old_row, new_row) if old != new]
+    return all(_alone(key[0], json.loads(key[1])) for key, _ in changed)
+
+
+def _choice(key: Key, budget: int) -> tuple[str, int, dict[str, Any]]:
+    return key[0], budget, json.loads(key[1])
+
+
+def check_budgets(strategy: Strategy, problem: Problem) -> None:
+    """Raise :class:`SolverError` unless every searched phase keeps ``Σ_l b_l <= floor(L·B)`` and
+    ``b_l >= b_min`` (a head-level layer's budget: the capped mean of its heads)."""
+    for phase in problem.phases:  # type: ignore[union-attr]
+        budgets = []
+        for c in strategy.phase(phase):
+            if c.head_groups is not None:
+                budgets.append(mean_budget(c.head_groups, strategy.context_len, strategy.num_kv_heads))
+            else:
+                budgets.append(Fraction(c.budget))
+        total = sum(budgets)
+        if total > problem.total or min(budgets) < problem.b_min or not math.isfinite(float(total)):
+            raise SolverError(
+                f"search: internal error, {phase} budgets break the constraints "
+                f"(sum {float(total):g} of {problem.total}, min {float(min(budgets)):g}, b_min {problem.b_min})"
+            )
