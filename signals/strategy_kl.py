@@ -8,6 +8,10 @@ teacher-forced **one token per call**, so every layer's decoding choice evicts a
 generating. The value of a sample is the mean KL(FullKV ‖ strategy) of the next-token
 distributions over its scored span (an evidence sample's answer, every token of a prose sample), the
 same positions and definition as the table's ``kl`` signal.
+
+:func:`sample_kl` runs one strategy (the reference path); :func:`batched_sample_kl` runs many on one sample at
+once by the scoring engine (one FullKV context pass, the continuations batched, still one token per call) and
+gives the same values within float rounding.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ import numpy as np
 import torch
 
 from polykv_search.data.evidence import scored_span
+from polykv_search.heap import release_free_memory
+from polykv_search.runtime import apply_strategy
+from polykv_search.scoring import shared_scorer
+from polykv_search.scoring.job import SampleJob
 from signals.naive import naive_run
 from signals.ppl import token_kl
 from strategies import Strategy
@@ -45,6 +53,34 @@ def sample_kl(model, sample, strategy: Strategy, reference: torch.Tensor) -> flo
         model, strategy, sample.context_ids, sample.continuation_ids, stepwise=True, capture_layers=()
     )
     return float(token_kl(reference, logits[None, start:end])[0].mean())
+
+
+@torch.no_grad()
+def batched_sample_kl(
+    model, sample, strategies: Sequence[Strategy], reference: torch.Tensor | None = None, *, batch_entries: int = 16
+) -> tuple[list[float], torch.Tensor]:
+    """:func:`sample_kl` of every strategy on ``sample`` at once, by the scoring engine (docs/design.md §6b).
+
+    One FullKV context pass serves every strategy's prefill (kvzip's reconstruction pass runs once, for all of
+    them); then the continuation is teacher-forced one token per call for all strategies as one batch whose rows
+    hold different per-layer lengths (up to ``batch_entries`` rows a batch). Without ``reference``, FullKV joins
+    the batch as one more row and its log-probabilities on the scored span (:func:`fullkv_reference`'s, fed one
+    token per call) are the reference. Returns the values (in ``strategies``' order) and the reference used."""
+    num_layers = int(model.config.num_hidden_layers)
+    rows = [*strategies, Strategy.full(num_layers)] if reference is None else list(strategies)
+    job = SampleJob(
+        "teacher_forced", list(sample.context_ids), [], target_ids=list(sample.continuation_ids), stepwise=True
+    )
+    with apply_strategy(model, Strategy.full(num_layers)) as runtime:
+        scorer, runs = shared_scorer(model, runtime, rows, batch_entries=batch_entries)
+        outcomes = scorer.run(job, fidelity=False)
+    start, end = scored_span(sample)
+    logits = [outcomes[k].logits[start:end].float() for k, _ in runs]
+    if reference is None:
+        reference = torch.log_softmax(logits.pop(), dim=-1)
+    values = [float(token_kl(reference, lg[None])[0].mean()) for lg in logits]
+    release_free_memory()  # the sample's caches are gone
+    return values, reference
 
 
 def check_layers(model, strategies: Sequence[Strategy]) -> None:

@@ -72,12 +72,17 @@ class SearchSettings(Settings):
     seed: int = setting(0, "seed of the move order and of the bootstrap")
     journal: str | None = setting(None, "journal of measured strategies (solve: OUT.journal; none: in memory)")
     fresh: bool = setting(False, "discard the journal and measure everything again")
+    batched: bool = setting(
+        True, "measure a round's strategies on each sample at once (the scoring engine); false: one at a time"
+    )
+    batch_entries: int = setting(16, "batched: continuation rows run in one batch at most (memory cap)")
     model: str | None = setting(None, "model to run (default: the signal table's)")
     device: str | None = setting(None, "device of the model (default: the table's)")
     progress: bool = setting(True, "show a progress bar on stderr")
 
     def check(self) -> None:
-        for name, least in (("samples", 2), ("blocks", 1), ("neighbors", 1), ("max_evaluations", 1)):
+        least_values = (("samples", 2), ("blocks", 1), ("neighbors", 1), ("max_evaluations", 1), ("batch_entries", 1))
+        for name, least in least_values:
             if getattr(self, name) < least:
                 raise SolverError(f"{name}: must be at least {least}, got {getattr(self, name)}")
         if self.max_moves < 0:
@@ -185,7 +190,14 @@ class WholeModelSolver(Solver):
         console = Console(stderr=True) if s.progress else None
         try:
             with ProgressBar(console, "search", s.max_evaluations * len(samples), unit="runs") as bar:
-                objective = WholeModelObjective(model, samples, journal, on_run=lambda: bar.advance(1))
+                objective = WholeModelObjective(
+                    model,
+                    samples,
+                    journal,
+                    on_run=lambda: bar.advance(1),
+                    batched=s.batched,
+                    batch_entries=s.batch_entries,
+                )
                 yield objective, objective.kinds, described
         finally:
             journal.close()
@@ -283,7 +295,8 @@ def _message(trace, cost: dict[str, Any]) -> str:
         line += f"; KL − start {f.estimate:+.4g} [{f.low:+.4g}, {f.high:+.4g}]"
     runs = ""
     if "strategy_runs" in cost:
-        runs = f"{cost['strategy_runs']} strategy runs, {cost['forward_calls']} model calls, "
+        batched = f" in {cost['batched_calls']} batched calls" if cost.get("batched_calls") else ""
+        runs = f"{cost['strategy_runs']} strategy runs{batched}, {cost['forward_calls']} model calls, "
     return f"{line}; {runs}{cost['wall_s'] / 60:.1f} min"
 
 

@@ -138,9 +138,15 @@ def greedy_generate(
 
 @torch.inference_mode()
 def teacher_forced_logits(
-    model, context_ids: Sequence[int], target_ids: Sequence[int], caller: _Caller | None = None
+    model,
+    context_ids: Sequence[int],
+    target_ids: Sequence[int],
+    caller: _Caller | None = None,
+    *,
+    stepwise: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Context call, then the continuation (all but its last token) in one call: logits ``[m, V]``."""
+    """Context call, then the continuation (all but its last token) in one call, or one token per call
+    (``stepwise``: decoding plans evict at every step): logits ``[m, V]``."""
     caller = caller or _Caller(model)
     dev = caller.device
     t0 = time.perf_counter()
@@ -149,7 +155,10 @@ def teacher_forced_logits(
     _sync(dev)
     t1 = time.perf_counter()
     if len(target_ids) > 1:
-        rest = caller.extend(target_ids[:-1], out.cache, last_only=False).logits[0]
+        if stepwise:
+            rest = torch.cat([caller.extend([t], out.cache).logits[0, -1:] for t in target_ids[:-1]])
+        else:
+            rest = caller.extend(target_ids[:-1], out.cache, last_only=False).logits[0]
         logits = torch.cat([first, rest], dim=0)
     else:
         logits = first

@@ -16,7 +16,7 @@ from polykv_search.scoring.document import (
     entry_record,
     results_document,
 )
-from polykv_search.scoring.engine import ENGINES, score_entries, score_entry
+from polykv_search.scoring.engine import ENGINES, score_entries, score_entry, shared_scorer
 from polykv_search.scoring.entries import Entry, ScoreError
 from polykv_search.scoring.shared import SharedScorer, plan_groups
 from polykv_search.scoring.tasks import eval_texts, make_task_samples, resolve_tasks
@@ -39,4 +39,5 @@ __all__ = [
     "sample_cost",
     "score_entries",
     "score_entry",
+    "shared_scorer",
 ]

@@ -214,16 +214,8 @@ class SampleRunner:
                 self.model, Strategy.full(L), decode_interval=s.decode_interval, interval_mode=s.interval_mode
             )
             runtime = self._context.__enter__()
-            plans = [strategy_plans(e.strategy) for e in self.entries]
-            groups = [strategy_head_groups(e.strategy, runtime.spec.num_kv_heads) for e in self.entries]
-            # entries that apply the same plans (e.g. two solvers that found one strategy) run as one row
-            self._runs, distinct = same_runs(list(zip(plans, groups)))
-            self.scorer = SharedScorer(
-                self.model,
-                runtime,
-                [plans[i] for i in distinct],
-                batch_entries=s.batch_entries,
-                head_groups=[groups[i] for i in distinct],
+            self.scorer, self._runs = shared_scorer(
+                self.model, runtime, [e.strategy for e in self.entries], batch_entries=s.batch_entries
             )
         return self
 
@@ -253,6 +245,25 @@ class SampleRunner:
         rows = sample_rows(tok, task, sample, job, outcomes, shared=self.scorer is not None)
         release_free_memory()  # the sample's tensors are gone: without this the free heap grows all run
         return rows
+
+
+def shared_scorer(
+    model, runtime, strategies: Sequence[Strategy], *, batch_entries: int = 16
+) -> tuple[SharedScorer, list[tuple[int, bool]]]:
+    """The shared engine for ``strategies`` under an applied (FullKV) ``runtime``, and which of its rows each
+    strategy takes its outcome from (:func:`same_runs`): strategies that apply the same plans (e.g. two solvers
+    that found one strategy) run as one row."""
+    plans = [strategy_plans(s) for s in strategies]
+    groups = [strategy_head_groups(s, runtime.spec.num_kv_heads) for s in strategies]
+    runs, distinct = same_runs(list(zip(plans, groups)))
+    scorer = SharedScorer(
+        model,
+        runtime,
+        [plans[i] for i in distinct],
+        batch_entries=batch_entries,
+        head_groups=[groups[i] for i in distinct],
+    )
+    return scorer, runs
 
 
 def same_runs(keys: list) -> tuple[list[tuple[int, bool]], list[int]]:

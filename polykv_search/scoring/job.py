@@ -19,6 +19,9 @@ class SampleJob:
     #: trajectory: FullKV greedy-generates this many tokens (EOS banned); every entry is teacher-forced
     #: along them step by step, then answers ``question_ids`` with up to ``limit`` tokens when ``limit > 0``
     generate_len: int = 0
+    #: teacher-forced: feed the continuation one token per call (decoding plans evict at every step, as while
+    #: generating) instead of in one call
+    stepwise: bool = False
 
     @property
     def teacher_forced(self) -> bool:

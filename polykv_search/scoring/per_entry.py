@@ -36,7 +36,7 @@ def run_sample(
     reference = None
     if job.teacher_forced and fidelity and not entries[order[0]].strategy.is_full:
         with apply_strategy(model, Strategy.full(entries[0].strategy.num_layers), decode_interval=decode_interval):
-            logits, _ = teacher_forced_logits(model, job.context_ids, job.target_ids, caller)
+            logits, _ = teacher_forced_logits(model, job.context_ids, job.target_ids, caller, stepwise=job.stepwise)
         reference = log_probs(logits)
     outcomes: list[SampleOutcome | None] = [None] * len(entries)
     for i in order:
@@ -44,7 +44,9 @@ def run_sample(
             model, entries[i].strategy, decode_interval=decode_interval, interval_mode=interval_mode
         ) as rt:
             if job.teacher_forced:
-                logits, timing = teacher_forced_logits(model, job.context_ids, job.target_ids, caller)
+                logits, timing = teacher_forced_logits(
+                    model, job.context_ids, job.target_ids, caller, stepwise=job.stepwise
+                )
                 if fidelity and reference is None:  # the FullKV entry, run first
                     reference = log_probs(logits)
                 pred, new = continuation_outcome(logits, job.target_ids, reference if fidelity else None), []

@@ -218,7 +218,10 @@ class SharedScorer:
         target = list(job.target_ids)
         if len(target) > 1:
             cache = self._stacked(rows)
-            rest = self._call([target[:-1]] * len(rows), cache, last_only=False)
+            if job.stepwise:  # one token per call: the decoding plans evict at every step
+                rest = torch.cat([self._call([[t]] * len(rows), cache) for t in target[:-1]], dim=1)
+            else:
+                rest = self._call([target[:-1]] * len(rows), cache, last_only=False)
             self._write_back(cache)
             logits = [torch.cat([first, rest[i]], dim=0) for i in range(len(rows))]
         else:
