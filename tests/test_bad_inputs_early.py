@@ -88,6 +88,7 @@ CASES = [
     row(f"{SEARCH} --start-settings objective", "'objective' is not KEY=VALUE", SIG, id="solve-search-start-settings"),
     row(f"{SEARCH} --start-settings objective=x", "objective: 'x' is not one of", SIG, id="solve-search-start-value"),
     row(f"{SEARCH} --step 0", "step: a share of B in (0, 1]", SIG, id="solve-search-step-0"),
+    row(f"{SEARCH} --batch-entries 0", "batch_entries: must be at least 1", SIG, id="solve-search-batch-entries-0"),
     row(f"{SEARCH} --journal d", "--journal d: is a directory", {**SIG, "d": "dir"}, id="solve-search-journal-dir"),
     row(
         "solve --budget 64 --signals bad.json --out o.json",

@@ -307,6 +307,7 @@ def test_solve_search_end_to_end_and_a_rerun_measures_nothing(table_path, tmp_pa
         (["--start-settings", "granularity"], "start_settings: 'granularity' is not KEY=VALUE"),
         (["--guard", "4"], "--guard does not apply to search"),
         (["--samples", "1"], "samples: must be at least 2"),
+        (["--batch-entries", "0"], "batch_entries: must be at least 1"),
     ],
 )
 def test_bad_search_input_is_one_line_and_exit_2(table_path, tmp_path, capsys, extra, message):
