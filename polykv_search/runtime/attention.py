@@ -41,7 +41,7 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     layer = runtime.take_pending(module.layer_idx)  # raises when a cache exists but its layer is missing
     if layer is None:  # no cache at all (use_cache=False): plain causal attention over this call
         mask = _stateless_mask(query.shape[-2], key.shape[-2], padding, sliding, query.device)
-        return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None), None
+        return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None)[0], None
 
     if key is not layer.keys:
         raise RuntimeError(
@@ -54,7 +54,8 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
 
         def kernel():
             mask, is_causal = _layer_mask(layer, q_len)
-            return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal)
+            lse = layer.pass_prompt is not None  # a reconstruction call: the patterns read the log-sum-exp
+            return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal, lse=lse)
 
         return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), kernel)
 

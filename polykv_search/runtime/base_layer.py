@@ -10,6 +10,8 @@ the one place that runs the hook points. Subclasses say what a call does: :meth:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
@@ -30,6 +32,14 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
 
     is_sliding = False
     is_croppable = False
+
+    # The cached tensors behind the properties below (None until the first update) and their store.
+    _keys: Any
+    _values: Any
+    _positions: Any
+    _valid: Any
+    _store: TokenStore | None
+    _all_valid: bool | None
 
     def __init__(
         self,
@@ -81,7 +91,7 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """True when every cached token of every row and head is a real token (no padding)."""
         if self._all_valid is None:
             self._all_valid = self._valid is None or bool(self._valid.all())
-        return self._all_valid
+        return bool(self._all_valid)
 
     def _slack(self) -> int:
         """Free slots a store keeps past its tokens: a decoding interval's worth, plus some."""
@@ -94,8 +104,8 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
     # ------------------------------------------------------- CacheLayerMixin API
     def reset(self) -> None:
         self._keys = self._values = self._positions = self._valid = None
-        self._store: TokenStore | None = None
-        self._all_valid: bool | None = True
+        self._store = None
+        self._all_valid = True
         self.is_initialized = False
         self.seen = 0
         self.calls = 0
@@ -135,13 +145,35 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
         return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
 
+    #: The prompt length while a reconstruction pass runs (its calls feed :meth:`observe_pass`), else None.
+    pass_prompt: int | None = None
+
     def observers(self) -> list:
-        """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this call."""
+        """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this (non-pass) call."""
         return []
+
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
+        """A reconstruction-pass call: hand ``query`` and the kernel's log-sum-exp ``lse`` (None: none) to the
+        model-level patterns' ``reconstruct``."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
 
     def awaits_pass(self) -> bool:
         """True while a prefill eviction waits for a reconstruction pass (see ``EvictingLayer``)."""
         return False
+
+    def pass_plans(self) -> list:
+        """The ``(prefill, decoding)`` plans a reconstruction pass of this layer serves (the deferred ones)."""
+        return []
+
+    def begin_pass(self, prompt_len: int) -> None:
+        """Enter a reconstruction pass over the ``prompt_len`` cached prompt tokens."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
+
+    def end_pass(self) -> None:
+        """Leave the reconstruction pass."""
+
+    def finish_deferred(self) -> None:
+        """Run the prefill eviction a deferred prefill call skipped (after the reconstruction pass)."""
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         raise NotImplementedError
@@ -153,8 +185,10 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         self, query: torch.Tensor, padding_mask: torch.Tensor | None, kernel=None, *, finish: bool = True
     ):
         """Run one attention call of this layer: :meth:`begin_call`, the observers' ``pre_kernel``,
-        ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries), their ``post_kernel``,
-        then :meth:`end_call` (``finish=False`` stops before it). Returns the kernel's output."""
+        ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries; it returns the output, or the
+        output and its log-sum-exp ``[B, Hq, q]`` or None), their ``post_kernel`` (in a reconstruction pass
+        first :meth:`observe_pass` with that log-sum-exp), then :meth:`end_call` (``finish=False`` stops
+        before it). Returns the kernel's output."""
         self.begin_call(query.shape[-2], padding_mask)
         observers = self.observers()
         # what patterns observe is not differentiable, and no state they keep may hold the graph
@@ -163,7 +197,10 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
             for hooks, state in observers:
                 hooks.pre_kernel(self, state, observed)
         out = None if kernel is None else kernel()
+        out, lse = out if isinstance(out, tuple) else (out, None)
         with torch.no_grad():
+            if self.pass_prompt is not None:
+                self.observe_pass(observed, lse)
             for hooks, state in observers:
                 hooks.post_kernel(self, state, observed)
         if finish:

@@ -104,7 +104,7 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
                 device=self.device,
                 rotary=self.rotary,
             )
-            budgets = [rows[r].plans[DECODING].budget for r in idx]
+            budgets = [_budget(rows[r].plans[DECODING]) for r in idx]
             groups.append(_Group(pattern, idx, budgets, state, index, view))
         return groups
 
@@ -179,7 +179,10 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
         :func:`~polykv_search.patterns.selection.keep_per_row`) share one ``keep_per_row`` call: its
         rows are independent, so each row gets what its own group's call would give it."""
         end = max(self.counts[g.rows[j]] for g, targets in picks for j in targets)  # the picked rows' slots
-        parts, shared_keys, shared_budgets, shared_counts = [], [], [], []
+        parts: list[tuple[_Group, list[int], list[int], tuple[torch.Tensor, torch.Tensor] | None]] = []
+        shared_keys: list[torch.Tensor] = []
+        shared_budgets: list[int] = []
+        shared_counts: list[int] = []
         for group, targets in picks:
             picked = sorted(targets)
             budgets = [targets[j] for j in picked]
@@ -199,12 +202,12 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             shared = keep_per_row(key, shared_budgets, shared_counts)
         width = max(max(budgets) for _, _, budgets, _ in parts)
         keeps, kepts, rows, all_budgets, at = [], [], [], [], 0
-        for group, picked, budgets, chosen in parts:
-            if chosen is None:
-                chosen = (shared[0][at : at + len(picked)], shared[1][at : at + len(picked)])
+        for group, picked, budgets, own in parts:
+            if own is None:
+                own = (shared[0][at : at + len(picked)], shared[1][at : at + len(picked)])
                 at += len(picked)
-            keeps.append(_pad_to(chosen[0], width))
-            kepts.append(_pad_to(chosen[1], width))
+            keeps.append(_pad_to(own[0], width))
+            kepts.append(_pad_to(own[1], width))
             rows += [group.rows[j] for j in picked]
             all_budgets += budgets
         keep = keeps[0] if len(keeps) == 1 else torch.cat(keeps)  # [E, H, m], bool [E, 1, m]
@@ -287,6 +290,12 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
                 peak_length=self.row_peaks[r],
                 states=states[r],
             )
+
+
+def _budget(plan) -> int:
+    if plan.budget is None:
+        raise ValueError("a row group's rows evict in decoding: their plans have budgets")
+    return plan.budget
 
 
 def decoding_group(row: EvictingLayer, r: int) -> Any:

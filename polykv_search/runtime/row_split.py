@@ -149,27 +149,27 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
         cut = None if split is None else best_split([members[i].length for i in run], split)
         return [run] if cut is None else [run[:cut], run[cut:]]
 
-    def grouped(piece: list[int]) -> list[int]:
-        return [piece[i] for i in by_decoding_group([members[i] for i in piece])]
+    # the rows a row batch may hold: plain layers, every KV head of a row as long as the others
+    rows_of = {i: m for i, m in enumerate(members) if type(m) is EvictingLayer and not m.ragged}
 
-    def batchable(m: RuntimeLayer) -> bool:
-        return type(m) is EvictingLayer and not m.ragged
+    def grouped(piece: list[int]) -> list[int]:
+        return [piece[i] for i in by_decoding_group([rows_of[i] for i in piece])]
 
     everyone = list(range(len(members)))
-    if all(batchable(m) for m in members):
+    if len(rows_of) == len(members):
         (only, *more) = pieces(everyone)
         if not more and grouped(only) == only:
-            return RowBatchLayer(layer_idx, members, **kwargs)
+            return RowBatchLayer(layer_idx, [rows_of[i] for i in everyone], **kwargs)
     sub = {**kwargs, "on_update": None}
     parts: list[tuple[RuntimeLayer, list[int]]] = []
     run: list[int] = []
     for i in [*everyone, None]:  # None closes the last run
-        if i is not None and batchable(members[i]):
+        if i is not None and i in rows_of:
             run.append(i)
             continue
         for piece in pieces(run) if run else []:
             rows = grouped(piece)
-            parts.append((RowBatchLayer(layer_idx, [members[r] for r in rows], **sub), rows))
+            parts.append((RowBatchLayer(layer_idx, [rows_of[r] for r in rows], **sub), rows))
         run = []
         if i is not None:
             parts.append((members[i], [i]))

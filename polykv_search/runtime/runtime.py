@@ -14,7 +14,7 @@ patched; leaving the context restores the attention implementation and removes t
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -22,11 +22,11 @@ from transformers.cache_utils import Cache, DynamicCache
 
 from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
+from polykv_search.runtime import reconstruction
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import FULL_PLAN, INTERVAL_MODES, PhasePlan
 from polykv_search.runtime.head_groups import HeadGroupPlan, cache_layer, choice_head_groups
-from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.pooled import check_plans
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
 from polykv_search.runtime.report import CacheReport, cache_report
@@ -58,8 +58,10 @@ def strategy_head_groups(strategy: Strategy, num_kv_heads: int) -> dict[int, lis
 class PolyKVCache(Cache):
     """A transformers ``Cache`` whose layers evict to their strategy's budgets."""
 
-    def __init__(self, layers: list[EvictingLayer]):
-        super().__init__(layers=layers)
+    layers: list[RuntimeLayer]  # type: ignore[assignment]  # only the runtime's layers
+
+    def __init__(self, layers: Sequence[RuntimeLayer]):
+        super().__init__(layers=[*layers])
         #: The first forward's ``input_ids`` / ``attention_mask`` (the prompt a reconstruction pass repeats).
         self.prompt_ids: torch.Tensor | None = None
         self.prompt_mask: torch.Tensor | None = None
@@ -142,6 +144,8 @@ class PolyKVRuntime:
         #: which attention may run without a cache layer.
         self.uncached = False
         self._hooks: list = []
+        #: the last mask a reconstruction call converted (:func:`~polykv_search.runtime.reconstruction.flash_with_lse`)
+        self._pass_masks: dict = {}
 
     # ---------------------------------------------------------------- lifetime
     def __enter__(self) -> PolyKVRuntime:
@@ -250,7 +254,10 @@ class PolyKVRuntime:
         if cache.prompt_ids is None:
             raise ValueError("polykv-search: a reconstruction pass needs the prompt as input_ids (not inputs_embeds)")
         plans = [pair for layer in cache.layers for pair in layer.pass_plans()]
-        run_pass(self.model, cache, self.pass_inputs(), cache.prompt_ids, cache.prompt_mask, chunk_size(plans))
+        try:
+            run_pass(self.model, cache, self.pass_inputs(), cache.prompt_ids, cache.prompt_mask, chunk_size(plans))
+        finally:
+            self._pass_masks.clear()
 
     def _set_pending(self, layer: RuntimeLayer) -> None:
         self._pending[layer.layer_idx] = layer
@@ -268,8 +275,17 @@ class PolyKVRuntime:
             )
         return layer
 
-    def kernel(self, query, key, value, mask, scaling, *, is_causal=False):
-        return attn.kernel(self.kernel_impl, query, key, value, mask, scaling, is_causal=is_causal)
+    def kernel(
+        self, query, key, value, mask, scaling, *, is_causal: bool = False, lse: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's attention kernel: output ``[B, q, Hq, D]`` and, when ``lse`` asks for it and the
+        kernel computes one (SDPA's CPU flash kernel on a masked call,
+        :func:`~polykv_search.runtime.reconstruction.flash_with_lse`), its log-sum-exp ``[B, Hq, q]``, else None."""
+        if lse and self.kernel_impl == "sdpa" and not is_causal:
+            got = reconstruction.flash_with_lse(query, key, value, mask, scaling, self._pass_masks)
+            if got is not None:
+                return got
+        return attn.kernel(self.kernel_impl, query, key, value, mask, scaling, is_causal=is_causal), None
 
     # ----------------------------------------------------------------- report
     def report(self, cache: PolyKVCache | None = None) -> CacheReport:
@@ -317,6 +333,12 @@ def apply_strategy(
 
     ``head_groups``: layers split into head groups (:class:`~polykv_search.runtime.head_groups.HeadGroupPlan`),
     besides those the strategy's own choices split."""
-    settings = dict(decode_interval=decode_interval, interval_mode=interval_mode, reconstruction=reconstruction)
-    with PolyKVRuntime(model, strategy, head_groups=head_groups, **settings) as runtime:
+    with PolyKVRuntime(
+        model,
+        strategy,
+        head_groups=head_groups,
+        decode_interval=decode_interval,
+        interval_mode=interval_mode,
+        reconstruction=reconstruction,
+    ) as runtime:
         yield runtime

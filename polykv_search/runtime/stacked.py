@@ -16,6 +16,7 @@ import torch
 
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
+from polykv_search.runtime.head_groups import HeadGroupLayer
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
 from polykv_search.runtime.threads import small_ops
 
@@ -107,6 +108,7 @@ class StackedLayer(RuntimeLayer):
         n_max = max(row.length for row in rows)
         if self._buffers is None or n_max > self._buffers[0].shape[-2]:
             self._allocate(n_max + self.HEADROOM)
+        assert self._buffers is not None
         k, v, pos, valid = self._buffers
         for i, row in enumerate(rows):
             n, old = row.length, self._lengths[i]
@@ -170,32 +172,6 @@ def _heads_of(query: torch.Tensor, heads: tuple[int, ...] | None) -> torch.Tenso
     return query.index_select(1, torch.tensor(heads, device=query.device))
 
 
-class _SharedPass:
-    """The observer of a :class:`FanoutLayer` during a reconstruction pass: each distinct model-level
-    pattern of the deferred rows reconstructs once, over the fan-out layer's own FullKV prompt and
-    pass tokens, into a state of the pass's own (``states``, one per pattern, for every KV head); every
-    row of that pattern gets a copy, a head group's row the rows of its KV heads."""
-
-    def __init__(self, fanout: FanoutLayer):
-        self.fanout = fanout
-        self.states: dict = {}
-
-    def pre_kernel(self, layer, state, query) -> None:
-        pass
-
-    def post_kernel(self, layer, state, query) -> None:
-        fanout = self.fanout
-        done = set()
-        for (pattern, kv_heads), members in fanout.pattern_groups.items():
-            st = self.states.setdefault(pattern, PatternState())
-            if pattern not in done:
-                pattern.reconstruct(fanout, st, query, fanout.pass_prompt)
-                done.add(pattern)
-            part = st if kv_heads is None else st.heads(list(kv_heads))
-            for _, other in members:
-                other.replace_with(part)
-
-
 class FanoutLayer(EvictingLayer):
     """The shared prefill of several entries: one FullKV layer for the kernel plus one row per entry.
 
@@ -209,12 +185,13 @@ class FanoutLayer(EvictingLayer):
     feeds those rows' model-level patterns; the other rows are not touched by it.
     """
 
-    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
+    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer | HeadGroupLayer], **kwargs):
         super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
         self.rows = list(rows)
         self.pattern_groups: dict = {}
         self._dispatch = _SharedDispatch(self)
-        self._pass = _SharedPass(self)
+        #: during a reconstruction pass: one state per model-level pattern, for every KV head
+        self._pass_states: dict = {}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self.pass_prompt is None:
@@ -230,8 +207,11 @@ class FanoutLayer(EvictingLayer):
             for row in self.rows:
                 if not row.awaits_pass():
                     continue
-                groups = getattr(row, "head_groups", None)
-                cells = [(row, None)] if groups is None else [(p, g.heads) for p, g in zip(row.parts, groups)]
+                cells: list[tuple[EvictingLayer, tuple[int, ...] | None]]
+                if isinstance(row, HeadGroupLayer):
+                    cells = [(p, g.heads) for p, g in zip(row.parts, row.head_groups)]
+                else:
+                    cells = [(row, None)]
                 for layer, kv_heads in cells:
                     for pattern, state in layer.model_level_states():
                         self.pattern_groups.setdefault((pattern, kv_heads), []).append((layer, state))
@@ -244,19 +224,34 @@ class FanoutLayer(EvictingLayer):
     def _members(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
         """Every row's layer, a row split into head groups (``parts``) as one layer per group with its
         query heads."""
-        out = []
+        out: list[tuple[EvictingLayer, tuple[int, ...] | None]] = []
         for row in self.rows:
-            parts = getattr(row, "parts", None)
-            if parts is None:
-                out.append((row, None))
+            if isinstance(row, HeadGroupLayer):
+                out += [(part, tuple(idx.tolist())) for part, idx in zip(row.parts, row.query_heads)]
             else:
-                out += [(part, tuple(idx.tolist())) for part, idx in zip(parts, row.query_heads)]
+                out.append((row, None))
         return out
 
     def observers(self):
-        if not self.pattern_groups:
+        if not self.pattern_groups or self.pass_prompt is not None:
             return []
-        return [(self._pass if self.pass_prompt is not None else self._dispatch, None)]
+        return [(self._dispatch, None)]
+
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
+        """Each distinct model-level pattern of the deferred rows reconstructs once, over this layer's own
+        FullKV prompt and pass tokens, into a state of the pass's own (one per pattern, for every KV head);
+        every row of that pattern gets a copy, a head group's row the rows of its KV heads."""
+        prompt = self.pass_prompt
+        assert prompt is not None
+        done = set()
+        for (pattern, kv_heads), members in self.pattern_groups.items():
+            st = self._pass_states.setdefault(pattern, PatternState())
+            if pattern not in done:
+                pattern.reconstruct(self, st, query, prompt, lse)
+                done.add(pattern)
+            part = st if kv_heads is None else st.heads(list(kv_heads))
+            for _, other in members:
+                other.replace_with(part)
 
     def end_call(self) -> None:
         if self.pass_prompt is None:
@@ -264,7 +259,7 @@ class FanoutLayer(EvictingLayer):
                 for layer, _ in self._members():
                     layer.end_call()
                 for row in self.rows:
-                    if getattr(row, "parts", None) is not None:
+                    if isinstance(row, HeadGroupLayer):
                         row.calls += 1
         self.pattern_groups = {}
         super().end_call()
@@ -276,7 +271,7 @@ class FanoutLayer(EvictingLayer):
 
     def end_pass(self) -> None:
         super().end_pass()
-        self._pass.states = {}
+        self._pass_states = {}
 
     def awaits_pass(self) -> bool:
         return any(row.awaits_pass() for row in self.rows)
