@@ -24,8 +24,9 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
     """Base of the runtime's cache layers (see the module docstring).
 
     ``get_seq_length`` reports tokens *seen*, so ``generate()`` keeps absolute positions.
-    ``on_update(layer)`` is called after every ``update``: the runtime uses it to hand the layer to the
-    attention call that follows (None: a detached layer nobody attends through). ``rotary``: the
+    ``on_update(layer, call)`` is called after every ``update`` with the model's ``kwargs`` dict of that call:
+    the runtime's writes the layer into it, which the attention function receives (None: a detached layer
+    nobody attends through, e.g. a part of a composite). ``rotary``: the
     model's rotary embedding (:class:`~polykv_search.runtime.architectures.ModelRotary`), for patterns
     that need RoPE (None: a layer built without a model; such a pattern then fails loudly).
     """
@@ -97,9 +98,11 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """Free slots a store keeps past its tokens: a decoding interval's worth, plus some."""
         return self.decode_interval + 16
 
-    def _notify_update(self) -> None:
+    def _notify_update(self, call: dict | None) -> None:
+        """Hand this layer to the attention call that follows (``call``: the ``kwargs`` dict the model gave
+        ``cache.update``, None when a composite layer updates its parts) through ``on_update``."""
         if self._on_update is not None:
-            self._on_update(self)
+            self._on_update(self, call)
 
     # ------------------------------------------------------- CacheLayerMixin API
     def reset(self) -> None:

@@ -85,7 +85,7 @@ class HeadGroupLayer(RuntimeLayer):
             part.update(key_states.index_select(1, idx), value_states.index_select(1, idx))
         self.device = key_states.device
         self.seen += key_states.shape[-2]
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
     def thaw(self) -> None:

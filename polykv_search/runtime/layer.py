@@ -92,7 +92,7 @@ class EvictingLayer(RuntimeLayer):
         store.valid[:, :, n : n + q] = True
         self._expose(store, n + q)
         self.seen += q
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self._keys, self._values
 
     def restore(

@@ -132,7 +132,7 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
         self.counts = [c + q for c in self.counts]
         self.seen += q
         self._refresh()
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self._keys, self._values
 
     def begin_call(self, q_len: int, padding_mask) -> None:

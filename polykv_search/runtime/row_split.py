@@ -90,7 +90,7 @@ class RowSplitLayer(RuntimeLayer):
         for part, rows in zip(self.parts, self._rows):
             part.update(_take(key_states, rows), _take(value_states, rows))
         self.seen += key_states.shape[-2]
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
     def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:

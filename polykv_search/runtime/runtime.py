@@ -122,6 +122,7 @@ class PolyKVRuntime:
             raise ValueError(f"decode_interval must be a positive integer, got {decode_interval!r}")
         if interval_mode not in INTERVAL_MODES:
             raise ValueError(f"interval_mode must be one of {', '.join(INTERVAL_MODES)}, got {interval_mode!r}")
+        _refuse_applied(model)
         self.model = model
         self.spec: ModelSpec = model_spec(model)
         strategy.check_model(self.spec.num_layers, self.spec.num_kv_heads)
@@ -138,22 +139,18 @@ class PolyKVRuntime:
         if self.defer_prefill:
             self.pass_inputs()  # refuse now, not after the prefill
         self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
-        self._pending: dict[int, RuntimeLayer] = {}
         self.last_cache: PolyKVCache | None = None
-        #: True while a model forward runs without any cache (``use_cache=False``): the only case in
-        #: which attention may run without a cache layer.
-        self.uncached = False
+        #: True inside the ``with`` block: only then may attention run through this runtime's layers.
+        self.active = False
         self._hooks: list = []
         #: the last mask a reconstruction call converted (:func:`~polykv_search.runtime.reconstruction.flash_with_lse`)
         self._pass_masks: dict = {}
 
     # ---------------------------------------------------------------- lifetime
     def __enter__(self) -> PolyKVRuntime:
-        config = self.spec.config
-        if id(config) in attn.ACTIVE:
-            raise RuntimeError("a strategy is already applied to this model")
+        _refuse_applied(self.model)
         attn.register()
-        attn.ACTIVE[id(config)] = self
+        self.active = True
         self._forward_sig = inspect.signature(self.model.forward)
         self._hooks = [
             self.model.register_forward_pre_hook(self._inject_cache, with_kwargs=True),
@@ -167,8 +164,7 @@ class PolyKVRuntime:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        attn.ACTIVE.pop(id(self.spec.config), None)
-        self._pending.clear()
+        self.active = False
 
     # ------------------------------------------------------------------ caches
     def new_cache(self) -> PolyKVCache:
@@ -194,7 +190,7 @@ class PolyKVRuntime:
             sliding_window=s.sliding_window(layer_idx),
             decode_interval=self.decode_interval,
             interval_mode=self.interval_mode,
-            on_update=self._set_pending,
+            on_update=self._publish,
             rotary=s.rotary,
         )
 
@@ -205,7 +201,6 @@ class PolyKVRuntime:
         use_cache = bound.arguments.get("use_cache")
         if use_cache is None:
             use_cache = getattr(self.spec.config, "use_cache", True)
-        self.uncached = False
         if isinstance(cache, PolyKVCache):
             _refuse_seen_tokens(cache, {**extra, **bound.arguments})
             cache.prepare_forward()
@@ -213,9 +208,10 @@ class PolyKVRuntime:
             if cache.get_seq_length() == 0:
                 self._record_prompt(cache, bound)
             return None
-        if cache is None and not use_cache:
-            self.uncached = True
-            return None
+        if cache is None and not use_cache:  # the one case where attention runs without a cache layer
+            extra[attn.PLAIN_KEY] = self
+            bound.arguments["kwargs"] = extra
+            return bound.args, bound.kwargs
         if cache is not None and not (isinstance(cache, DynamicCache) and cache.get_seq_length() == 0):
             raise ValueError(
                 "polykv-search: the model was given a non-empty or non-dynamic cache; pass None, an empty "
@@ -233,7 +229,6 @@ class PolyKVRuntime:
         cache.prompt_mask = bound.arguments.get("attention_mask")
 
     def _forward_done(self, module, args, output) -> None:
-        self.uncached = False
         cache = self.last_cache
         if output is not None and cache is not None and cache.awaits_pass():
             self.finish_prefill(cache)
@@ -259,21 +254,10 @@ class PolyKVRuntime:
         finally:
             self._pass_masks.clear()
 
-    def _set_pending(self, layer: RuntimeLayer) -> None:
-        self._pending[layer.layer_idx] = layer
-
-    def take_pending(self, layer_idx: int) -> RuntimeLayer | None:
-        """The cache layer whose ``update`` preceded this attention call of layer ``layer_idx``; None
-        only while a forward runs without a cache (plain attention). Anything else is an error: an
-        attention call that cannot find its cache layer must not run without eviction."""
-        layer = self._pending.pop(layer_idx, None)
-        if layer is None and not self.uncached:
-            raise RuntimeError(
-                f"polykv-search: layer {layer_idx}'s attention ran under an active strategy, but its cache "
-                "layer was not updated first (a cache the runtime did not build, or a forward that bypasses "
-                "it); refusing to run attention without eviction"
-            )
-        return layer
+    def _publish(self, layer: RuntimeLayer, call: dict | None) -> None:
+        """A cache layer's ``on_update``: hand it to the attention call that follows, through the ``kwargs``
+        dict the model gives both ``cache.update`` and the attention function (:func:`attention.publish`)."""
+        attn.publish(call, self, layer)
 
     def kernel(
         self, query, key, value, mask, scaling, *, is_causal: bool = False, lse: bool = False
@@ -294,6 +278,12 @@ class PolyKVRuntime:
         if cache is None:
             raise RuntimeError("no cache yet: run the model first")
         return cache_report(cache.layers)
+
+
+def _refuse_applied(model) -> None:
+    """Refuse a second strategy on a model that runs one (its attention implementation is the runtime's)."""
+    if getattr(model.config, "_attn_implementation", None) == attn.ATTN_NAME:
+        raise RuntimeError("a strategy is already applied to this model")
 
 
 def _refuse_seen_tokens(cache: PolyKVCache, arguments: dict) -> None:

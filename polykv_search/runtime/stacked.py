@@ -70,7 +70,7 @@ class StackedLayer(RuntimeLayer):
                 row.update(key_states[i : i + 1], value_states[i : i + 1])
             self.seen += key_states.shape[-2]
             self._restack()
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
     def begin_call(self, q_len: int, padding_mask) -> None:
@@ -198,7 +198,7 @@ class FanoutLayer(EvictingLayer):
             with small_ops():
                 for row in self.rows:
                     row.update(key_states, value_states)
-        return super().update(key_states, value_states)
+        return super().update(key_states, value_states, *args, **kwargs)
 
     def begin_call(self, q_len: int, padding_mask) -> None:
         super().begin_call(q_len, padding_mask)
