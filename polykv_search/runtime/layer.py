@@ -83,13 +83,7 @@ class EvictingLayer(RuntimeLayer):
         if store is None or store.capacity < n + q:
             capacity = capacity_for(n + q, self._slack())
             store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, capacity)
-        store.keys[:, :, n : n + q] = key_states
-        store.values[:, :, n : n + q] = value_states
-        if q == 1:
-            store.positions[:, :, n].fill_(self.seen)
-        else:
-            store.positions[:, :, n : n + q] = torch.arange(self.seen, self.seen + q, device=self.device)
-        store.valid[:, :, n : n + q] = True
+        store.append(n, key_states, value_states, self.seen)
         self._expose(store, n + q)
         self.seen += q
         self._notify_update(kwargs.get("kwargs"))

@@ -18,6 +18,7 @@ from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.head_groups import HeadGroupLayer
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
+from polykv_search.runtime.storage import TokenStore
 from polykv_search.runtime.threads import small_ops
 
 
@@ -61,7 +62,7 @@ class StackedLayer(RuntimeLayer):
         self.is_initialized = True
         self.seen = first.seen
         self.calls = first.calls
-        self._buffers: tuple[torch.Tensor, ...] | None = None
+        self._batch: TokenStore | None = None
         self._restack()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -106,41 +107,26 @@ class StackedLayer(RuntimeLayer):
             self.keys, self.values, self.positions, self.valid = row.keys, row.values, row.positions, row.valid
             return
         n_max = max(row.length for row in rows)
-        if self._buffers is None or n_max > self._buffers[0].shape[-2]:
-            self._allocate(n_max + self.HEADROOM)
-        assert self._buffers is not None
-        k, v, pos, valid = self._buffers
+        store = self._batch
+        if store is None or n_max > store.capacity:
+            # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
+            store = self._batch = TokenStore.padded(len(rows), n_max + self.HEADROOM, rows[0].keys, rows[0].values)
+            self._lengths = [0] * len(rows)
+            self._evictions = [-1] * len(rows)  # forces a full write of every row
         for i, row in enumerate(rows):
             n, old = row.length, self._lengths[i]
             start = 0 if (row.num_evictions != self._evictions[i] or n < old) else old
             if start < n:
-                k[i, :, start:n] = row.keys[0, :, start:]
-                v[i, :, start:n] = row.values[0, :, start:]
-                pos[i, :, start:n] = row.positions[0, :, start:]
-                valid[i, :, start:n] = row.valid[0, :, start:]
+                tail = (t[0, :, start:] for t in (row.keys, row.values, row.positions, row.valid))
+                store.write(i, start, *tail)
             if n < old:  # the evicted tail: padding again
-                pos[i, :, n:old] = -1
-                valid[i, :, n:old] = False
+                store.pad(i, n, old)
             self._lengths[i], self._evictions[i] = n, row.num_evictions
-        self.keys, self.values = k[:, :, :n_max], v[:, :, :n_max]
-        self.positions, self.valid = pos[:, :, :n_max], valid[:, :, :n_max]
+        self._expose(store, n_max)
+        self._all_valid = None
 
     #: Slots allocated beyond the longest row, so that decoding steps write in place.
     HEADROOM = 64
-
-    def _allocate(self, capacity: int) -> None:
-        first = self.rows[0]
-        r, h, d, dv = len(self.rows), first.keys.shape[1], first.keys.shape[-1], first.values.shape[-1]
-        dev = first.keys.device
-        # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
-        self._buffers = (
-            torch.zeros(r, h, capacity, d, dtype=first.keys.dtype, device=dev),
-            torch.zeros(r, h, capacity, dv, dtype=first.values.dtype, device=dev),
-            torch.full((r, h, capacity), -1, dtype=torch.long, device=dev),
-            torch.zeros(r, h, capacity, dtype=torch.bool, device=dev),
-        )
-        self._lengths = [0] * r
-        self._evictions = [-1] * r  # forces a full write of every row
 
 
 class _SharedDispatch:
