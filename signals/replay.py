@@ -94,24 +94,24 @@ def fork_layer(runtime, layer: EvictingLayer, prefill: PhasePlan, decoding: Phas
     return new
 
 
-class SharedPromptLayer(EvictingLayer):
-    """An upper layer's cache for all rows: the FullKV prompt (an expanded view, copied once when the
-    continuation is appended) plus each row's own continuation. Nothing is evicted, so every row and
-    head has the same positions and one ``[1, 1, q, n]`` mask serves them all (SDPA then runs with
-    native GQA instead of per-head masks)."""
-
-    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
-        kpos = self.positions[:1, :1, None, :]
-        qpos = torch.as_tensor(query_positions, device=self.device)[None, None, :, None]
-        allowed = kpos <= qpos
-        if self.sliding_window is not None:
-            allowed &= (qpos - kpos) < self.sliding_window
-        return allowed
+def shared_prompt_mask(layer, query_positions: torch.Tensor | range) -> torch.Tensor:
+    """The mask of a :func:`shared_prompt_layer`: nothing is evicted, so every row and head has the same
+    positions and one ``[1, 1, q, n]`` mask serves them all (SDPA then runs with native GQA instead of
+    per-head masks)."""
+    kpos = layer.positions[:1, :1, None, :]
+    qpos = torch.as_tensor(query_positions, device=layer.device)[None, None, :, None]
+    allowed = kpos <= qpos
+    if layer.sliding_window is not None:
+        allowed &= (qpos - kpos) < layer.sliding_window
+    return allowed
 
 
-def shared_prompt_layer(runtime, record: FullKVRecord, layer_idx: int, rows: int) -> SharedPromptLayer:
-    """Layer ``layer_idx`` after the prompt's (non-evicting) prefill, for ``rows`` rows."""
-    layer = SharedPromptLayer(layer_idx, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(layer_idx))
+def shared_prompt_layer(runtime, record: FullKVRecord, layer_idx: int, rows: int, mask=None) -> EvictingLayer:
+    """An upper layer's cache for ``rows`` rows after the prompt's (non-evicting) prefill: the FullKV prompt
+    (an expanded view, copied once when the continuation is appended) plus each row's own continuation,
+    masked by ``mask(layer, query_positions)`` (default :func:`shared_prompt_mask`)."""
+    kwargs = runtime.layer_kwargs(layer_idx)
+    layer = EvictingLayer(layer_idx, FULL_PLAN, FULL_PLAN, mask=mask or shared_prompt_mask, **kwargs)
     keys, values = record.keys[layer_idx], record.values[layer_idx]
     b, h, n, _ = keys.shape
     layer.device = keys.device

@@ -28,7 +28,10 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
     the runtime's writes the layer into it, which the attention function receives (None: a detached layer
     nobody attends through, e.g. a part of a composite). ``rotary``: the
     model's rotary embedding (:class:`~polykv_search.runtime.architectures.ModelRotary`), for patterns
-    that need RoPE (None: a layer built without a model; such a pattern then fails loudly).
+    that need RoPE (None: a layer built without a model; such a pattern then fails loudly). ``mask``:
+    ``mask(layer, query_positions)`` replaces :meth:`allowed` (a layout whose rows or heads see other keys
+    than their kept ones, e.g. the collector's head cells; None: the kept positions decide). ``watchers``:
+    ``(hooks, state)`` observers of every call besides the plans' patterns (e.g. a recorder of queries).
     """
 
     is_sliding = False
@@ -54,6 +57,8 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         interval_mode: str = "within",
         on_update=None,
         rotary=None,
+        mask=None,
+        watchers=(),
     ):
         super().__init__()
         if interval_mode not in INTERVAL_MODES:
@@ -67,6 +72,8 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         self.interval_mode = interval_mode
         self._on_update = on_update
         self.rotary = rotary
+        self.mask = mask
+        self.watchers = list(watchers)
         self.reset()
 
     # ------------------------------------------------- the cached tensors
@@ -155,6 +162,11 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this (non-pass) call."""
         return []
 
+    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
+        if self.mask is not None:
+            return self.mask(self, query_positions)
+        return super().allowed(query_positions)
+
     def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
         """A reconstruction-pass call: hand ``query`` and the kernel's log-sum-exp ``lse`` (None: none) to the
         model-level patterns' ``reconstruct``."""
@@ -194,6 +206,8 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         before it). Returns the kernel's output."""
         self.begin_call(query.shape[-2], padding_mask)
         observers = self.observers()
+        if self.watchers:
+            observers = [*observers, *self.watchers]
         # what patterns observe is not differentiable, and no state they keep may hold the graph
         observed = query.detach() if query.requires_grad else query
         with torch.no_grad():
