@@ -8,6 +8,8 @@ the ones computed when the token was seen; nothing is re-rotated.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from polykv_search.patterns.base import Pattern
@@ -109,6 +111,20 @@ class EvictingLayer(RuntimeLayer):
         self.num_evictions, self.steps_since_eviction = num_evictions, steps_since_eviction
         self.peak_length = peak_length
         self.states = states
+
+    def forked(self, prefill: PhasePlan, decoding: PhasePlan) -> EvictingLayer:
+        """A detached copy of this layer with other plans: the cached tensors shared (never its store, so
+        an append lands in a store of the copy's own; an eviction gathers into a new one), the counters
+        copied, the pattern states deep-copied (the signal replay's cells fork one primed layer)."""
+        new = copy.copy(self)
+        new.plans = {PREFILL: prefill, DECODING: decoding}
+        new._on_update = None
+        new._store = None
+        new.states = copy.deepcopy(self.states)
+        new.shares = {}
+        new.watchers = list(self.watchers)
+        new.peak_length = 0
+        return new
 
     def thaw(self) -> None:
         self._thaw_tensors()
