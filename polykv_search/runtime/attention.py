@@ -74,10 +74,7 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
 
         return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), kernel)
 
-    grouped = getattr(layer, "attention_call_grouped", None)
-    if grouped is not None:  # a layer of head groups: one kernel per group, over its own store
-        return grouped(query, attend), None
-    return attend(layer, query), None
+    return layer.attention_call_grouped(query, attend), None  # one kernel per store (a layer of groups: several)
 
 
 def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):

@@ -10,14 +10,18 @@ the one place that runs the hook points. Subclasses say what a call does: :meth:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.runtime.eviction import INTERVAL_MODES
+from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore
 from polykv_search.runtime.view import ViewOps
+
+if TYPE_CHECKING:  # pragma: no cover
+    from polykv_search.runtime.layer import EvictingLayer
 
 
 class RuntimeLayer(CacheLayerMixin, ViewOps):
@@ -158,9 +162,29 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
     #: The prompt length while a reconstruction pass runs (its calls feed :meth:`observe_pass`), else None.
     pass_prompt: int | None = None
 
+    @property
+    def ragged(self) -> bool:
+        """True when the KV heads of a row hold different numbers of tokens (a pooled allocation)."""
+        return False
+
     def observers(self) -> list:
         """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this (non-pass) call."""
         return []
+
+    def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
+        """This layer's attention call on ``query`` ``[B, Hq, q, D]``: ``attend(layer, query)`` runs one kernel
+        over one layer's store (hooks, kernel, eviction). A layer made of parts (head groups, row parts) runs
+        one per part and puts the outputs ``[B, q, Hq, D]`` back in order."""
+        return attend(self, query)
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        """Per entry (a cache's own layers: one; the scorer's shared context layers: one per row), the
+        evicting layers whose KV heads a pooled allocation ranks (:func:`~polykv_search.runtime.pooled.allocate`)."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
+
+    def layer_report(self) -> LayerReport:
+        """What this layer holds now (:func:`~polykv_search.runtime.report.layer_report`)."""
+        return report_of(self, None)
 
     def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
         if self.mask is not None:

@@ -45,6 +45,7 @@ class HeadGroupLayer(RuntimeLayer):
 
     def __init__(self, layer_idx: int, head_groups: Sequence[HeadGroupPlan], *, defer_prefill: bool = False, **kwargs):
         self.head_groups = list(head_groups)
+        self.parts: list[EvictingLayer] = []
         super().__init__(layer_idx, **kwargs)
         heads = sorted(h for g in self.head_groups for h in g.heads)
         if heads != list(range(self.num_kv_heads)):
@@ -76,7 +77,7 @@ class HeadGroupLayer(RuntimeLayer):
 
     def reset(self) -> None:
         super().reset()
-        for part in getattr(self, "parts", []):
+        for part in self.parts:
             part.reset()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -150,6 +151,9 @@ class HeadGroupLayer(RuntimeLayer):
             self.calls += 1
         assert out is not None  # a layer has at least one group
         return out
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        return [list(self.parts)]
 
     def layer_report(self) -> LayerReport:
         """What the groups hold: bytes summed; tokens and budgets as the mean over KV heads."""

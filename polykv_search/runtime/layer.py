@@ -24,6 +24,7 @@ from polykv_search.runtime.eviction import (  # noqa: F401  (re-exported)
     PhasePlan,
     eviction_target,
 )
+from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore, capacity_for
 
 
@@ -111,6 +112,12 @@ class EvictingLayer(RuntimeLayer):
         self.num_evictions, self.steps_since_eviction = num_evictions, steps_since_eviction
         self.peak_length = peak_length
         self.states = states
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        return [[self]]
+
+    def layer_report(self) -> LayerReport:
+        return report_of(self, self.plans)
 
     def forked(self, prefill: PhasePlan, decoding: PhasePlan) -> EvictingLayer:
         """A detached copy of this layer with other plans: the cached tensors shared (never its store, so

@@ -98,9 +98,7 @@ class RowSplitLayer(RuntimeLayer):
         groups runs its own grouped call), outputs ``[B, q, Hq, D]`` in batch row order."""
         outs = []
         for part, rows in zip(self.parts, self._rows):
-            grouped = getattr(part, "attention_call_grouped", None)
-            mine = _take(query, rows)
-            outs.append(grouped(mine, attend) if grouped is not None else attend(part, mine))
+            outs.append(part.attention_call_grouped(_take(query, rows), attend))
         self.calls += 1
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         return out if self._inverse is None else out.index_select(0, self._inverse)

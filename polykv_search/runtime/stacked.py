@@ -262,6 +262,9 @@ class FanoutLayer(EvictingLayer):
     def awaits_pass(self) -> bool:
         return any(row.awaits_pass() for row in self.rows)
 
+    def entries(self) -> list[list[EvictingLayer]]:
+        return [entry for row in self.rows for entry in row.entries()]
+
     def pass_plans(self) -> list:
         return [pair for row in self.rows for pair in row.pass_plans()]
 
