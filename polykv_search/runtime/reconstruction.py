@@ -129,7 +129,8 @@ def flash_with_lse(
     """``polykv_search.runtime.attention.kernel("sdpa", ...)`` of a masked call (bool ``mask``
     ``[B, Hkv or 1, q, n]``), output ``[B, q, Hq, D]``, and its log-sum-exp ``[B, Hq, q]``, from the CPU
     flash kernel SDPA itself runs; None where SDPA would run another kernel. ``masks``: a dict that
-    remembers the last mask's additive form (SDPA's conversion of a bool mask) for the next call."""
+    remembers the last mask and its additive form (SDPA's conversion of a bool mask) for the next call (every
+    layer of a pass call has the same mask)."""
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if op is None or mask is None or mask.dtype != torch.bool or query.device.type != "cpu":
         return None
@@ -146,17 +147,10 @@ def flash_with_lse(
     if choice != SDPBackend.FLASH_ATTENTION.value:
         return None
     masks = {} if masks is None else masks
-    seen = masks.get("bool")
-    if (
-        seen is None
-        or seen.shape != mask.shape
-        or masks["additive"].dtype != query.dtype
-        or not torch.equal(seen, mask)
-    ):
-        masks["bool"] = mask
-        masks["additive"] = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
-            ~mask, float("-inf")
-        )
-    additive = masks["additive"]
+    last = masks.get("last")  # (bool mask, its additive form): one entry, replaced whole (threads share it)
+    if last is None or last[0].shape != mask.shape or last[1].dtype != query.dtype or not torch.equal(last[0], mask):
+        additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        last = masks["last"] = (mask, additive)
+    additive = last[1]
     out, lse = op(query, key, value, 0.0, False, attn_mask=additive, scale=scaling)
     return out.reshape(b, hq, q, -1).transpose(1, 2).contiguous(), lse.reshape(b, hq, q)
