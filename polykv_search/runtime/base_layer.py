@@ -177,6 +177,11 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         one per part and puts the outputs ``[B, q, Hq, D]`` back in order."""
         return attend(self, query)
 
+    def write_back(self) -> None:
+        """Hand the rows this layer decoded back to their own layers (a layer of rows); a row's own layer,
+        decoded alone, is detached again (it no longer hands itself to attention calls)."""
+        self._on_update = None
+
     def entries(self) -> list[list[EvictingLayer]]:
         """Per entry (a cache's own layers: one; the scorer's shared context layers: one per row), the
         evicting layers whose KV heads a pooled allocation ranks (:func:`~polykv_search.runtime.pooled.allocate`)."""

@@ -107,8 +107,7 @@ class RowSplitLayer(RuntimeLayer):
         """Give every row of the :class:`RowBatchLayer` parts its tokens, counters and pattern state again
         (a row's own layer needs nothing: it is the row's)."""
         for part in self.parts:
-            if isinstance(part, RowBatchLayer):
-                part.write_back()
+            part.write_back()
 
 
 def _rows_index(rows: Sequence[int], device) -> slice | torch.Tensor:
