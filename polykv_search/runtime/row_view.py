@@ -50,7 +50,10 @@ class GroupView(RowsMask, ViewOps):
         self.sliding_window = sliding_window
         self.device = device
         self.rotary = rotary
-        self.keys = self.positions = self.valid = torch.empty(0, num_kv_heads, 0, device=device)  # until shown
+        # nothing until shown: no rows, no slots
+        self.keys = torch.empty(0, num_kv_heads, 0, 0, device=device)
+        self.positions = torch.empty(0, num_kv_heads, 0, dtype=torch.long, device=device)
+        self.valid = torch.empty(0, num_kv_heads, 0, dtype=torch.bool, device=device)
         self._values: torch.Tensor | None = None
         self._take_values: Callable[[], torch.Tensor] | None = None
         self._counts: list[int] = []
