@@ -7,7 +7,8 @@ every layer holds after prefill), the prompt's post-RoPE queries (what patterns'
 continuation; plus the FullKV per-token NLL and next-token log-probabilities of the continuation
 (for ΔPPL and KL) and the attention entropy/variance
 of every (layer, phase). Queries are captured by a cache layer that adds one observer to the hook
-points (:class:`RecordingLayer`) — the runtime's documented extension point, no forward code copied.
+points (a :class:`QueryRecorder` among the layer's ``watchers``) — the runtime's documented extension point,
+no forward code copied.
 """
 
 from __future__ import annotations
@@ -23,28 +24,26 @@ from signals.ppl import token_nll
 from strategies import PHASES
 
 
-class _QueryRecorder:
-    """An observer on the hook points that keeps every call's post-RoPE queries."""
+class QueryRecorder:
+    """A watcher on the hook points (a layer's ``watchers``) that keeps every call's post-RoPE queries."""
+
+    def __init__(self) -> None:
+        self.queries: list[torch.Tensor] = []
 
     def pre_kernel(self, layer, state, query) -> None:
-        layer.recorded_queries.append(query)
+        self.queries.append(query)
 
     def post_kernel(self, layer, state, query) -> None:
         pass
 
 
-_RECORDER = _QueryRecorder()
-
-
-class RecordingLayer(EvictingLayer):
-    """A FullKV cache layer that also records the queries of each attention call."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.recorded_queries: list[torch.Tensor] = []
-
-    def observers(self):
-        return [*super().observers(), (_RECORDER, {})]
+def recording_layer(runtime, layer_idx: int) -> tuple[EvictingLayer, QueryRecorder]:
+    """A FullKV cache layer that also records the queries of each attention call, and its recorder."""
+    recorder = QueryRecorder()
+    layer = EvictingLayer(
+        layer_idx, FULL_PLAN, FULL_PLAN, watchers=[(recorder, None)], **runtime.layer_kwargs(layer_idx)
+    )
+    return layer, recorder
 
 
 @dataclass
@@ -85,7 +84,8 @@ def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=PHASES
     cont = torch.as_tensor(continuation_ids, dtype=torch.long, device=device)
     n, m = int(ctx.shape[0]), int(cont.shape[0])
     num_layers = len(model_parts.decoder_layers(model))
-    cache = PolyKVCache([RecordingLayer(j, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(j)) for j in range(num_layers)])
+    layers, recorders = zip(*(recording_layer(runtime, j) for j in range(num_layers)))
+    cache = PolyKVCache(layers)
 
     hidden = model_parts.embed(model, ctx[None])
     pos = model_parts.positions(0, n, device)
@@ -95,7 +95,7 @@ def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=PHASES
     first_nll = token_nll(model_parts.logits(model, hidden[:, -1:]), cont[:1])[0]
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
-    queries = [layer.recorded_queries[0] for layer in cache.layers]
+    queries = [recorder.queries[0] for recorder in recorders]
 
     hidden = model_parts.embed(model, cont[None])
     pos = model_parts.positions(n, n + m, device)
@@ -120,19 +120,17 @@ def full_kv_pass(model, runtime, context_ids, continuation_ids, *, phases=PHASES
         with model_parts.cpu_threads(
             model_parts.SMALL_OP_THREADS
         ):  # memory-bound: one thread is as fast, and robust under load
-            _stats(record, cache, phases, n, m, device)
+            _stats(record, cache, recorders, phases, n, m, device)
     return record
 
 
-def _stats(record: FullKVRecord, cache, phases, n: int, m: int, device) -> None:
+def _stats(record: FullKVRecord, cache, recorders, phases, n: int, m: int, device) -> None:
     prompt_pos = torch.arange(n, device=device)
     cont_pos = torch.arange(n, n + m, device=device)
     for phase in phases:
         ent, var = [], []
-        for layer in cache.layers:
-            q, p = (
-                (layer.recorded_queries[0], prompt_pos) if phase == "prefill" else (layer.recorded_queries[1], cont_pos)
-            )
+        for layer, recorder in zip(cache.layers, recorders):
+            q, p = (recorder.queries[0], prompt_pos) if phase == "prefill" else (recorder.queries[1], cont_pos)
             e, v = entropy_mod.phase_stats(layer, q, p, phase)
             ent.append(e)
             var.append(v)

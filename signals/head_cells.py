@@ -23,7 +23,7 @@ null with one sample).
 Fast and exact (no full forward per cell): one FullKV pass per sample (:func:`signals.fullkv.full_kv_pass`)
 records each layer's prompt K/V and continuation input. Layer ``l``'s cells, every (KV head, budget), run
 as rows of one batch from that recorded input: layer ``l`` with a per-(row, KV head) mask
-(:class:`StreamingHeadsLayer`, masks are the runtime's extension point), then layers ``l+1..L`` over the
+(:func:`streaming_heads_mask`, a cache layer's ``mask``: the runtime's extension point), then layers ``l+1..L`` over the
 recorded prompt caches (unchanged: prompt queries are not masked) and the head on the scored positions.
 An evidence sample's continuation is cut after its answer (causal: later tokens cannot change it). Cost per
 sample: for each layer ``l``, ``L - l`` layer calls of ``H * len(budgets)`` rows of ``m`` tokens.
@@ -46,7 +46,7 @@ from signals import model_parts
 from signals.fullkv import FullKVRecord, full_kv_pass
 from signals.head_signals import CELL_PATTERN, HeadCells
 from signals.ppl import token_kl
-from signals.replay import SharedPromptLayer, shared_prompt_layer
+from signals.replay import shared_prompt_layer, shared_prompt_mask
 from signals.sample_map import SampleMap
 from strategies import Strategy
 
@@ -64,32 +64,26 @@ DEFINITION = (
 )
 
 
-class StreamingHeadsLayer(SharedPromptLayer):
-    """Layer ``l``'s cache for the rows of its cells: the FullKV prompt plus each row's continuation, where
-    row ``r`` masks KV head ``heads[r]`` to sinks + the ``budgets[r] - sink`` tokens before each query."""
+def streaming_heads_mask(heads: Sequence[int], budgets: Sequence[int], sink: int):
+    """The mask of the rows of layer ``l``'s cells: row ``r`` masks KV head ``heads[r]`` to sinks + the
+    ``budgets[r] - sink`` tokens before each query (the others see the shared prompt causally)."""
 
-    def set_cells(self, heads: Sequence[int], budgets: Sequence[int], sink: int) -> None:
-        self.cell_heads = torch.as_tensor(heads, device=self.device)
-        self.cell_windows = torch.as_tensor([b - sink for b in budgets], device=self.device)
-        self.sink = sink
-
-    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
-        causal = super().allowed(query_positions)  # [1, 1, q, n]
-        qpos = torch.as_tensor(query_positions, device=self.device)[None, :, None]  # [1, q, 1]
-        kpos = torch.arange(causal.shape[-1], device=self.device)[None, None, :]
-        stream = (kpos < self.sink) | (kpos >= qpos - self.cell_windows[:, None, None])  # [rows, q, n]
-        mine = torch.arange(self.keys.shape[1], device=self.device)[None, :] == self.cell_heads[:, None]
+    def mask(layer, query_positions: torch.Tensor | range) -> torch.Tensor:
+        cell_heads = torch.as_tensor(heads, device=layer.device)
+        windows = torch.as_tensor([b - sink for b in budgets], device=layer.device)
+        causal = shared_prompt_mask(layer, query_positions)  # [1, 1, q, n]
+        qpos = torch.as_tensor(query_positions, device=layer.device)[None, :, None]  # [1, q, 1]
+        kpos = torch.arange(causal.shape[-1], device=layer.device)[None, None, :]
+        stream = (kpos < sink) | (kpos >= qpos - windows[:, None, None])  # [rows, q, n]
+        mine = torch.arange(layer.keys.shape[1], device=layer.device)[None, :] == cell_heads[:, None]
         return causal & (stream[:, None] | ~mine[:, :, None, None])  # [rows, Hkv, q, n]
+
+    return mask
 
 
 def streaming_heads_layer(runtime, record: FullKVRecord, layer_idx: int, heads, budgets, sink: int):
-    """:func:`signals.replay.shared_prompt_layer` for ``len(heads)`` rows, as a :class:`StreamingHeadsLayer`."""
-    shared = shared_prompt_layer(runtime, record, layer_idx, len(heads))
-    layer = StreamingHeadsLayer(layer_idx, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(layer_idx))
-    for name in ("device", "keys", "values", "positions", "valid", "is_initialized", "seen", "calls"):
-        setattr(layer, name, getattr(shared, name))
-    layer.set_cells(heads, budgets, sink)
-    return layer
+    """:func:`signals.replay.shared_prompt_layer` for ``len(heads)`` rows, masked by :func:`streaming_heads_mask`."""
+    return shared_prompt_layer(runtime, record, layer_idx, len(heads), streaming_heads_mask(heads, budgets, sink))
 
 
 def _placeholder(runtime, layer_idx: int) -> EvictingLayer:

@@ -14,13 +14,13 @@ import torch
 from polykv_search.data.evidence import scored_span
 from polykv_search.patterns import checked_params, make_pattern
 from polykv_search.patterns.spec import parse_spec
-from polykv_search.runtime import FULL_PLAN, apply_strategy, model_spec
+from polykv_search.runtime import apply_strategy, model_spec
 from signals.fullkv import FullKVRecord, full_kv_pass
 from signals.head_cells import BATCH_TOKENS, DEFAULT_BUDGETS, rows_kl, summarize_samples
 from signals.head_prefill_cells import PREFILL_CELL_PATTERNS, PrefillCells
 from signals.head_signals import CELL_PATTERN
 from signals.reconstruction import reconstruction_states
-from signals.replay import SharedPromptLayer, cell_layers, shared_prompt_layer
+from signals.replay import cell_layers, shared_prompt_layer, shared_prompt_mask
 from signals.sample_map import SampleMap
 from strategies import Strategy
 
@@ -31,21 +31,22 @@ PREFILL_DEFINITION = (
 )
 
 
-class KeptPromptHeadsLayer(SharedPromptLayer):
-    """Layer ``l``'s cache for prefill head cells: row ``r`` lets KV head ``heads[r]`` see, of the prompt,
-    only ``kept[r]`` (its pattern's prefill selection), and every continuation token (causally)."""
+def kept_prompt_mask(heads: Sequence[int], kept: torch.Tensor):
+    """The mask of layer ``l``'s prefill head cells: row ``r`` lets KV head ``heads[r]`` see, of the prompt,
+    only ``kept[r]`` ``[prompt_len]`` bool (its pattern's prefill selection), and every continuation token
+    (causally)."""
 
-    def set_cells(self, heads: Sequence[int], kept: torch.Tensor) -> None:
-        self.cell_heads = torch.as_tensor(heads, device=self.device)
-        self.cell_kept = kept.to(self.device)  # [rows, prompt_len] bool
-
-    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
-        causal = super().allowed(query_positions)  # [1, 1, q, n]
-        n, prompt = causal.shape[-1], self.cell_kept.shape[-1]
-        keep = torch.ones((len(self.cell_heads), n), dtype=torch.bool, device=self.device)
-        keep[:, :prompt] = self.cell_kept
-        mine = torch.arange(self.keys.shape[1], device=self.device)[None, :] == self.cell_heads[:, None]
+    def mask(layer, query_positions: torch.Tensor | range) -> torch.Tensor:
+        cell_heads = torch.as_tensor(heads, device=layer.device)
+        cell_kept = kept.to(layer.device)  # [rows, prompt_len] bool
+        causal = shared_prompt_mask(layer, query_positions)  # [1, 1, q, n]
+        n, prompt = causal.shape[-1], cell_kept.shape[-1]
+        keep = torch.ones((len(cell_heads), n), dtype=torch.bool, device=layer.device)
+        keep[:, :prompt] = cell_kept
+        mine = torch.arange(layer.keys.shape[1], device=layer.device)[None, :] == cell_heads[:, None]
         return causal & (keep[:, None, None, :] | ~mine[:, :, None, None])  # [rows, Hkv, q, n]
+
+    return mask
 
 
 def prefill_kept(runtime, record: FullKVRecord, layer_idx: int, pattern, budgets: Sequence[int]) -> torch.Tensor:
@@ -77,12 +78,8 @@ def layer_prefill_cells_kl(
         chunk = cells[at : at + per_chunk]
 
         def make(chunk=chunk):
-            shared = shared_prompt_layer(runtime, record, layer_idx, len(chunk))
-            layer = KeptPromptHeadsLayer(layer_idx, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(layer_idx))
-            for name in ("device", "keys", "values", "positions", "valid", "is_initialized", "seen", "calls"):
-                setattr(layer, name, getattr(shared, name))
-            layer.set_cells([h for h, _ in chunk], torch.stack([kept[g, h] for h, g in chunk]))
-            return layer
+            mask = kept_prompt_mask([h for h, _ in chunk], torch.stack([kept[g, h] for h, g in chunk]))
+            return shared_prompt_layer(runtime, record, layer_idx, len(chunk), mask)
 
         out.append(rows_kl(model, runtime, record, layer_idx, make, len(chunk), span))
     return torch.cat(out).reshape(hkv, len(budgets), -1)

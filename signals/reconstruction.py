@@ -22,7 +22,7 @@ from signals.fullkv import FullKVRecord
 
 def model_level(patterns: Sequence[Pattern]) -> list[Pattern]:
     """The patterns of ``patterns`` that need the reconstruction pass."""
-    return [p for p in patterns if getattr(p, "model_level", False)]
+    return [p for p in patterns if p.model_level]
 
 
 @torch.no_grad()

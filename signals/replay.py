@@ -6,9 +6,9 @@ phase are evaluated together:
 1. **Layer l's cache per cell, without a kernel.** A detached :class:`EvictingLayer` gets the FullKV
    prompt K/V; the pattern's ``pre_kernel``/``post_kernel`` hooks run on the recorded prompt queries
    — exactly what the runtime does during the prompt's own attention call — once per pattern, since
-   the statistics do not depend on the budget. Each budget then gets a fork (tensors shared, pattern
-   state copied) whose ``end_call`` compresses it (prefill cells) or that keeps it whole with the
-   decoding pattern's state primed (decoding cells).
+   the statistics do not depend on the budget. Each budget then gets a fork (``EvictingLayer.forked``:
+   tensors shared, pattern state copied) whose ``end_call`` compresses it (prefill cells) or that keeps
+   it whole with the decoding pattern's state primed (decoding cells).
 2. **Layer l on the continuation, cells batched.** :class:`StackedLayer` presents the cells' layers
    (different lengths, patterns, budgets) to the attention function as one right-padded batch (padding
    is invalid, so masked exactly); every row's own hooks and evictions run on its own, unpadded layer,
@@ -26,7 +26,6 @@ blocks for the standard errors (:mod:`signals.uncertainty`).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,20 +44,6 @@ from signals.ppl import continuation_token_stats
 
 #: Continuation tokens (rows × m) run through the upper layers at once.
 BATCH_TOKENS = 8192
-
-_STATE_ATTRS = (
-    "keys",
-    "values",
-    "positions",
-    "valid",
-    "is_initialized",
-    "device",
-    "seen",
-    "calls",
-    "num_evictions",
-    "steps_since_eviction",
-    "query_range",
-)
 
 
 def _detached(runtime, layer_idx: int, prefill: PhasePlan, decoding: PhasePlan, cls=EvictingLayer, **extra):
@@ -83,35 +68,24 @@ def prime_layer(
     return layer
 
 
-def fork_layer(runtime, layer: EvictingLayer, prefill: PhasePlan, decoding: PhasePlan) -> EvictingLayer:
-    """A copy of ``layer`` with other plans: cache tensors shared (evictions replace, never mutate
-    them), pattern states deep-copied."""
-    new = _detached(runtime, layer.layer_idx, prefill, decoding)
-    for name in _STATE_ATTRS:
-        if hasattr(layer, name):
-            setattr(new, name, getattr(layer, name))
-    new.states = copy.deepcopy(layer.states)
-    return new
+def shared_prompt_mask(layer, query_positions: torch.Tensor | range) -> torch.Tensor:
+    """The mask of a :func:`shared_prompt_layer`: nothing is evicted, so every row and head has the same
+    positions and one ``[1, 1, q, n]`` mask serves them all (SDPA then runs with native GQA instead of
+    per-head masks)."""
+    kpos = layer.positions[:1, :1, None, :]
+    qpos = torch.as_tensor(query_positions, device=layer.device)[None, None, :, None]
+    allowed = kpos <= qpos
+    if layer.sliding_window is not None:
+        allowed &= (qpos - kpos) < layer.sliding_window
+    return allowed
 
 
-class SharedPromptLayer(EvictingLayer):
-    """An upper layer's cache for all rows: the FullKV prompt (an expanded view, copied once when the
-    continuation is appended) plus each row's own continuation. Nothing is evicted, so every row and
-    head has the same positions and one ``[1, 1, q, n]`` mask serves them all (SDPA then runs with
-    native GQA instead of per-head masks)."""
-
-    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
-        kpos = self.positions[:1, :1, None, :]
-        qpos = torch.as_tensor(query_positions, device=self.device)[None, None, :, None]
-        allowed = kpos <= qpos
-        if self.sliding_window is not None:
-            allowed &= (qpos - kpos) < self.sliding_window
-        return allowed
-
-
-def shared_prompt_layer(runtime, record: FullKVRecord, layer_idx: int, rows: int) -> SharedPromptLayer:
-    """Layer ``layer_idx`` after the prompt's (non-evicting) prefill, for ``rows`` rows."""
-    layer = SharedPromptLayer(layer_idx, FULL_PLAN, FULL_PLAN, **runtime.layer_kwargs(layer_idx))
+def shared_prompt_layer(runtime, record: FullKVRecord, layer_idx: int, rows: int, mask=None) -> EvictingLayer:
+    """An upper layer's cache for ``rows`` rows after the prompt's (non-evicting) prefill: the FullKV prompt
+    (an expanded view, copied once when the continuation is appended) plus each row's own continuation,
+    masked by ``mask(layer, query_positions)`` (default :func:`shared_prompt_mask`)."""
+    kwargs = runtime.layer_kwargs(layer_idx)
+    layer = EvictingLayer(layer_idx, FULL_PLAN, FULL_PLAN, mask=mask or shared_prompt_mask, **kwargs)
     keys, values = record.keys[layer_idx], record.values[layer_idx]
     b, h, n, _ = keys.shape
     layer.device = keys.device
@@ -134,7 +108,7 @@ def cell_layers(
         if phase == "prefill":
             base = prime_layer(runtime, record, layer_idx, PhasePlan(pattern, budgets[0]), FULL_PLAN)
             for b in budgets:
-                row = fork_layer(runtime, base, PhasePlan(pattern, b), FULL_PLAN)
+                row = base.forked(PhasePlan(pattern, b), FULL_PLAN)
                 allocate([[row]], PREFILL)  # a pooled pattern's pool: layer l alone, as the naive cell's runtime
                 row.end_call()  # compress the prompt to b
                 rows.append(row)
@@ -142,7 +116,7 @@ def cell_layers(
             base = prime_layer(runtime, record, layer_idx, FULL_PLAN, PhasePlan(pattern, budgets[0]))
             base.end_call()  # prefill keeps all; only the decoding pattern's state survives
             for b in budgets:
-                row = fork_layer(runtime, base, FULL_PLAN, PhasePlan(pattern, b))
+                row = base.forked(FULL_PLAN, PhasePlan(pattern, b))
                 allocate([[row]], DECODING)
                 rows.append(row)
     return rows

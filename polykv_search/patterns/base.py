@@ -13,6 +13,11 @@ Hook points, called by the runtime in this order for every attention call of a l
 ``cache_update(layer, state, budget) -> keep``
     Only when the layer must shrink: return the indices ``[batch, kv_heads, budget]`` to keep.
 
+A *model-level* pattern (``model_level = True``, e.g. ``kvzip``) scores the prompt from a pass of the
+whole model over it: it declares ``chunk_size`` (prompt tokens per pass call) and
+``reconstruct(layer, state, query, prompt_len, lse)``, which the runtime calls for each attention call
+of that pass with the kernel's log-sum-exp (or None) as an argument.
+
 ``cache_update_rows`` is ``cache_update``'s batched variant for a right-padded batch of rows with a
 budget each (the scorer decodes many entries as one batch). Every pattern has one: the default ranks
 by :meth:`Pattern.selection_key` exactly as ``cache_update`` does, and a pattern that overrides
@@ -50,6 +55,10 @@ class LayerView(Protocol):
     layer_idx: int
     #: KV heads ``Hkv``; ``Hq = Hkv * groups``.
     num_kv_heads: int
+    #: The attention kernel's softmax scale (logits are ``scaling * q . k``).
+    scaling: float
+    #: The layer's sliding window in tokens (a query at ``p`` sees keys ``> p - sliding_window``), or None.
+    sliding_window: int | None
     #: Sequence positions of the attention call in progress (this call's queries).
     query_range: range
 
@@ -83,6 +92,14 @@ class LayerView(Protocol):
     @property
     def num_evictions(self) -> int:
         """Evictions so far (seeded draws depend on it)."""
+
+    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
+        """Bool mask broadcastable to ``[B, Hkv, q, n]``: which cached slots each query (at
+        ``query_positions``) may attend to, as the model's kernel masks them."""
+
+    def row_counts(self) -> torch.Tensor | None:
+        """Tokens each row holds ``[B]`` (long) when the rows are stored compactly (row ``e``'s tokens in
+        slots ``0..count-1`` of every head, the rest padding), else None."""
 
     def query_valid(self, q_len: int) -> torch.Tensor | None:
         """Which of this call's ``q_len`` queries are real ``[B, q]``, or None when all are."""
@@ -129,17 +146,20 @@ class Pattern:
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "cache_update" in cls.__dict__ and "cache_update_rows" not in cls.__dict__:
-            cls.cache_update_rows = Pattern._rows_by_cache_update
+            cls.cache_update_rows = Pattern._rows_by_cache_update  # type: ignore[method-assign]
 
-    #: True for a pattern whose prefill eviction needs a pass of the whole model over the cached prompt
-    #: first (``kvzip``): the runtime then defers every layer's prefill eviction and calls
-    #: ``reconstruct(layer, state, query, prompt_len)`` for each attention call of that pass
-    #: (:mod:`polykv_search.runtime.reconstruction`).
+    #: True for a *model-level* pattern (``kvzip``): its prefill eviction needs a pass of the whole model
+    #: over the cached prompt first. It declares :attr:`chunk_size` and :meth:`reconstruct`; the runtime
+    #: defers every layer's prefill eviction, runs that pass (:mod:`polykv_search.runtime.reconstruction`)
+    #: and calls ``reconstruct`` for each attention call of it, instead of the other hook points.
     model_level: ClassVar[bool] = False
-    #: ``"layer"`` or ``"model"`` for a pattern whose tokens are ranked over all the KV heads of a layer or
-    #: of every layer using it, so that heads keep different numbers of tokens (``kvzip``'s
-    #: ``allocation``; :mod:`polykv_search.runtime.pooled`); None: every KV head keeps its own top-``b``.
-    pooled: ClassVar[str | None] = None
+
+    @property
+    def pooled(self) -> str | None:
+        """``"layer"`` or ``"model"`` for a pattern whose tokens are ranked over all the KV heads of a layer or
+        of every layer using it, so that heads keep different numbers of tokens (``kvzip``'s ``allocation``;
+        :mod:`polykv_search.runtime.pooled`); None: every KV head keeps its own top-``b``."""
+        return None
 
     def alone(self) -> Pattern:
         """The pattern as one KV head runs it when it is the only cell of its pool (a head cell of
@@ -166,6 +186,21 @@ class Pattern:
         alone. Returns ``keep`` ``[E, Hkv, max(budgets)]`` and ``kept`` ``[E, 1, max(budgets)]`` (False:
         an entry past the row's budget) as :func:`~polykv_search.patterns.selection.keep_per_row`."""
         return keep_per_row(self.selection_key(layer, state, budgets, rows), budgets, counts)
+
+    # ------------------------------------------------ model-level patterns only
+    @property
+    def chunk_size(self) -> int | None:
+        """Prompt tokens one call of the reconstruction pass repeats (None: not a model-level pattern)."""
+        return None
+
+    def reconstruct(
+        self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int, lse: torch.Tensor | None
+    ) -> None:
+        """One attention call of the reconstruction pass: ``query`` ``[B, Hq, q, D]`` are the pass's
+        queries, the layer holds the prompt's ``prompt_len`` tokens then the pass's own so far; ``lse``
+        ``[B, Hq, q]`` is the log-sum-exp the attention kernel computed for these queries over the whole
+        cache (None: the kernel gave none; recompute the softmax through ``layer.attention_probs``)."""
+        raise NotImplementedError(f"{self.name} is not a model-level pattern")
 
     # ---------------------------------------------------------- building blocks
     def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:

@@ -6,7 +6,6 @@ https://arxiv.org/abs/2505.23416
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -14,30 +13,6 @@ import torch
 
 from polykv_search.patterns.base import LayerView, Pattern, protected_ends
 from polykv_search.patterns.state import PatternState, fit_tokens
-
-
-class _KernelLse(threading.local):
-    """The log-sum-exp ``[B, Hq, q]`` of the latest reconstruction-pass kernel call on this thread, with
-    the query and keys tensors it belongs to (matched by identity, so it never serves another call)."""
-
-    query: torch.Tensor | None = None
-    keys: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
-
-
-_KERNEL_LSE = _KernelLse()
-
-
-def note_kernel_lse(query: torch.Tensor | None, keys: torch.Tensor | None, lse: torch.Tensor | None) -> None:
-    """Record the kernel's log-sum-exp of a reconstruction call (all None: forget it); the runtime's pass
-    kernel calls this (:mod:`polykv_search.runtime.reconstruction`)."""
-    _KERNEL_LSE.query, _KERNEL_LSE.keys, _KERNEL_LSE.lse = query, keys, lse
-
-
-def kernel_lse(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-    """The noted log-sum-exp when it is of this very ``query`` over these very ``keys``, else None."""
-    note = _KERNEL_LSE
-    return note.lse if note.query is query and note.keys is keys else None
 
 
 @dataclass(frozen=True)
@@ -88,8 +63,8 @@ class KVzip(Pattern):
       its tokens past the 4 sinks keep score 0, so they are evicted first, and they are left out of the
       score's softmax.
     * A query's attention to a key is ``exp(logit - lse)``: where the pass's kernel hands over its
-      log-sum-exp ``lse`` (SDPA on CPU, :func:`note_kernel_lse`), only the prompt's logits are computed
-      and the maximum is taken before the exponential; elsewhere the probabilities are recomputed. The
+      log-sum-exp (SDPA on CPU: the ``lse`` argument of :meth:`reconstruct`), only the prompt's logits are
+      computed and the maximum is taken before the exponential; elsewhere the probabilities are recomputed. The
       two agree to float rounding, with the same kept sets (``tests/test_kvzip_fast.py``).
     * Checked against kvpress 0.5.5's ``KVzipPress`` on SmolLM2 (``scripts/verify_kvpress_patterns.py
       --patterns kvzip``; 3 prompts of 512 tokens, compression ratios 0.5, 0.75 and 0.9, i.e. budgets
@@ -139,14 +114,16 @@ class KVzip(Pattern):
     def alone(self) -> KVzip:
         return self if self.allocation == "head" else replace(self, allocation="head")
 
-    def reconstruct(self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int) -> None:
+    def reconstruct(
+        self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int, lse: torch.Tensor | None
+    ) -> None:
         """One attention call of the reconstruction pass: fold its queries' attention to the first
-        ``prompt_len`` slots (the prompt) into the running per-KV-head maximum."""
+        ``prompt_len`` slots (the prompt) into the running per-KV-head maximum (from the kernel's
+        log-sum-exp ``lse`` when it handed one over)."""
         best = state.token.get("kvzip")
         if best is None:
             best = torch.zeros(layer.valid.shape[:2] + (prompt_len,), dtype=torch.float32, device=layer.keys.device)
-        lse = kernel_lse(query, layer.keys)
-        if lse is None or not hasattr(layer, "allowed"):
+        if lse is None:
             best = self._from_probs(layer, query, prompt_len, best)
         else:
             best = self._from_lse(layer, query, prompt_len, best, lse)
@@ -164,7 +141,7 @@ class KVzip(Pattern):
         scaled = query.float() * layer.scaling  # as attention_probs: the scale goes on the queries
         lse = lse.float().view(b, h, g, q)
         # every pass query comes after the whole prompt: a mask only for padding or a sliding window
-        plain = layer.all_valid and getattr(layer, "sliding_window", None) is None
+        plain = layer.all_valid and layer.sliding_window is None
         mask = None if plain else layer.allowed(layer.query_range)[..., :prompt_len]
         qvalid = layer.query_valid(q)
         top = torch.full_like(best, float("-inf"))

@@ -39,7 +39,7 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def _remembered(kind: str, cos: torch.Tensor, sin: torch.Tensor, device, build) -> tuple[torch.Tensor, torch.Tensor]:
+def _remembered(kind: str, cos: torch.Tensor, sin: torch.Tensor, device, build) -> tuple[torch.Tensor, ...]:
     versions = (_version(cos), _version(sin))
     last = _latest.get(kind)  # every layer of a step asks for the same tensors: check the latest first
     if last is not None and last[0] is cos and last[1] is sin and last[2] == versions and last[3] == device:

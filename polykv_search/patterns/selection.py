@@ -48,10 +48,10 @@ def protected_ends(layer: LayerView, budget: int, n_sink: int, n_recent: int) ->
     slot = torch.arange(n, device=layer.valid.device)
     if layer.all_valid:
         return ((slot < n_sink) | (slot >= n - n_recent)).expand(layer.valid.shape)
-    counts = getattr(layer, "row_counts", None)
+    counts = layer.row_counts()
     if counts is None:
         return sinks_and_recent(layer.valid, budget, n_sink, n_recent)
-    count = counts()[:, None, None]  # [E, 1, 1]
+    count = counts[:, None, None]  # [E, 1, 1]
     return (((slot < n_sink) | (slot >= count - n_recent)) & (slot < count)).expand(layer.valid.shape)
 
 

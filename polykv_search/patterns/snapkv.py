@@ -50,7 +50,12 @@ class SnapKV(Pattern):
         old_q, old_pos = state.row.get("query"), state.shared.get("query_pos")
         qpos = layer.query_range
         q = query.shape[-2]
-        if old_q is not None and old_q.shape[0] == query.shape[0] and old_pos.stop == qpos.start:
+        if (
+            old_q is not None
+            and old_pos is not None
+            and old_q.shape[0] == query.shape[0]
+            and old_pos.stop == qpos.start
+        ):
             qpos = range(old_pos.start, qpos.stop)  # the calls' positions follow each other
             if q < self.window:
                 window = _slide(old_q, query, self.window)
@@ -81,8 +86,8 @@ class SnapKV(Pattern):
     def selection_key(
         self, layer: LayerView, state: PatternState, budgets: Sequence[int], rows: Sequence[int] | None = None
     ) -> torch.Tensor:
-        counts = getattr(layer, "row_counts", None)
         single = layer.all_valid and len(set(budgets)) == 1
+        counts = None if single else layer.row_counts()
         if not single and counts is None:
             return super().selection_key(layer, state, budgets, rows)
         key = self.score(layer, state).float()
@@ -93,7 +98,8 @@ class SnapKV(Pattern):
             key[..., key.shape[-1] - min(self.window, budgets[0]) :] = POS_INF
             return key
         # compact rows (row e's tokens in slots 0..count-1): the same ends, each row at its own budget
-        count = counts() if sel is None else counts().index_select(0, sel)
+        assert counts is not None
+        count = counts if sel is None else counts.index_select(0, sel)
         recent = torch.tensor([min(self.window, b) for b in budgets], device=key.device)
         slot = torch.arange(key.shape[-1], device=key.device)
         count, recent = count[:, None, None], recent[:, None, None]
@@ -113,11 +119,12 @@ def _slide(old: torch.Tensor, query: torch.Tensor, window: int) -> torch.Tensor:
     every view handed out earlier, so an earlier window never changes.
     """
     q = query.shape[-2]
-    buf = old._base
+    buf: torch.Tensor | None = old._base
+    fill = None if buf is None else getattr(buf, "_polykv_fill", None)
     hi = None
-    if buf is not None and getattr(buf, "_polykv_fill", None) is not None and old.stride() == buf.stride():
+    if buf is not None and fill is not None and old.stride() == buf.stride():
         hi = (old.storage_offset() - buf.storage_offset()) // buf.stride(-2) + old.shape[-2]
-        if hi != buf._polykv_fill or old.shape[:2] != buf.shape[:2] or hi + q > buf.shape[-2]:
+        if hi != fill or old.shape[:2] != buf.shape[:2] or hi + q > buf.shape[-2]:
             hi = None
     if hi is None:
         old = old[..., max(old.shape[-2] + q - window, 0) :, :]
@@ -125,6 +132,7 @@ def _slide(old: torch.Tensor, query: torch.Tensor, window: int) -> torch.Tensor:
         buf = query.new_empty(b, h, 2 * window, d)
         hi = old.shape[-2]
         buf[..., :hi, :] = old
+    assert buf is not None
     buf[..., hi : hi + q, :] = query
-    buf._polykv_fill = hi + q
+    buf._polykv_fill = hi + q  # type: ignore[attr-defined]  # a mark on our own buffer
     return buf[..., max(hi + q - window, 0) : hi + q, :]

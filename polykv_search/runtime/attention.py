@@ -16,12 +16,23 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 if TYPE_CHECKING:  # pragma: no cover
+    from polykv_search.runtime.base_layer import RuntimeLayer
     from polykv_search.runtime.runtime import PolyKVRuntime
 
 ATTN_NAME = "polykv"
 
-#: Active runtimes by ``id(model config)``: the attention function finds its runtime from the module.
-ACTIVE: dict[int, PolyKVRuntime] = {}
+#: The key under which a cache layer's ``update`` hands ``(runtime, layer)`` to the attention call that follows.
+#: transformers' attention modules (llama, mistral, qwen2, qwen3) pass one ``kwargs`` dict to
+#: ``cache.update(..., kwargs=kwargs)`` and then to the attention function (``**kwargs``).
+LAYER_KEY = "polykv_layer"
+#: The key under which the runtime's forward hook hands itself to a forward that runs without any cache.
+PLAIN_KEY = "polykv_plain"
+
+
+def publish(call: dict | None, runtime: PolyKVRuntime, layer: RuntimeLayer) -> None:
+    """Hand ``layer`` (just updated) and its ``runtime`` to the attention call whose ``kwargs`` are ``call``."""
+    if call is not None:
+        call[LAYER_KEY] = (runtime, layer)
 
 
 def padding_mask_passthrough(*, attention_mask=None, **_) -> torch.Tensor | None:
@@ -32,16 +43,20 @@ def padding_mask_passthrough(*, attention_mask=None, **_) -> torch.Tensor | None
 def polykv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention with per-layer masks and the eviction hook points (``pre_kernel``, ``post_kernel``,
     ``cache_update``)."""
-    runtime = ACTIVE.get(id(module.config))
-    if runtime is None:
-        raise RuntimeError("attention implementation 'polykv' used outside polykv_search.runtime.apply_strategy")
     scaling = module.scaling if scaling is None else scaling
     sliding = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     padding = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
-    layer = runtime.take_pending(module.layer_idx)  # raises when a cache exists but its layer is missing
-    if layer is None:  # no cache at all (use_cache=False): plain causal attention over this call
+    runtime, layer = kwargs.get(LAYER_KEY) or (kwargs.get(PLAIN_KEY), None)
+    if layer is None and runtime is not None:  # no cache at all (use_cache=False): plain causal attention
         mask = _stateless_mask(query.shape[-2], key.shape[-2], padding, sliding, query.device)
-        return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None), None
+        return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None)[0], None
+    if layer is None or not runtime.active:
+        raise RuntimeError(
+            f"polykv-search: layer {module.layer_idx}'s attention ran with attention implementation 'polykv', but "
+            "its cache layer was not updated first by a strategy applied with polykv_search.runtime.apply_strategy "
+            "(a cache the runtime did not build, a forward that bypasses it, or no strategy applied); refusing to "
+            "run attention without eviction"
+        )
 
     if key is not layer.keys:
         raise RuntimeError(
@@ -54,14 +69,12 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
 
         def kernel():
             mask, is_causal = _layer_mask(layer, q_len)
-            return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal)
+            lse = layer.pass_prompt is not None  # a reconstruction call: the patterns read the log-sum-exp
+            return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal, lse=lse)
 
         return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), kernel)
 
-    grouped = getattr(layer, "attention_call_grouped", None)
-    if grouped is not None:  # a layer of head groups: one kernel per group, over its own store
-        return grouped(query, attend), None
-    return attend(layer, query), None
+    return layer.attention_call_grouped(query, attend), None  # one kernel per store (a layer of groups: several)
 
 
 def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):

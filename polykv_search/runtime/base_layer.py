@@ -10,26 +10,44 @@ the one place that runs the hook points. Subclasses say what a call does: :meth:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.runtime.eviction import INTERVAL_MODES
+from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore
 from polykv_search.runtime.view import ViewOps
+
+if TYPE_CHECKING:  # pragma: no cover
+    from polykv_search.runtime.layer import EvictingLayer
 
 
 class RuntimeLayer(CacheLayerMixin, ViewOps):
     """Base of the runtime's cache layers (see the module docstring).
 
     ``get_seq_length`` reports tokens *seen*, so ``generate()`` keeps absolute positions.
-    ``on_update(layer)`` is called after every ``update``: the runtime uses it to hand the layer to the
-    attention call that follows (None: a detached layer nobody attends through). ``rotary``: the
+    ``on_update(layer, call)`` is called after every ``update`` with the model's ``kwargs`` dict of that call:
+    the runtime's writes the layer into it, which the attention function receives (None: a detached layer
+    nobody attends through, e.g. a part of a composite). ``rotary``: the
     model's rotary embedding (:class:`~polykv_search.runtime.architectures.ModelRotary`), for patterns
-    that need RoPE (None: a layer built without a model; such a pattern then fails loudly).
+    that need RoPE (None: a layer built without a model; such a pattern then fails loudly). ``mask``:
+    ``mask(layer, query_positions)`` replaces :meth:`allowed` (a layout whose rows or heads see other keys
+    than their kept ones, e.g. the collector's head cells; None: the kept positions decide). ``watchers``:
+    ``(hooks, state)`` observers of every call besides the plans' patterns (e.g. a recorder of queries).
     """
 
     is_sliding = False
     is_croppable = False
+
+    # The cached tensors behind the properties below (None until the first update) and their store.
+    _keys: Any
+    _values: Any
+    _positions: Any
+    _valid: Any
+    _store: TokenStore | None
+    _all_valid: bool | None
 
     def __init__(
         self,
@@ -43,6 +61,8 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         interval_mode: str = "within",
         on_update=None,
         rotary=None,
+        mask=None,
+        watchers=(),
     ):
         super().__init__()
         if interval_mode not in INTERVAL_MODES:
@@ -56,6 +76,8 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         self.interval_mode = interval_mode
         self._on_update = on_update
         self.rotary = rotary
+        self.mask = mask
+        self.watchers = list(watchers)
         self.reset()
 
     # ------------------------------------------------- the cached tensors
@@ -81,21 +103,23 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """True when every cached token of every row and head is a real token (no padding)."""
         if self._all_valid is None:
             self._all_valid = self._valid is None or bool(self._valid.all())
-        return self._all_valid
+        return bool(self._all_valid)
 
     def _slack(self) -> int:
         """Free slots a store keeps past its tokens: a decoding interval's worth, plus some."""
         return self.decode_interval + 16
 
-    def _notify_update(self) -> None:
+    def _notify_update(self, call: dict | None) -> None:
+        """Hand this layer to the attention call that follows (``call``: the ``kwargs`` dict the model gave
+        ``cache.update``, None when a composite layer updates its parts) through ``on_update``."""
         if self._on_update is not None:
-            self._on_update(self)
+            self._on_update(self, call)
 
     # ------------------------------------------------------- CacheLayerMixin API
     def reset(self) -> None:
         self._keys = self._values = self._positions = self._valid = None
-        self._store: TokenStore | None = None
-        self._all_valid: bool | None = True
+        self._store = None
+        self._all_valid = True
         self.is_initialized = False
         self.seen = 0
         self.calls = 0
@@ -135,13 +159,65 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
         return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
 
+    #: The prompt length while a reconstruction pass runs (its calls feed :meth:`observe_pass`), else None.
+    pass_prompt: int | None = None
+
+    @property
+    def ragged(self) -> bool:
+        """True when the KV heads of a row hold different numbers of tokens (a pooled allocation)."""
+        return False
+
     def observers(self) -> list:
-        """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this call."""
+        """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this (non-pass) call."""
         return []
+
+    def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
+        """This layer's attention call on ``query`` ``[B, Hq, q, D]``: ``attend(layer, query)`` runs one kernel
+        over one layer's store (hooks, kernel, eviction). A layer made of parts (head groups, row parts) runs
+        one per part and puts the outputs ``[B, q, Hq, D]`` back in order."""
+        return attend(self, query)
+
+    def write_back(self) -> None:
+        """Hand the rows this layer decoded back to their own layers (a layer of rows); a row's own layer,
+        decoded alone, is detached again (it no longer hands itself to attention calls)."""
+        self._on_update = None
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        """Per entry (a cache's own layers: one; the scorer's shared context layers: one per row), the
+        evicting layers whose KV heads a pooled allocation ranks (:func:`~polykv_search.runtime.pooled.allocate`)."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
+
+    def layer_report(self) -> LayerReport:
+        """What this layer holds now (:func:`~polykv_search.runtime.report.layer_report`)."""
+        return report_of(self, None)
+
+    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
+        if self.mask is not None:
+            return self.mask(self, query_positions)
+        return super().allowed(query_positions)
+
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
+        """A reconstruction-pass call: hand ``query`` and the kernel's log-sum-exp ``lse`` (None: none) to the
+        model-level patterns' ``reconstruct``."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
 
     def awaits_pass(self) -> bool:
         """True while a prefill eviction waits for a reconstruction pass (see ``EvictingLayer``)."""
         return False
+
+    def pass_plans(self) -> list:
+        """The ``(prefill, decoding)`` plans a reconstruction pass of this layer serves (the deferred ones)."""
+        return []
+
+    def begin_pass(self, prompt_len: int) -> None:
+        """Enter a reconstruction pass over the ``prompt_len`` cached prompt tokens."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
+
+    def end_pass(self) -> None:
+        """Leave the reconstruction pass."""
+
+    def finish_deferred(self) -> None:
+        """Run the prefill eviction a deferred prefill call skipped (after the reconstruction pass)."""
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         raise NotImplementedError
@@ -153,17 +229,24 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         self, query: torch.Tensor, padding_mask: torch.Tensor | None, kernel=None, *, finish: bool = True
     ):
         """Run one attention call of this layer: :meth:`begin_call`, the observers' ``pre_kernel``,
-        ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries), their ``post_kernel``,
-        then :meth:`end_call` (``finish=False`` stops before it). Returns the kernel's output."""
+        ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries; it returns the output, or the
+        output and its log-sum-exp ``[B, Hq, q]`` or None), their ``post_kernel`` (in a reconstruction pass
+        first :meth:`observe_pass` with that log-sum-exp), then :meth:`end_call` (``finish=False`` stops
+        before it). Returns the kernel's output."""
         self.begin_call(query.shape[-2], padding_mask)
         observers = self.observers()
+        if self.watchers:
+            observers = [*observers, *self.watchers]
         # what patterns observe is not differentiable, and no state they keep may hold the graph
         observed = query.detach() if query.requires_grad else query
         with torch.no_grad():
             for hooks, state in observers:
                 hooks.pre_kernel(self, state, observed)
         out = None if kernel is None else kernel()
+        out, lse = out if isinstance(out, tuple) else (out, None)
         with torch.no_grad():
+            if self.pass_prompt is not None:
+                self.observe_pass(observed, lse)
             for hooks, state in observers:
                 hooks.post_kernel(self, state, observed)
         if finish:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from polykv_search.patterns import make_pattern
 from polykv_search.patterns.base import Pattern
-from polykv_search.patterns.full import Full
 from strategies import PHASES
 
 PREFILL, DECODING = PHASES
@@ -32,7 +32,7 @@ class PhasePlan:
 
 
 #: The no-eviction plan.
-FULL_PLAN = PhasePlan(Full(), None)
+FULL_PLAN = PhasePlan(make_pattern("full"), None)
 
 
 def eviction_target(

@@ -45,6 +45,7 @@ class HeadGroupLayer(RuntimeLayer):
 
     def __init__(self, layer_idx: int, head_groups: Sequence[HeadGroupPlan], *, defer_prefill: bool = False, **kwargs):
         self.head_groups = list(head_groups)
+        self.parts: list[EvictingLayer] = []
         super().__init__(layer_idx, **kwargs)
         heads = sorted(h for g in self.head_groups for h in g.heads)
         if heads != list(range(self.num_kv_heads)):
@@ -76,7 +77,7 @@ class HeadGroupLayer(RuntimeLayer):
 
     def reset(self) -> None:
         super().reset()
-        for part in getattr(self, "parts", []):
+        for part in self.parts:
             part.reset()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -85,7 +86,7 @@ class HeadGroupLayer(RuntimeLayer):
             part.update(key_states.index_select(1, idx), value_states.index_select(1, idx))
         self.device = key_states.device
         self.seen += key_states.shape[-2]
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
     def thaw(self) -> None:
@@ -137,7 +138,7 @@ class HeadGroupLayer(RuntimeLayer):
     def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
         """Each group's ``attend(part, query_of_its_heads)`` (an ``attention_call`` of the group's own
         layer: hooks, kernel, eviction), outputs ``[B, q, Hq, D]`` put back in query-head order."""
-        out = None
+        out: torch.Tensor | None = None
         for part, idx in zip(self.parts, self._q_index):
             idx = idx.to(query.device)
             got = attend(part, query.index_select(1, idx))  # [B, q, hq_g, D]
@@ -148,7 +149,11 @@ class HeadGroupLayer(RuntimeLayer):
             self.seen = self.parts[0].seen
         else:
             self.calls += 1
+        assert out is not None  # a layer has at least one group
         return out
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        return [list(self.parts)]
 
     def layer_report(self) -> LayerReport:
         """What the groups hold: bytes summed; tokens and budgets as the mean over KV heads."""
@@ -163,7 +168,7 @@ class HeadGroupLayer(RuntimeLayer):
         return LayerReport(
             layer=self.layer_idx,
             seen=self.seen,
-            kept=mean([r.kept for r in reports]),
+            kept=round(sum(r.kept * s for r, s in zip(reports, sizes)) / sum(sizes)),
             kv_bytes=sum(r.kv_bytes for r in reports),
             peak_kv_bytes=sum(r.peak_kv_bytes for r in reports),
             full_kv_bytes=sum(r.full_kv_bytes for r in reports),
@@ -217,9 +222,9 @@ def choice_head_groups(prefill, decoding, num_kv_heads: int) -> list[HeadGroupPl
             f"head groups differ between prefill {sorted(p)} and decoding {sorted(d)}: a layer's KV heads are "
             "stored in one split for both phases"
         )
-    whole = {
-        "prefill": None if p else PhasePlan(make_pattern(prefill.pattern, **dict(prefill.params)), prefill.budget),
-        "decoding": None if d else PhasePlan(make_pattern(decoding.pattern, **dict(decoding.params)), decoding.budget),
-    }
-    keys = list(p or d)
-    return [HeadGroupPlan(h, p[h] if p else whole["prefill"], d[h] if d else whole["decoding"]) for h in keys]
+
+    def whole(choice) -> PhasePlan:
+        return PhasePlan(make_pattern(choice.pattern, **dict(choice.params)), choice.budget)
+
+    keys = list(p or d or {})
+    return [HeadGroupPlan(h, p[h] if p else whole(prefill), d[h] if d else whole(decoding)) for h in keys]

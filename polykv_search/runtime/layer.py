@@ -8,6 +8,8 @@ the ones computed when the token was seen; nothing is re-rotated.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from polykv_search.patterns.base import Pattern
@@ -22,6 +24,7 @@ from polykv_search.runtime.eviction import (  # noqa: F401  (re-exported)
     PhasePlan,
     eviction_target,
 )
+from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore, capacity_for
 
 
@@ -60,8 +63,7 @@ class EvictingLayer(RuntimeLayer):
         self.states: dict[Pattern, PatternState] = {}
         #: True from a deferred prefill call until :meth:`finish_deferred`.
         self.deferred = False
-        #: The prompt length while a reconstruction pass runs, else None.
-        self.pass_prompt: int | None = None
+        self.pass_prompt = None
         #: Per phase, this layer's part of a pooled allocation (:func:`polykv_search.runtime.pooled.allocate`).
         self.shares: dict = {}
 
@@ -84,16 +86,10 @@ class EvictingLayer(RuntimeLayer):
         if store is None or store.capacity < n + q:
             capacity = capacity_for(n + q, self._slack())
             store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, capacity)
-        store.keys[:, :, n : n + q] = key_states
-        store.values[:, :, n : n + q] = value_states
-        if q == 1:
-            store.positions[:, :, n].fill_(self.seen)
-        else:
-            store.positions[:, :, n : n + q] = torch.arange(self.seen, self.seen + q, device=self.device)
-        store.valid[:, :, n : n + q] = True
+        store.append(n, key_states, value_states, self.seen)
         self._expose(store, n + q)
         self.seen += q
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self._keys, self._values
 
     def restore(
@@ -116,6 +112,26 @@ class EvictingLayer(RuntimeLayer):
         self.num_evictions, self.steps_since_eviction = num_evictions, steps_since_eviction
         self.peak_length = peak_length
         self.states = states
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        return [[self]]
+
+    def layer_report(self) -> LayerReport:
+        return report_of(self, self.plans)
+
+    def forked(self, prefill: PhasePlan, decoding: PhasePlan) -> EvictingLayer:
+        """A detached copy of this layer with other plans: the cached tensors shared (never its store, so
+        an append lands in a store of the copy's own; an eviction gathers into a new one), the counters
+        copied, the pattern states deep-copied (the signal replay's cells fork one primed layer)."""
+        new = copy.copy(self)
+        new.plans = {PREFILL: prefill, DECODING: decoding}
+        new._on_update = None
+        new._store = None
+        new.states = copy.deepcopy(self.states)
+        new.shares = {}
+        new.watchers = list(self.watchers)
+        new.peak_length = 0
+        return new
 
     def thaw(self) -> None:
         self._thaw_tensors()
@@ -151,10 +167,9 @@ class EvictingLayer(RuntimeLayer):
     def observers(self) -> list[tuple[Pattern, PatternState]]:
         """Patterns that watch this call: the prefill pattern during prefill, and always the decoding
         pattern (so that, e.g., H2O decoding has the prompt's accumulated attention). Identical
-        patterns share one state. During a reconstruction pass: only the model-level patterns, through
-        their ``reconstruct`` hook."""
+        patterns share one state. During a reconstruction pass: none (:meth:`observe_pass` instead)."""
         if self.pass_prompt is not None:
-            return [(_Reconstruct(p, self.pass_prompt), s) for p, s in self.model_level_states()]
+            return []
         decoding = self.plans[DECODING]
         if self.calls:  # the common case, without building the dict
             if not decoding.evicts:
@@ -176,9 +191,15 @@ class EvictingLayer(RuntimeLayer):
         """The model-level patterns of both plans (one state each) that the reconstruction pass feeds."""
         seen: dict[Pattern, PatternState] = {}
         for plan in self.plans.values():
-            if plan.evicts and getattr(plan.pattern, "model_level", False):
+            if plan.evicts and plan.pattern.model_level:
                 seen.setdefault(plan.pattern, self._state(plan.pattern))
         return list(seen.items())
+
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
+        prompt = self.pass_prompt
+        assert prompt is not None
+        for pattern, state in self.model_level_states():
+            pattern.reconstruct(self, state, query, prompt, lse)
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         """Mark this call's padding tokens invalid and record the query positions."""
@@ -266,6 +287,7 @@ class EvictingLayer(RuntimeLayer):
     def evict(self, plan: PhasePlan, budget: int | None = None) -> None:
         """Keep ``budget`` (default: the plan's) tokens chosen by the plan's pattern."""
         budget = plan.budget if budget is None else budget
+        assert budget is not None, "an evicting plan has a budget"
         with torch.no_grad():  # the choice is not differentiable (the gather below stays so)
             keep = plan.pattern.cache_update(self, self._state(plan.pattern), budget)  # [B, Hkv, b]
         store = self._store
@@ -296,6 +318,7 @@ class EvictingLayer(RuntimeLayer):
         """Keep ``counts[b, h]`` tokens ``[B, Hkv]`` in each row and KV head, chosen by the plan's pattern;
         the store is as long as the largest count, the other heads' extra slots padding."""
         with torch.no_grad():
+            assert plan.budget is not None, "an evicting plan has a budget"
             key = plan.pattern.selection_key(self, self._state(plan.pattern), [plan.budget])
             keep, kept = keep_per_head(key, counts)
         store = self._store
@@ -316,16 +339,3 @@ class EvictingLayer(RuntimeLayer):
             state.gather(keep)
         self.num_evictions += 1
         self.steps_since_eviction = 0
-
-
-class _Reconstruct:
-    """A model-level pattern as a reconstruction-call observer: its ``reconstruct`` after the kernel."""
-
-    def __init__(self, pattern: Pattern, prompt_len: int):
-        self.pattern, self.prompt_len = pattern, prompt_len
-
-    def pre_kernel(self, layer, state, query) -> None:
-        pass
-
-    def post_kernel(self, layer, state, query) -> None:
-        self.pattern.reconstruct(layer, state, query, self.prompt_len)

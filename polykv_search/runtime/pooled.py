@@ -127,8 +127,7 @@ def pool_entries(layers: Sequence) -> list[list]:
     """Per entry, its cells' layers in model order (a layer of head groups: its groups' layers, in head
     order): a cache's own layers are one entry; the scorer's shared context layers (``rows``) give one
     entry per row."""
-    rows = [getattr(layer, "rows", None) or [layer] for layer in layers]
-    return [[part for layer in entry for part in getattr(layer, "parts", None) or [layer]] for entry in zip(*rows)]
+    return [[cell for cells in entry for cell in cells] for entry in zip(*(layer.entries() for layer in layers))]
 
 
 def allocate(entries: Sequence[Sequence], phase: str) -> None:
@@ -136,8 +135,8 @@ def allocate(entries: Sequence[Sequence], phase: str) -> None:
     for layers in entries:
         pools: dict = {}
         for layer in layers:
-            plan = getattr(layer, "plans", {}).get(phase)
-            if plan is None or not plan.evicts or plan.pattern.pooled is None:
+            plan = layer.plans[phase]
+            if not plan.evicts or plan.pattern.pooled is None:
                 continue
             key = plan.pattern if plan.pattern.pooled == "model" else (plan.pattern, layer.layer_idx)
             pools.setdefault(key, []).append(layer)

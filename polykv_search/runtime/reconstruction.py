@@ -6,15 +6,16 @@ cached in *every* layer, so when a strategy uses such a pattern in either phase,
 cache defers its prefill eviction (``EvictingLayer.defer_prefill``). After the prefill forward the
 runtime calls :func:`run_pass`: for each chunk of the prompt the model's decoder reads a repeat prompt
 and that chunk's tokens, teacher-forced over the cache; each layer appends these tokens, runs its
-kernel, hands the call to the model-level patterns' ``reconstruct(layer, state, query, prompt_len)``
+kernel, hands the call to the model-level patterns' ``reconstruct(layer, state, query, prompt_len, lse)``
 (no other pattern observes the pass) and cuts itself back to the prompt. Then every deferred layer
 evicts as its prefill plan says. Positions and ``seen`` are those of a run without the pass, so
 ``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the repeat prompts),
 whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
 attention), plus kvzip's scores: one product of the pass's queries with the prompt's keys per call,
-normalised by the log-sum-exp the kernel itself computed (:func:`flash_with_lse`, CPU SDPA) instead of a
-second softmax over the whole cache. Pooled allocations (``kvzip``'s ``allocation``) are formed between the pass
-and the deferred evictions (:mod:`polykv_search.runtime.pooled`).
+normalised by the log-sum-exp the kernel itself computed (:func:`flash_with_lse`, CPU SDPA), which the
+layer hands to ``reconstruct`` as its ``lse`` argument, instead of a second softmax over the whole cache.
+Pooled allocations (``kvzip``'s ``allocation``) are formed between the pass and the deferred evictions
+(:mod:`polykv_search.runtime.pooled`).
 
 The repeat prompts (:class:`ReconstructionInputs`) are token ids; ``load_model`` attaches them to the
 model it loads (``model.polykv_reconstruction``), built from its tokenizer as KVzip builds them.
@@ -22,15 +23,12 @@ model it loads (``model.polykv_reconstruction``), built from its tokenizer as KV
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend
 
-from polykv_search.patterns.kvzip import note_kernel_lse
-from polykv_search.runtime.attention import ACTIVE
 from polykv_search.runtime.eviction import DECODING, PREFILL
 from polykv_search.runtime.pooled import allocate, pool_entries
 
@@ -78,13 +76,13 @@ class ReconstructionInputs:
 
 def needs_pass(plans) -> bool:
     """True when any layer of these ``(prefill, decoding)`` plans uses a model-level pattern."""
-    return any(plan.evicts and getattr(plan.pattern, "model_level", False) for pair in plans for plan in pair)
+    return any(plan.evicts and plan.pattern.model_level for pair in plans for plan in pair)
 
 
 def chunk_size(plans) -> int:
     """The smallest ``chunk_size`` of the model-level patterns in ``plans``."""
-    sizes = [plan.pattern.chunk_size for pair in plans for plan in pair if getattr(plan.pattern, "model_level", False)]
-    return min(sizes)
+    sizes = [plan.pattern.chunk_size for pair in plans for plan in pair if plan.pattern.model_level]
+    return min(size for size in sizes if size is not None)
 
 
 def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tensor, prompt_mask, size: int) -> None:
@@ -102,7 +100,7 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     for layer in layers:
         layer.begin_pass(n)
     try:
-        with torch.no_grad(), _kernel_lse_noted(model):
+        with torch.no_grad():
             for start in range(0, n, size):
                 stop = min(start + size, n)
                 # a row's real tokens in this slice of the (left-padded) prompt
@@ -125,44 +123,14 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     allocate(entries, DECODING)
 
 
-@contextmanager
-def _kernel_lse_noted(model) -> Iterator[None]:
-    """While the pass runs, the active runtime's SDPA kernel also hands its log-sum-exp to the model-level
-    patterns (:func:`~polykv_search.patterns.kvzip.note_kernel_lse`), so that kvzip scores a call without
-    computing its softmax a second time. The kernel's output is the one ``F.scaled_dot_product_attention``
-    gives (the same CPU flash kernel, called directly); where that kernel would not be the one SDPA picks
-    (another device, the eager implementation) the call runs as always and notes nothing."""
-    runtime = ACTIVE.get(id(model.config))
-    if runtime is None or getattr(runtime, "kernel_impl", None) != "sdpa":
-        yield
-        return
-    plain = runtime.kernel
-    masks: dict = {}  # the last mask converted: every layer of a pass call has the same one
-
-    def kernel(query, key, value, mask, scaling, *, is_causal=False):
-        got = None if is_causal else flash_with_lse(query, key, value, mask, scaling, masks)
-        if got is None:
-            note_kernel_lse(None, None, None)
-            return plain(query, key, value, mask, scaling, is_causal=is_causal)
-        out, lse = got
-        note_kernel_lse(query, key, lse)
-        return out
-
-    runtime.kernel = kernel
-    try:
-        yield
-    finally:
-        del runtime.kernel  # the class's own method again
-        note_kernel_lse(None, None, None)
-
-
 def flash_with_lse(
     query, key, value, mask, scaling, masks: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``polykv_search.runtime.attention.kernel("sdpa", ...)`` of a masked call (bool ``mask``
     ``[B, Hkv or 1, q, n]``), output ``[B, q, Hq, D]``, and its log-sum-exp ``[B, Hq, q]``, from the CPU
     flash kernel SDPA itself runs; None where SDPA would run another kernel. ``masks``: a dict that
-    remembers the last mask's additive form (SDPA's conversion of a bool mask) for the next call."""
+    remembers the last mask and its additive form (SDPA's conversion of a bool mask) for the next call (every
+    layer of a pass call has the same mask)."""
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if op is None or mask is None or mask.dtype != torch.bool or query.device.type != "cpu":
         return None
@@ -179,17 +147,10 @@ def flash_with_lse(
     if choice != SDPBackend.FLASH_ATTENTION.value:
         return None
     masks = {} if masks is None else masks
-    seen = masks.get("bool")
-    if (
-        seen is None
-        or seen.shape != mask.shape
-        or masks["additive"].dtype != query.dtype
-        or not torch.equal(seen, mask)
-    ):
-        masks["bool"] = mask
-        masks["additive"] = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
-            ~mask, float("-inf")
-        )
-    additive = masks["additive"]
+    last = masks.get("last")  # (bool mask, its additive form): one entry, replaced whole (threads share it)
+    if last is None or last[0].shape != mask.shape or last[1].dtype != query.dtype or not torch.equal(last[0], mask):
+        additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        last = masks["last"] = (mask, additive)
+    additive = last[1]
     out, lse = op(query, key, value, 0.0, False, attn_mask=additive, scale=scaling)
     return out.reshape(b, hq, q, -1).transpose(1, 2).contiguous(), lse.reshape(b, hq, q)

@@ -50,11 +50,13 @@ class CacheReport:
 
 
 def layer_report(layer) -> LayerReport:
-    """What one cache layer (an :class:`~polykv_search.runtime.layer.EvictingLayer`, or a composite of
-    rows, which has no plans of its own) holds now; a layer of head groups reports itself."""
-    if hasattr(layer, "layer_report"):
-        return layer.layer_report()
-    plans = getattr(layer, "plans", None)
+    """What one cache layer holds now (its own ``layer_report``: a layer of head groups sums its groups)."""
+    return layer.layer_report()
+
+
+def report_of(layer, plans: dict | None) -> LayerReport:
+    """What a layer of one store holds now, with its ``(prefill, decoding)`` ``plans`` by phase (None: a composite
+    of rows, which has no plans of its own)."""
     return LayerReport(
         layer=layer.layer_idx,
         seen=layer.seen,
@@ -75,7 +77,7 @@ def cache_report(layers) -> CacheReport:
 def _kept(layer) -> int:
     """Tokens held per KV head: the slots, or for a layer whose heads differ in length (a pooled allocation)
     the mean over rows and KV heads of the real tokens."""
-    if not getattr(layer, "ragged", False) or layer.valid is None or not layer.valid.numel():
+    if not layer.ragged or layer.valid is None or not layer.valid.numel():
         return layer.length
     return round(layer.valid.sum().item() / (layer.valid.shape[0] * layer.valid.shape[1]))
 
@@ -92,4 +94,4 @@ def _full_bytes(layer) -> int:
 def _peak_bytes(layer) -> int:
     if layer.keys is None or not layer.length:
         return 0
-    return layer.kv_bytes() * max(getattr(layer, "peak_length", 0), layer.length) // layer.length
+    return layer.kv_bytes() * max(layer.peak_length, layer.length) // layer.length

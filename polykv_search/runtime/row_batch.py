@@ -69,13 +69,9 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
         self.row_steps = [row.steps_since_eviction for row in rows]
         self.row_peaks = [row.peak_length for row in rows]
         n = max(self.counts)
-        store = _empty_store(first, len(rows), capacity_for(n, self._slack()))
+        store = TokenStore.padded(len(rows), capacity_for(n, self._slack()), first.keys, first.values)
         for r, row in enumerate(rows):
-            c = self.counts[r]
-            store.keys[r, :, :c] = row.keys[0]
-            store.values[r, :, :c] = row.values[0]
-            store.positions[r, :, :c] = row.positions[0]
-            store.valid[r, :, :c] = row.valid[0]
+            store.write(r, 0, row.keys[0], row.values[0], row.positions[0], row.valid[0])
         self._batch = store
         self.row_groups = self._make_groups(rows)
         self._dispatch = _GroupDispatch(self)
@@ -104,7 +100,7 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
                 device=self.device,
                 rotary=self.rotary,
             )
-            budgets = [rows[r].plans[DECODING].budget for r in idx]
+            budgets = [_budget(rows[r].plans[DECODING]) for r in idx]
             groups.append(_Group(pattern, idx, budgets, state, index, view))
         return groups
 
@@ -114,25 +110,13 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
         store = self._batch
         n_max = max(self.counts)
         if n_max + q > store.capacity:
-            store = self._batch = _grown(store, n_max, capacity_for(n_max + q, self._slack()))
-        lo = min(self.counts)
-        if lo == n_max:  # every row the same length: one slice
-            store.keys[:, :, lo : lo + q] = key_states
-            store.values[:, :, lo : lo + q] = value_states
-            store.positions[:, :, lo : lo + q] = torch.arange(self.seen, self.seen + q, device=self.device)
-            store.valid[:, :, lo : lo + q] = True
-        else:
-            r = len(self.counts)
-            slot = torch.tensor(self.counts, device=self.device)[:, None] + torch.arange(q, device=self.device)
-            rows = torch.arange(r, device=self.device)[:, None]
-            store.keys[rows, :, slot] = key_states.transpose(1, 2)
-            store.values[rows, :, slot] = value_states.transpose(1, 2)
-            store.positions[rows, :, slot] = torch.arange(self.seen, self.seen + q, device=self.device)[None, :, None]
-            store.valid[rows, :, slot] = True
+            store = self._batch = store.grown(n_max, capacity_for(n_max + q, self._slack()))
+        # every row the same length: one slice; else each row's own slots
+        store.append(n_max if min(self.counts) == n_max else self.counts, key_states, value_states, self.seen)
         self.counts = [c + q for c in self.counts]
         self.seen += q
         self._refresh()
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self._keys, self._values
 
     def begin_call(self, q_len: int, padding_mask) -> None:
@@ -179,7 +163,10 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
         :func:`~polykv_search.patterns.selection.keep_per_row`) share one ``keep_per_row`` call: its
         rows are independent, so each row gets what its own group's call would give it."""
         end = max(self.counts[g.rows[j]] for g, targets in picks for j in targets)  # the picked rows' slots
-        parts, shared_keys, shared_budgets, shared_counts = [], [], [], []
+        parts: list[tuple[_Group, list[int], list[int], tuple[torch.Tensor, torch.Tensor] | None]] = []
+        shared_keys: list[torch.Tensor] = []
+        shared_budgets: list[int] = []
+        shared_counts: list[int] = []
         for group, targets in picks:
             picked = sorted(targets)
             budgets = [targets[j] for j in picked]
@@ -199,18 +186,18 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             shared = keep_per_row(key, shared_budgets, shared_counts)
         width = max(max(budgets) for _, _, budgets, _ in parts)
         keeps, kepts, rows, all_budgets, at = [], [], [], [], 0
-        for group, picked, budgets, chosen in parts:
-            if chosen is None:
-                chosen = (shared[0][at : at + len(picked)], shared[1][at : at + len(picked)])
+        for group, picked, budgets, own in parts:
+            if own is None:
+                own = (shared[0][at : at + len(picked)], shared[1][at : at + len(picked)])
                 at += len(picked)
-            keeps.append(_pad_to(chosen[0], width))
-            kepts.append(_pad_to(chosen[1], width))
+            keeps.append(_pad_to(own[0], width))
+            kepts.append(_pad_to(own[1], width))
             rows += [group.rows[j] for j in picked]
             all_budgets += budgets
         keep = keeps[0] if len(keeps) == 1 else torch.cat(keeps)  # [E, H, m], bool [E, 1, m]
         kept = kepts[0] if len(kepts) == 1 else torch.cat(kepts)
         keep, kept = _pad_to(keep, end), _pad_to(kept, end)
-        self._compact(torch.tensor(rows, device=self.device), keep, kept)
+        self._batch.compact(torch.tensor(rows, device=self.device), keep, kept)
         at = 0
         for group, picked, _, _ in parts:
             part = slice(at, at + len(picked))
@@ -221,20 +208,6 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             self.counts[r] = b
             self.row_evictions[r] += 1
             self.row_steps[r] = 0
-
-    def _compact(self, rows: torch.Tensor, keep: torch.Tensor, kept: torch.Tensor) -> None:
-        """Rewrite slots ``0..end-1`` of store ``rows``: the ``keep`` slots first, then padding."""
-        store = self._batch
-        r, h, cap = store.keys.shape[:3]
-        base = (rows[:, None, None] * h + torch.arange(h, device=rows.device)[None, :, None]) * cap
-        src = (base + keep).reshape(-1)
-        dst = (base + torch.arange(keep.shape[-1], device=rows.device)).reshape(-1)
-        for buf in (store.keys, store.values):
-            flat = buf.view(r * h * cap, buf.shape[-1])
-            flat.index_copy_(0, dst, flat.index_select(0, src))
-        flat = store.positions.view(-1)
-        flat.index_copy_(0, dst, flat.index_select(0, src).view_as(keep).masked_fill_(~kept, -1).reshape(-1))
-        store.valid.view(-1).index_copy_(0, dst, kept.expand_as(keep).reshape(-1))
 
     # ------------------------------------------------------------- views
     def _refresh(self) -> None:
@@ -289,6 +262,12 @@ class RowBatchLayer(RowsMask, RuntimeLayer):
             )
 
 
+def _budget(plan) -> int:
+    if plan.budget is None:
+        raise ValueError("a row group's rows evict in decoding: their plans have budgets")
+    return plan.budget
+
+
 def decoding_group(row: EvictingLayer, r: int) -> Any:
     """The key of the group row ``r`` joins in a :class:`RowBatchLayer` (rows with equal keys are scored
     and evict as one call), or None for a row that never evicts in decoding."""
@@ -320,28 +299,3 @@ class _GroupDispatch:
 def _pad_to(t: torch.Tensor, width: int, value: float = 0) -> torch.Tensor:
     """``t`` right-padded along its last axis to ``width`` (``t`` itself when it is that wide)."""
     return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=value)
-
-
-def _empty_store(like: EvictingLayer, r: int, capacity: int) -> TokenStore:
-    h, d, dv = like.keys.shape[1], like.keys.shape[-1], like.values.shape[-1]
-    dev = like.keys.device
-    # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
-    return TokenStore(
-        torch.zeros(r, h, capacity, d, dtype=like.keys.dtype, device=dev),
-        torch.zeros(r, h, capacity, dv, dtype=like.values.dtype, device=dev),
-        torch.full((r, h, capacity), -1, dtype=torch.long, device=dev),
-        torch.zeros(r, h, capacity, dtype=torch.bool, device=dev),
-    )
-
-
-def _grown(store: TokenStore, n: int, capacity: int) -> TokenStore:
-    r, h, _, d = store.keys.shape
-    new = TokenStore(
-        store.keys.new_zeros(r, h, capacity, d),
-        store.values.new_zeros(r, h, capacity, store.values.shape[-1]),
-        store.positions.new_full((r, h, capacity), -1),
-        store.valid.new_zeros(r, h, capacity),
-    )
-    for a, b in zip((new.keys, new.values, new.positions, new.valid), store.views(n)):
-        a[:, :, :n] = b
-    return new

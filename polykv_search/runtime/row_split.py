@@ -90,7 +90,7 @@ class RowSplitLayer(RuntimeLayer):
         for part, rows in zip(self.parts, self._rows):
             part.update(_take(key_states, rows), _take(value_states, rows))
         self.seen += key_states.shape[-2]
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
     def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
@@ -98,9 +98,7 @@ class RowSplitLayer(RuntimeLayer):
         groups runs its own grouped call), outputs ``[B, q, Hq, D]`` in batch row order."""
         outs = []
         for part, rows in zip(self.parts, self._rows):
-            grouped = getattr(part, "attention_call_grouped", None)
-            mine = _take(query, rows)
-            outs.append(grouped(mine, attend) if grouped is not None else attend(part, mine))
+            outs.append(part.attention_call_grouped(_take(query, rows), attend))
         self.calls += 1
         out = torch.cat(outs) if len(outs) > 1 else outs[0]
         return out if self._inverse is None else out.index_select(0, self._inverse)
@@ -109,8 +107,7 @@ class RowSplitLayer(RuntimeLayer):
         """Give every row of the :class:`RowBatchLayer` parts its tokens, counters and pattern state again
         (a row's own layer needs nothing: it is the row's)."""
         for part in self.parts:
-            if isinstance(part, RowBatchLayer):
-                part.write_back()
+            part.write_back()
 
 
 def _rows_index(rows: Sequence[int], device) -> slice | torch.Tensor:
@@ -149,27 +146,27 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
         cut = None if split is None else best_split([members[i].length for i in run], split)
         return [run] if cut is None else [run[:cut], run[cut:]]
 
-    def grouped(piece: list[int]) -> list[int]:
-        return [piece[i] for i in by_decoding_group([members[i] for i in piece])]
+    # the rows a row batch may hold: plain layers, every KV head of a row as long as the others
+    rows_of = {i: m for i, m in enumerate(members) if type(m) is EvictingLayer and not m.ragged}
 
-    def batchable(m: RuntimeLayer) -> bool:
-        return type(m) is EvictingLayer and not m.ragged
+    def grouped(piece: list[int]) -> list[int]:
+        return [piece[i] for i in by_decoding_group([rows_of[i] for i in piece])]
 
     everyone = list(range(len(members)))
-    if all(batchable(m) for m in members):
+    if len(rows_of) == len(members):
         (only, *more) = pieces(everyone)
         if not more and grouped(only) == only:
-            return RowBatchLayer(layer_idx, members, **kwargs)
+            return RowBatchLayer(layer_idx, [rows_of[i] for i in everyone], **kwargs)
     sub = {**kwargs, "on_update": None}
     parts: list[tuple[RuntimeLayer, list[int]]] = []
     run: list[int] = []
     for i in [*everyone, None]:  # None closes the last run
-        if i is not None and batchable(members[i]):
+        if i is not None and i in rows_of:
             run.append(i)
             continue
         for piece in pieces(run) if run else []:
             rows = grouped(piece)
-            parts.append((RowBatchLayer(layer_idx, [members[r] for r in rows], **sub), rows))
+            parts.append((RowBatchLayer(layer_idx, [rows_of[r] for r in rows], **sub), rows))
         run = []
         if i is not None:
             parts.append((members[i], [i]))

@@ -38,6 +38,8 @@ class GroupView(RowsMask, ViewOps):
     """A group's rows of the batch store, as its pattern reads them (no padding queries; ``values`` are
     sliced out only when a pattern reads them). :meth:`show` points it at the rows before each call."""
 
+    all_valid: bool
+
     def __init__(
         self, layer_idx: int, *, num_kv_heads: int, groups: int, scaling: float, sliding_window, device, rotary=None
     ):
@@ -48,8 +50,12 @@ class GroupView(RowsMask, ViewOps):
         self.sliding_window = sliding_window
         self.device = device
         self.rotary = rotary
-        self.keys = self.positions = self.valid = None
-        self._values = self._take_values = None
+        # nothing until shown: no rows, no slots
+        self.keys = torch.empty(0, num_kv_heads, 0, 0, device=device)
+        self.positions = torch.empty(0, num_kv_heads, 0, dtype=torch.long, device=device)
+        self.valid = torch.empty(0, num_kv_heads, 0, dtype=torch.bool, device=device)
+        self._values: torch.Tensor | None = None
+        self._take_values: Callable[[], torch.Tensor] | None = None
         self._counts: list[int] = []
         self._counts_tensor: torch.Tensor | None = None
         self.all_valid = True
@@ -57,14 +63,15 @@ class GroupView(RowsMask, ViewOps):
         self.query_range = range(0)
 
     @property
-    def values(self) -> torch.Tensor | None:
-        if self._values is None and self._take_values is not None:
+    def values(self) -> torch.Tensor:
+        if self._values is None:
+            assert self._take_values is not None, "a GroupView shows values only once it is shown rows"
             self._values = self._take_values()
         return self._values
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
+        return self.keys.shape[-2]
 
     def row_counts(self) -> torch.Tensor:
         """Tokens each row holds ``[R_g]`` (long): the rows are compact, row ``e``'s in slots

@@ -14,7 +14,7 @@ patched; leaving the context restores the attention implementation and removes t
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -22,11 +22,11 @@ from transformers.cache_utils import Cache, DynamicCache
 
 from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
+from polykv_search.runtime import reconstruction
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import FULL_PLAN, INTERVAL_MODES, PhasePlan
 from polykv_search.runtime.head_groups import HeadGroupPlan, cache_layer, choice_head_groups
-from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.pooled import check_plans
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
 from polykv_search.runtime.report import CacheReport, cache_report
@@ -58,8 +58,10 @@ def strategy_head_groups(strategy: Strategy, num_kv_heads: int) -> dict[int, lis
 class PolyKVCache(Cache):
     """A transformers ``Cache`` whose layers evict to their strategy's budgets."""
 
-    def __init__(self, layers: list[EvictingLayer]):
-        super().__init__(layers=layers)
+    layers: list[RuntimeLayer]  # type: ignore[assignment]  # only the runtime's layers
+
+    def __init__(self, layers: Sequence[RuntimeLayer]):
+        super().__init__(layers=[*layers])
         #: The first forward's ``input_ids`` / ``attention_mask`` (the prompt a reconstruction pass repeats).
         self.prompt_ids: torch.Tensor | None = None
         self.prompt_mask: torch.Tensor | None = None
@@ -120,6 +122,7 @@ class PolyKVRuntime:
             raise ValueError(f"decode_interval must be a positive integer, got {decode_interval!r}")
         if interval_mode not in INTERVAL_MODES:
             raise ValueError(f"interval_mode must be one of {', '.join(INTERVAL_MODES)}, got {interval_mode!r}")
+        _refuse_applied(model)
         self.model = model
         self.spec: ModelSpec = model_spec(model)
         strategy.check_model(self.spec.num_layers, self.spec.num_kv_heads)
@@ -136,20 +139,18 @@ class PolyKVRuntime:
         if self.defer_prefill:
             self.pass_inputs()  # refuse now, not after the prefill
         self.kernel_impl = "eager" if self.spec.attn_implementation == "eager" else "sdpa"
-        self._pending: dict[int, RuntimeLayer] = {}
         self.last_cache: PolyKVCache | None = None
-        #: True while a model forward runs without any cache (``use_cache=False``): the only case in
-        #: which attention may run without a cache layer.
-        self.uncached = False
+        #: True inside the ``with`` block: only then may attention run through this runtime's layers.
+        self.active = False
         self._hooks: list = []
+        #: the last mask a reconstruction call converted (:func:`~polykv_search.runtime.reconstruction.flash_with_lse`)
+        self._pass_masks: dict = {}
 
     # ---------------------------------------------------------------- lifetime
     def __enter__(self) -> PolyKVRuntime:
-        config = self.spec.config
-        if id(config) in attn.ACTIVE:
-            raise RuntimeError("a strategy is already applied to this model")
+        _refuse_applied(self.model)
         attn.register()
-        attn.ACTIVE[id(config)] = self
+        self.active = True
         self._forward_sig = inspect.signature(self.model.forward)
         self._hooks = [
             self.model.register_forward_pre_hook(self._inject_cache, with_kwargs=True),
@@ -163,8 +164,7 @@ class PolyKVRuntime:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        attn.ACTIVE.pop(id(self.spec.config), None)
-        self._pending.clear()
+        self.active = False
 
     # ------------------------------------------------------------------ caches
     def new_cache(self) -> PolyKVCache:
@@ -190,7 +190,7 @@ class PolyKVRuntime:
             sliding_window=s.sliding_window(layer_idx),
             decode_interval=self.decode_interval,
             interval_mode=self.interval_mode,
-            on_update=self._set_pending,
+            on_update=self._publish,
             rotary=s.rotary,
         )
 
@@ -201,7 +201,6 @@ class PolyKVRuntime:
         use_cache = bound.arguments.get("use_cache")
         if use_cache is None:
             use_cache = getattr(self.spec.config, "use_cache", True)
-        self.uncached = False
         if isinstance(cache, PolyKVCache):
             _refuse_seen_tokens(cache, {**extra, **bound.arguments})
             cache.prepare_forward()
@@ -209,9 +208,10 @@ class PolyKVRuntime:
             if cache.get_seq_length() == 0:
                 self._record_prompt(cache, bound)
             return None
-        if cache is None and not use_cache:
-            self.uncached = True
-            return None
+        if cache is None and not use_cache:  # the one case where attention runs without a cache layer
+            extra[attn.PLAIN_KEY] = self
+            bound.arguments["kwargs"] = extra
+            return bound.args, bound.kwargs
         if cache is not None and not (isinstance(cache, DynamicCache) and cache.get_seq_length() == 0):
             raise ValueError(
                 "polykv-search: the model was given a non-empty or non-dynamic cache; pass None, an empty "
@@ -229,7 +229,6 @@ class PolyKVRuntime:
         cache.prompt_mask = bound.arguments.get("attention_mask")
 
     def _forward_done(self, module, args, output) -> None:
-        self.uncached = False
         cache = self.last_cache
         if output is not None and cache is not None and cache.awaits_pass():
             self.finish_prefill(cache)
@@ -250,26 +249,27 @@ class PolyKVRuntime:
         if cache.prompt_ids is None:
             raise ValueError("polykv-search: a reconstruction pass needs the prompt as input_ids (not inputs_embeds)")
         plans = [pair for layer in cache.layers for pair in layer.pass_plans()]
-        run_pass(self.model, cache, self.pass_inputs(), cache.prompt_ids, cache.prompt_mask, chunk_size(plans))
+        try:
+            run_pass(self.model, cache, self.pass_inputs(), cache.prompt_ids, cache.prompt_mask, chunk_size(plans))
+        finally:
+            self._pass_masks.clear()
 
-    def _set_pending(self, layer: RuntimeLayer) -> None:
-        self._pending[layer.layer_idx] = layer
+    def _publish(self, layer: RuntimeLayer, call: dict | None) -> None:
+        """A cache layer's ``on_update``: hand it to the attention call that follows, through the ``kwargs``
+        dict the model gives both ``cache.update`` and the attention function (:func:`attention.publish`)."""
+        attn.publish(call, self, layer)
 
-    def take_pending(self, layer_idx: int) -> RuntimeLayer | None:
-        """The cache layer whose ``update`` preceded this attention call of layer ``layer_idx``; None
-        only while a forward runs without a cache (plain attention). Anything else is an error: an
-        attention call that cannot find its cache layer must not run without eviction."""
-        layer = self._pending.pop(layer_idx, None)
-        if layer is None and not self.uncached:
-            raise RuntimeError(
-                f"polykv-search: layer {layer_idx}'s attention ran under an active strategy, but its cache "
-                "layer was not updated first (a cache the runtime did not build, or a forward that bypasses "
-                "it); refusing to run attention without eviction"
-            )
-        return layer
-
-    def kernel(self, query, key, value, mask, scaling, *, is_causal=False):
-        return attn.kernel(self.kernel_impl, query, key, value, mask, scaling, is_causal=is_causal)
+    def kernel(
+        self, query, key, value, mask, scaling, *, is_causal: bool = False, lse: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's attention kernel: output ``[B, q, Hq, D]`` and, when ``lse`` asks for it and the
+        kernel computes one (SDPA's CPU flash kernel on a masked call,
+        :func:`~polykv_search.runtime.reconstruction.flash_with_lse`), its log-sum-exp ``[B, Hq, q]``, else None."""
+        if lse and self.kernel_impl == "sdpa" and not is_causal:
+            got = reconstruction.flash_with_lse(query, key, value, mask, scaling, self._pass_masks)
+            if got is not None:
+                return got
+        return attn.kernel(self.kernel_impl, query, key, value, mask, scaling, is_causal=is_causal), None
 
     # ----------------------------------------------------------------- report
     def report(self, cache: PolyKVCache | None = None) -> CacheReport:
@@ -278,6 +278,12 @@ class PolyKVRuntime:
         if cache is None:
             raise RuntimeError("no cache yet: run the model first")
         return cache_report(cache.layers)
+
+
+def _refuse_applied(model) -> None:
+    """Refuse a second strategy on a model that runs one (its attention implementation is the runtime's)."""
+    if getattr(model.config, "_attn_implementation", None) == attn.ATTN_NAME:
+        raise RuntimeError("a strategy is already applied to this model")
 
 
 def _refuse_seen_tokens(cache: PolyKVCache, arguments: dict) -> None:
@@ -317,6 +323,12 @@ def apply_strategy(
 
     ``head_groups``: layers split into head groups (:class:`~polykv_search.runtime.head_groups.HeadGroupPlan`),
     besides those the strategy's own choices split."""
-    settings = dict(decode_interval=decode_interval, interval_mode=interval_mode, reconstruction=reconstruction)
-    with PolyKVRuntime(model, strategy, head_groups=head_groups, **settings) as runtime:
+    with PolyKVRuntime(
+        model,
+        strategy,
+        head_groups=head_groups,
+        decode_interval=decode_interval,
+        interval_mode=interval_mode,
+        reconstruction=reconstruction,
+    ) as runtime:
         yield runtime

@@ -16,7 +16,9 @@ import torch
 
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
+from polykv_search.runtime.head_groups import HeadGroupLayer
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
+from polykv_search.runtime.storage import TokenStore
 from polykv_search.runtime.threads import small_ops
 
 
@@ -60,7 +62,7 @@ class StackedLayer(RuntimeLayer):
         self.is_initialized = True
         self.seen = first.seen
         self.calls = first.calls
-        self._buffers: tuple[torch.Tensor, ...] | None = None
+        self._batch: TokenStore | None = None
         self._restack()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -69,7 +71,7 @@ class StackedLayer(RuntimeLayer):
                 row.update(key_states[i : i + 1], value_states[i : i + 1])
             self.seen += key_states.shape[-2]
             self._restack()
-        self._notify_update()
+        self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
     def begin_call(self, q_len: int, padding_mask) -> None:
@@ -105,40 +107,26 @@ class StackedLayer(RuntimeLayer):
             self.keys, self.values, self.positions, self.valid = row.keys, row.values, row.positions, row.valid
             return
         n_max = max(row.length for row in rows)
-        if self._buffers is None or n_max > self._buffers[0].shape[-2]:
-            self._allocate(n_max + self.HEADROOM)
-        k, v, pos, valid = self._buffers
+        store = self._batch
+        if store is None or n_max > store.capacity:
+            # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
+            store = self._batch = TokenStore.padded(len(rows), n_max + self.HEADROOM, rows[0].keys, rows[0].values)
+            self._lengths = [0] * len(rows)
+            self._evictions = [-1] * len(rows)  # forces a full write of every row
         for i, row in enumerate(rows):
             n, old = row.length, self._lengths[i]
             start = 0 if (row.num_evictions != self._evictions[i] or n < old) else old
             if start < n:
-                k[i, :, start:n] = row.keys[0, :, start:]
-                v[i, :, start:n] = row.values[0, :, start:]
-                pos[i, :, start:n] = row.positions[0, :, start:]
-                valid[i, :, start:n] = row.valid[0, :, start:]
+                tail = (t[0, :, start:] for t in (row.keys, row.values, row.positions, row.valid))
+                store.write(i, start, *tail)
             if n < old:  # the evicted tail: padding again
-                pos[i, :, n:old] = -1
-                valid[i, :, n:old] = False
+                store.pad(i, n, old)
             self._lengths[i], self._evictions[i] = n, row.num_evictions
-        self.keys, self.values = k[:, :, :n_max], v[:, :, :n_max]
-        self.positions, self.valid = pos[:, :, :n_max], valid[:, :, :n_max]
+        self._expose(store, n_max)
+        self._all_valid = None
 
     #: Slots allocated beyond the longest row, so that decoding steps write in place.
     HEADROOM = 64
-
-    def _allocate(self, capacity: int) -> None:
-        first = self.rows[0]
-        r, h, d, dv = len(self.rows), first.keys.shape[1], first.keys.shape[-1], first.values.shape[-1]
-        dev = first.keys.device
-        # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
-        self._buffers = (
-            torch.zeros(r, h, capacity, d, dtype=first.keys.dtype, device=dev),
-            torch.zeros(r, h, capacity, dv, dtype=first.values.dtype, device=dev),
-            torch.full((r, h, capacity), -1, dtype=torch.long, device=dev),
-            torch.zeros(r, h, capacity, dtype=torch.bool, device=dev),
-        )
-        self._lengths = [0] * r
-        self._evictions = [-1] * r  # forces a full write of every row
 
 
 class _SharedDispatch:
@@ -170,32 +158,6 @@ def _heads_of(query: torch.Tensor, heads: tuple[int, ...] | None) -> torch.Tenso
     return query.index_select(1, torch.tensor(heads, device=query.device))
 
 
-class _SharedPass:
-    """The observer of a :class:`FanoutLayer` during a reconstruction pass: each distinct model-level
-    pattern of the deferred rows reconstructs once, over the fan-out layer's own FullKV prompt and
-    pass tokens, into a state of the pass's own (``states``, one per pattern, for every KV head); every
-    row of that pattern gets a copy, a head group's row the rows of its KV heads."""
-
-    def __init__(self, fanout: FanoutLayer):
-        self.fanout = fanout
-        self.states: dict = {}
-
-    def pre_kernel(self, layer, state, query) -> None:
-        pass
-
-    def post_kernel(self, layer, state, query) -> None:
-        fanout = self.fanout
-        done = set()
-        for (pattern, kv_heads), members in fanout.pattern_groups.items():
-            st = self.states.setdefault(pattern, PatternState())
-            if pattern not in done:
-                pattern.reconstruct(fanout, st, query, fanout.pass_prompt)
-                done.add(pattern)
-            part = st if kv_heads is None else st.heads(list(kv_heads))
-            for _, other in members:
-                other.replace_with(part)
-
-
 class FanoutLayer(EvictingLayer):
     """The shared prefill of several entries: one FullKV layer for the kernel plus one row per entry.
 
@@ -209,19 +171,20 @@ class FanoutLayer(EvictingLayer):
     feeds those rows' model-level patterns; the other rows are not touched by it.
     """
 
-    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
+    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer | HeadGroupLayer], **kwargs):
         super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
         self.rows = list(rows)
         self.pattern_groups: dict = {}
         self._dispatch = _SharedDispatch(self)
-        self._pass = _SharedPass(self)
+        #: during a reconstruction pass: one state per model-level pattern, for every KV head
+        self._pass_states: dict = {}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self.pass_prompt is None:
             with small_ops():
                 for row in self.rows:
                     row.update(key_states, value_states)
-        return super().update(key_states, value_states)
+        return super().update(key_states, value_states, *args, **kwargs)
 
     def begin_call(self, q_len: int, padding_mask) -> None:
         super().begin_call(q_len, padding_mask)
@@ -230,8 +193,11 @@ class FanoutLayer(EvictingLayer):
             for row in self.rows:
                 if not row.awaits_pass():
                     continue
-                groups = getattr(row, "head_groups", None)
-                cells = [(row, None)] if groups is None else [(p, g.heads) for p, g in zip(row.parts, groups)]
+                cells: list[tuple[EvictingLayer, tuple[int, ...] | None]]
+                if isinstance(row, HeadGroupLayer):
+                    cells = [(p, g.heads) for p, g in zip(row.parts, row.head_groups)]
+                else:
+                    cells = [(row, None)]
                 for layer, kv_heads in cells:
                     for pattern, state in layer.model_level_states():
                         self.pattern_groups.setdefault((pattern, kv_heads), []).append((layer, state))
@@ -244,19 +210,34 @@ class FanoutLayer(EvictingLayer):
     def _members(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
         """Every row's layer, a row split into head groups (``parts``) as one layer per group with its
         query heads."""
-        out = []
+        out: list[tuple[EvictingLayer, tuple[int, ...] | None]] = []
         for row in self.rows:
-            parts = getattr(row, "parts", None)
-            if parts is None:
-                out.append((row, None))
+            if isinstance(row, HeadGroupLayer):
+                out += [(part, tuple(idx.tolist())) for part, idx in zip(row.parts, row.query_heads)]
             else:
-                out += [(part, tuple(idx.tolist())) for part, idx in zip(parts, row.query_heads)]
+                out.append((row, None))
         return out
 
     def observers(self):
-        if not self.pattern_groups:
+        if not self.pattern_groups or self.pass_prompt is not None:
             return []
-        return [(self._pass if self.pass_prompt is not None else self._dispatch, None)]
+        return [(self._dispatch, None)]
+
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
+        """Each distinct model-level pattern of the deferred rows reconstructs once, over this layer's own
+        FullKV prompt and pass tokens, into a state of the pass's own (one per pattern, for every KV head);
+        every row of that pattern gets a copy, a head group's row the rows of its KV heads."""
+        prompt = self.pass_prompt
+        assert prompt is not None
+        done = set()
+        for (pattern, kv_heads), members in self.pattern_groups.items():
+            st = self._pass_states.setdefault(pattern, PatternState())
+            if pattern not in done:
+                pattern.reconstruct(self, st, query, prompt, lse)
+                done.add(pattern)
+            part = st if kv_heads is None else st.heads(list(kv_heads))
+            for _, other in members:
+                other.replace_with(part)
 
     def end_call(self) -> None:
         if self.pass_prompt is None:
@@ -264,7 +245,7 @@ class FanoutLayer(EvictingLayer):
                 for layer, _ in self._members():
                     layer.end_call()
                 for row in self.rows:
-                    if getattr(row, "parts", None) is not None:
+                    if isinstance(row, HeadGroupLayer):
                         row.calls += 1
         self.pattern_groups = {}
         super().end_call()
@@ -276,10 +257,13 @@ class FanoutLayer(EvictingLayer):
 
     def end_pass(self) -> None:
         super().end_pass()
-        self._pass.states = {}
+        self._pass_states = {}
 
     def awaits_pass(self) -> bool:
         return any(row.awaits_pass() for row in self.rows)
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        return [entry for row in self.rows for entry in row.entries()]
 
     def pass_plans(self) -> list:
         return [pair for row in self.rows for pair in row.pass_plans()]

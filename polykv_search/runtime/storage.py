@@ -1,15 +1,26 @@
-"""`TokenStore`: preallocated per-layer token storage, so that a decoding step writes in place.
+"""`TokenStore`: the one storage of cached tokens, for every layer and layout of the runtime.
 
-A layer's cache exposes ``[B, Hkv, n, ...]`` views of buffers with ``capacity >= n`` slots. Appending
-writes the new tokens into free slots; evicting gathers the kept tokens straight into a fresh store
-(one copy; the old, larger buffers are released). Slots past ``n`` hold stale data that no view shows.
+A store holds buffers ``keys``/``values`` ``[B, Hkv, capacity, D]`` and ``positions``/``valid``
+``[B, Hkv, capacity]``; a layer shows ``[B, Hkv, n, ...]`` views of its first ``n`` slots. Rows may hold
+different numbers of tokens (a row batch: row ``r``'s tokens in slots ``0..count_r - 1``, the rest padding,
+invalid at position -1), and so may the KV heads of a row (a pooled allocation: the shorter heads' extra
+slots invalid). Its operations, each written once:
 
-A store only ever grows within its buffers, so views handed out earlier (e.g. to forked layers that
-share the prompt) never see a write: appends land past every earlier view's end.
+- :meth:`append`: new tokens into free slots, at one slot for every row or at each row's own;
+- :meth:`gathered`: an eviction into a fresh store (one copy; the old, larger buffers are released);
+- :meth:`compact`: an eviction of some rows in place (the kept slots first, then padding);
+- :meth:`write` / :meth:`pad`: a row's slots from another layer's tensors, or back to padding;
+- :meth:`grown`: the same tokens in a larger store.
+
+A store only ever grows within its buffers, so views handed out earlier (e.g. to forked layers that share
+the prompt) never see an append: appends land past every earlier view's end. Slots no view shows hold
+stale data (:meth:`holding`) or finite padding (:meth:`padded`, for stores whose padding is attended over,
+masked: ``0 * NaN`` would be NaN).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +45,7 @@ class TokenStore:
     def capacity(self) -> int:
         return self.keys.shape[-2]
 
+    # ----------------------------------------------------------------- making
     @classmethod
     def holding(cls, keys, values, positions, valid, capacity: int) -> TokenStore:
         """A store of ``capacity`` slots whose first ``n`` hold the given ``[B, Hkv, n, ...]`` tensors."""
@@ -50,6 +62,60 @@ class TokenStore:
         store.valid[:, :, :n] = valid
         return store
 
+    @classmethod
+    def padded(cls, rows: int, capacity: int, keys: torch.Tensor, values: torch.Tensor) -> TokenStore:
+        """An all-padding store of ``rows`` rows like ``keys``/``values`` ``[., Hkv, ., D]`` (heads, head sizes,
+        dtypes, device): zeros, position -1, invalid."""
+        h, dev = keys.shape[1], keys.device
+        return cls(
+            torch.zeros(rows, h, capacity, keys.shape[-1], dtype=keys.dtype, device=dev),
+            torch.zeros(rows, h, capacity, values.shape[-1], dtype=values.dtype, device=dev),
+            torch.full((rows, h, capacity), -1, dtype=torch.long, device=dev),
+            torch.zeros(rows, h, capacity, dtype=torch.bool, device=dev),
+        )
+
+    def grown(self, n: int, capacity: int) -> TokenStore:
+        """A padded store of ``capacity`` slots holding this one's first ``n``."""
+        new = TokenStore.padded(self.keys.shape[0], capacity, self.keys, self.values)
+        for a, b in zip((new.keys, new.values, new.positions, new.valid), self.views(n)):
+            a[:, :, :n] = b
+        return new
+
+    # ---------------------------------------------------------------- writing
+    def append(self, at: int | Sequence[int], keys: torch.Tensor, values: torch.Tensor, first: int) -> None:
+        """Write ``q`` new tokens ``[B, Hkv, q, D]`` at sequence positions ``first..first+q-1``, valid, into the
+        slots from ``at`` (every row) or from ``at[r]`` (row ``r``)."""
+        q, dev = keys.shape[-2], keys.device
+        if isinstance(at, int):
+            self.keys[:, :, at : at + q] = keys
+            self.values[:, :, at : at + q] = values
+            if q == 1:
+                self.positions[:, :, at].fill_(first)
+            else:
+                self.positions[:, :, at : at + q] = torch.arange(first, first + q, device=dev)
+            self.valid[:, :, at : at + q] = True
+            return
+        slot = torch.tensor(list(at), device=dev)[:, None] + torch.arange(q, device=dev)
+        rows = torch.arange(len(at), device=dev)[:, None]
+        self.keys[rows, :, slot] = keys.transpose(1, 2)
+        self.values[rows, :, slot] = values.transpose(1, 2)
+        self.positions[rows, :, slot] = torch.arange(first, first + q, device=dev)[None, :, None]
+        self.valid[rows, :, slot] = True
+
+    def write(self, row: int, start: int, keys, values, positions, valid) -> None:
+        """Slots ``start..`` of row ``row`` from one row's ``[Hkv, m, ...]`` tensors."""
+        stop = start + keys.shape[-2]
+        self.keys[row, :, start:stop] = keys
+        self.values[row, :, start:stop] = values
+        self.positions[row, :, start:stop] = positions
+        self.valid[row, :, start:stop] = valid
+
+    def pad(self, row: int, start: int, stop: int) -> None:
+        """Slots ``start..stop-1`` of row ``row`` are padding again (their keys and values are never shown)."""
+        self.positions[row, :, start:stop] = -1
+        self.valid[row, :, start:stop] = False
+
+    # --------------------------------------------------------------- evicting
     def gathered(self, keep: torch.Tensor, capacity: int) -> TokenStore:
         """A new store of ``capacity`` slots holding, first, the tokens ``keep`` ``[B, Hkv, b]`` of this
         one (one ``index_select`` per buffer: the padding slots copy token 0 and are never shown)."""
@@ -60,6 +126,21 @@ class TokenStore:
         values = self.values.reshape(b * h * cap, -1).index_select(0, rows).view(b, h, capacity, -1)
         return TokenStore(keys, values, self.positions.gather(-1, padded), self.valid.gather(-1, padded))
 
+    def compact(self, rows: torch.Tensor, keep: torch.Tensor, kept: torch.Tensor) -> None:
+        """Rewrite, in place, slots ``0..m-1`` of the rows ``rows`` ``[E]``: slot ``j`` gets slot ``keep[e, h, j]``
+        (``keep`` ``[E, Hkv, m]``), or padding where ``kept[e, 0, j]`` is False (``kept`` ``[E, 1, m]``)."""
+        r, h, cap = self.keys.shape[:3]
+        base = (rows[:, None, None] * h + torch.arange(h, device=rows.device)[None, :, None]) * cap
+        src = (base + keep).reshape(-1)
+        dst = (base + torch.arange(keep.shape[-1], device=rows.device)).reshape(-1)
+        for buf in (self.keys, self.values):
+            flat = buf.view(r * h * cap, buf.shape[-1])
+            flat.index_copy_(0, dst, flat.index_select(0, src))
+        flat = self.positions.view(-1)
+        flat.index_copy_(0, dst, flat.index_select(0, src).view_as(keep).masked_fill_(~kept, -1).reshape(-1))
+        self.valid.view(-1).index_copy_(0, dst, kept.expand_as(keep).reshape(-1))
+
+    # ---------------------------------------------------------------- reading
     def views(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first ``n`` slots of every buffer."""
         return self.keys[:, :, :n], self.values[:, :, :n], self.positions[:, :, :n], self.valid[:, :, :n]

@@ -10,11 +10,40 @@ evicted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 
 
 class ViewOps:
     """Masks and exact attention statistics over the cached keys (see the module docstring)."""
+
+    # What every layer and row view holds (declared for the type checker; each class sets them).
+    layer_idx: int
+    num_kv_heads: int
+    groups: int
+    scaling: float
+    sliding_window: int | None
+    device: torch.device
+    rotary: Callable[[torch.Tensor | range], tuple[torch.Tensor, torch.Tensor]] | None
+    seen: int
+    num_evictions: int
+    query_range: range
+    keys: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+
+    if TYPE_CHECKING:  # read-only here: some views compute them
+
+        @property
+        def values(self) -> torch.Tensor: ...
+
+        @property
+        def all_valid(self) -> bool: ...
+
+        @property
+        def length(self) -> int: ...
 
     def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
         """Bool mask broadcastable to ``[B, Hkv, q, n]``: which cached keys each query may attend to.
@@ -38,6 +67,10 @@ class ViewOps:
             return allowed
         # A padding query sees only itself, so no row is empty and no NaN can leak into the cache.
         return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
+
+    def row_counts(self) -> torch.Tensor | None:
+        """None: rows are not known to be stored compactly (see :class:`~polykv_search.runtime.row_view.GroupView`)."""
+        return None
 
     def real_prefix(self) -> int | None:
         """Leading slots that hold real tokens in every row and head (None: not known, e.g. left padding)."""
@@ -97,6 +130,7 @@ class ViewOps:
             # Kept positions are distinct, ascending and < seen, so in a row of ``real`` leading real
             # tokens only the slots from ``real - (seen - 1 - start)`` on can hold a key after the first
             # query (or padding): mask just those columns.
+            assert isinstance(query_positions, range)
             first = real - (self.seen - 1 - query_positions.start)
             if q and first < n:
                 first = max(first, 0)

@@ -29,8 +29,6 @@ from polykv_search.runtime import (
     FanoutLayer,
     PhasePlan,
     PolyKVCache,
-    RowBatchLayer,
-    RowSplitLayer,
     cache_report,
 )
 from polykv_search.runtime.head_groups import HeadGroupPlan, cache_layer
@@ -153,10 +151,7 @@ class SharedScorer:
     @staticmethod
     def _write_back(cache: PolyKVCache) -> None:
         for layer in cache.layers:
-            if isinstance(layer, (RowBatchLayer, RowSplitLayer)):
-                layer.write_back()
-            else:  # a row's own layer, decoded alone: detach it again
-                layer._on_update = None
+            layer.write_back()
 
     @torch.inference_mode()
     def run(self, job: SampleJob, *, fidelity: bool = True) -> list[SampleOutcome]:
