@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polykv_search.patterns import make_pattern
+from polykv_search.patterns import canonical_spec, make_pattern
 from polykv_search.patterns.base import PassInputs
 from polykv_search.patterns.kvzip import KVzip
 from polykv_search.patterns.state import PatternState
@@ -147,6 +147,8 @@ def test_plus_in_a_model_pool_ranks_its_scores_across_layers_as_the_oracle_does(
 
 
 def test_plus_round_trips_through_the_strategy_json_and_exports_to_kvzip_plus(tmp_path):
+    assert canonical_spec("kvzip[plus=true,allocation=model]") == "kvzip[plus=true,allocation=model]"
+    assert canonical_spec("kvzip[plus=false]") == "kvzip"
     s = plus_strategy([9, 12, 10], "layer")
     back = Strategy.load(s.save(tmp_path / "s.json"))
     assert back.to_json() == s.to_json() and back.prefill[0].params["plus"] is True
