@@ -7,12 +7,16 @@ import pytest
 import torch
 
 from polykv_search.patterns import canonical_spec, make_pattern
-from polykv_search.runtime import apply_strategy
+from polykv_search.runtime import apply_strategy, strategy_plans
+from polykv_search.scoring import Entry, per_entry
+from polykv_search.scoring.shared import SharedScorer
 from strategies import LayerChoice, Strategy
 from strategies.kvpress_presses import prefill_press
 from tests.oracle import Oracle
+from tests.test_eval_support import char_tokenizer
 from tests.test_kvzip_pooled import held, run_both
 from tests.test_runtime import batch, kept_sets, run_three_steps
+from tests.test_scoring_engines import assert_same, jobs
 from tests.tiny import FAMILIES, tiny_model
 
 PROMPT = 30  # batch(n=30): row 1 has 5 padding tokens on the left, so its real prompt ends at the same slot
@@ -70,3 +74,21 @@ def test_boundary_is_a_spec_parameter_validated_and_exported_with_its_difference
     assert any("boundary=8 is not applied" in d for d in press.differences)
     plain = prefill_press(LayerChoice("kvzip", 64, {}))
     assert plain is not None and not any("boundary" in d for d in plain.differences)
+
+
+@pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
+def test_the_shared_engine_scores_boundary_entries_as_the_per_entry_engine(kind):
+    """The boundary's state follows the rows the shared engine stacks and splits (row-batched = alone)."""
+    model, tok = tiny_model("qwen3"), char_tokenizer()
+    forced, gen = jobs(tok)
+    job = forced if kind == "teacher_forced" else gen
+    es = [
+        Entry("full", Strategy.full(3), "baseline", "full"),
+        Entry("head", boundary_strategy(3, [12, 8, 16], "head", 6, decoding=[10, 8, 14]), "strategy", "h"),
+        Entry("model", boundary_strategy(3, [24, 20, 28], "model", 5), "strategy", "m"),
+        Entry("plain", Strategy.uniform(3, "kvzip", 12), "baseline", "kvzip"),
+    ]
+    reference = per_entry.run_sample(model, es, job)
+    with apply_strategy(model, Strategy.full(3)) as rt:
+        shared = SharedScorer(model, rt, [strategy_plans(e.strategy) for e in es]).run(job)
+    assert_same(reference, shared, job)
