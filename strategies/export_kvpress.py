@@ -21,8 +21,9 @@ ObservedAttentionPress (prefill only; needs eager attention); tova -> TOVAPress;
 SnapKVPress(window_size, kernel_size); pyramidkv -> SnapKVPress(window_size=8, kernel_size=7) (not
 PyramidKVPress, which imposes its own budget schedule); knorm -> KnormPress; random ->
 RandomPress(seed); keydiff -> KeyDiffPress; expected_attention -> ExpectedAttentionPress (its five
-parameters; prefill only); kvzip -> KVzipPress(layerwise=True) (prefill only; not checked against
-kvpress). Where kvpress's press differs from the pattern, the difference is listed per layer.
+parameters; prefill only); kvzip -> KVzipPress(layerwise=True), with kvzip_plus_normalization=True for
+``plus`` (prefill only; not checked against kvpress). Where kvpress's press differs from the pattern,
+the difference is listed per layer.
 
 Head groups (schema version 2): a layer with head groups is routed to per-KV-head key masks (kvpress's
 own mechanism for DuoAttentionPress and AdaKVPress), which keep exactly polykv-search's keys for

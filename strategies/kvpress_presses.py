@@ -99,16 +99,19 @@ def prefill_press(choice: LayerChoice) -> Press | None:
             "model": ", and layerwise=True ranks each layer's heads alone (here allocation='model' ranks every "
             "such layer together, as one KVzipPress(layerwise=False) over the whole model does)",
         }[p.get("allocation", "head")]
-        return Press(
-            "KVzipPress",
-            {"layerwise": True},
-            (
-                "kvpress's KVzipPress runs its own reconstruction pass: the softmax of a chunk's queries covers "
-                "the sinks, that chunk and the repeat tokens only (polykv-search: the whole cache; the same for "
-                "prompts of one chunk); its pass neither repeats nor scores the chat template's prefix (evicted "
-                f"first past the sinks, which are fixed at 4: n_sink={p['n_sink']} here){allocation}",
-            ),
-        )
+        diffs = [
+            "kvpress's KVzipPress runs its own reconstruction pass: the softmax of a chunk's queries covers "
+            "the sinks, that chunk and the repeat tokens only (polykv-search: the whole cache; the same for "
+            "prompts of one chunk); its pass neither repeats nor scores the chat template's prefix (evicted "
+            f"first past the sinks, which are fixed at 4: n_sink={p['n_sink']} here){allocation}"
+        ]
+        if p.get("boundary", 0):
+            diffs.append(
+                f"boundary={p['boundary']} is not applied: KVzipPress protects no prompt-boundary tokens "
+                "(only its first n_sink), so the prompt's last tokens are ranked by their scores"
+            )
+        params = {"layerwise": True, "kvzip_plus_normalization": True} if p.get("plus") else {"layerwise": True}
+        return Press("KVzipPress", params, tuple(diffs))
     if name == "random":
         return Press(
             "RandomPress", {"seed": p["seed"]}, ("kvpress draws its own random numbers (same seed, other tokens)",)

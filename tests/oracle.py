@@ -19,8 +19,8 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from polykv_search.runtime import eviction_target
 from strategies import Strategy
-from tests.oracle_pooled import pooled, pooled_evict
-from tests.oracle_scores import expected_attention_scores, keydiff_scores, query_stats, rotation
+from tests.oracle_pooled import pooled, pooled_evict, prompt_end
+from tests.oracle_scores import expected_attention_scores, keydiff_scores, kvzip_plus_weights, query_stats, rotation
 
 NAME = "polykv_oracle"
 _ACTIVE: dict[int, Oracle] = {}
@@ -35,7 +35,7 @@ DEFAULTS = {
     "knorm": {},
     "random": {"seed": 0},
     "keydiff": {},
-    "kvzip": {"n_sink": 4, "chunk_size": 2048, "query_chunk": 256, "allocation": "head"},
+    "kvzip": {"n_sink": 4, "chunk_size": 2048, "query_chunk": 256, "allocation": "head", "boundary": 0, "plus": False},
     "expected_attention": {
         "n_future_positions": 512,
         "n_sink": 4,
@@ -92,6 +92,7 @@ class Oracle:
         # kvzip: every layer defers its prefill eviction until the reconstruction pass has run
         self.kvzip = any(pl[0] == "kvzip" for L in self.layers for pl in L.all_plans())
         self.in_pass = None  # the prompt length while the pass runs
+        self.pass_inputs = {}  # during the pass: layer -> [B, q] norms of the attention's input hidden states
         self.prompt = None  # (input_ids, attention_mask) of the first call
 
     def __enter__(self):
@@ -132,6 +133,14 @@ class Oracle:
         size = min(pl[1]["chunk_size"] for L in self.layers for pl in L.all_plans() if pl[0] == "kvzip")
         real = [[int(t) for t, m in zip(ids[b], mask[b]) if m] for b in range(B)]
         self.in_pass = n
+        self.pass_inputs = {}  # layer -> [B, q] norms of the attention module's input hidden states
+
+        def record_input(module, args, kwargs):
+            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            self.pass_inputs[module.layer_idx] = x.double().norm(dim=-1)
+
+        attns = [layer.self_attn for layer in self.model.model.layers]
+        hooks = [attn.register_forward_pre_hook(record_input, with_kwargs=True) for attn in attns]
         for start in range(0, n, size):
             rows = []
             for b in range(B):
@@ -149,6 +158,8 @@ class Oracle:
                 m[b, n + width - len(r) :] = 1
             self.model.model(input_ids=x, attention_mask=m, cache=cache, use_cache=True)
             cache.crop(-width)
+        for hook in hooks:
+            hook.remove()
         self.in_pass = None
         for L in self.layers:
             key, value, scaling, groups = L.deferred
@@ -188,13 +199,17 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
                 out[b, i, hq] = (w[:, None] * value[b, h, allowed].double()).sum(0).float()
 
     if n_prompt is not None:  # a reconstruction call: fold the max attention to the prompt, cut back
-        for k in [_key(pl) for pl in L.all_plans() if pl[0] == "kvzip" and pl[2] is not None]:
-            z = L.zip.setdefault(k, torch.zeros(B, Hkv, n_prompt, dtype=torch.float64))
+        for plan in [pl for pl in L.all_plans() if pl[0] == "kvzip" and pl[2] is not None]:
+            z = L.zip.setdefault(_key(plan), torch.zeros(B, Hkv, n_prompt, dtype=torch.float64))
             for b in range(B):
                 for hq in range(Hq):
                     for i in range(q):
                         if pad[b, i]:
-                            z[b, hq // groups] = torch.maximum(z[b, hq // groups], probs_all[b, hq, i, :n_prompt])
+                            a = probs_all[b, hq, i, :n_prompt]
+                            if plan[1]["plus"]:  # KVzip+: a * ||v W_o[hq]|| / ||x||, x the attention's input
+                                a = a * kvzip_plus_weights(module, value, b, hq, groups, n_prompt)
+                                a = a / float(o.pass_inputs[module.layer_idx][b, i])
+                            z[b, hq // groups] = torch.maximum(z[b, hq // groups], a)
         L.kept, L.valid = L.kept[..., :n_prompt], L.valid[..., :n_prompt]
         L.acc = {k: v[..., :n_prompt] for k, v in L.acc.items()}
         return out.to(query.dtype), None
@@ -305,8 +320,9 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_e
             elif name == "kvzip":  # the pass's max attention; tokens after the prompt: above it, newest first
                 z = L.zip[_key(plan)]
                 n_seen = key.shape[2]
-                score = {j: float(z[b, h, j]) if j < z.shape[-1] else 2 + j / (n_seen + 1) for j in cands}
-                protected = set(valid[: min(params["n_sink"], budget)])
+                top = max(1.0, float(z.max()))  # appended tokens above every prompt token (KVzip+: not probabilities)
+                score = {j: float(z[b, h, j]) if j < z.shape[-1] else 2 * top + j / (n_seen + 1) for j in cands}
+                protected = set(valid[: min(params["n_sink"], budget)]) | prompt_end(L, b, z.shape[-1], params, budget)
             elif name == "expected_attention":
                 sinks = valid[: params["n_sink"]]
                 group = range(h * groups, (h + 1) * groups)

@@ -3,10 +3,11 @@ module docstring of ``polykv_search.runtime.pooled`` as a spec, sharing no code 
 
 A pool is the layers whose plan in this phase is the same kvzip plan ("model") or the layer alone ("layer");
 it holds ``C = sum(H * budget)`` tokens over its ``P`` (layer, KV head) cells. Per row: the sinks (the first
-``min(n_sink, budget)`` real prompt tokens of every cell) always; the tokens appended since the prompt,
-``a`` per cell, all of them while ``C - S >= P * a`` (``S``: the sinks), else the newest
-``(C - S) // P`` per cell; and the best remaining prompt tokens of the whole pool, ``C - S - P * a`` of them,
-best pass score first, ties to the lower layer, then the lower head, then the older token.
+``min(n_sink, budget)`` real prompt tokens of every cell, and with a protected boundary its last
+``min(boundary, budget - n_sink)``) always; the tokens appended since the prompt, ``a`` per cell, all of
+them while ``C - S >= P * a`` (``S``: the sinks), else the newest ``(C - S) // P`` per cell; and the best
+remaining prompt tokens of the whole pool, ``C - S - P * a`` of them, best pass score first, ties to the
+lower layer, then the lower head, then the older token.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
     cells = len(members)
     for b in range(B):
         prompt = [j for j in range(n_prompt) if L.valid[b, j]]
-        sinks = {(M.idx, h): prompt[: min(params["n_sink"], budget)] for M, h, budget in members}
+        sinks = {
+            (M.idx, h): set(prompt[: min(params["n_sink"], budget)]) | prompt_end(L, b, n_prompt, params, budget)
+            for M, h, budget in members
+        }
         n_sinks = sum(len(s) for s in sinks.values())
         if capacity - n_sinks >= cells * len(appended):
             kept_appended, rest = appended, capacity - n_sinks - cells * len(appended)
@@ -57,3 +61,11 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
             for j in range(N):
                 keep = j in sinks[L.idx, h] or j in kept_appended or (L.idx, h, j) in best
                 L.kept[b, h, j] = bool(L.kept[b, h, j]) and keep
+
+
+def prompt_end(L, b: int, n_prompt: int, params, budget: int) -> set[int]:
+    """kvzip's protected prompt boundary in row ``b``: its last ``min(boundary, budget - n_sink)`` real prompt
+    tokens (their slots among the first ``n_prompt``)."""
+    k = min(params.get("boundary", 0), max(0, budget - params["n_sink"]))
+    prompt = [j for j in range(n_prompt) if L.valid[b, j]]
+    return set(prompt[len(prompt) - k :]) if k > 0 else set()

@@ -72,3 +72,11 @@ def expected_attention_scores(key, value, b, h, groups, cands, valid, sinks, sta
         vnorm = math.sqrt(sum(float(x) ** 2 for x in value[b, h, j]))
         score[j] = (total[j] + params["epsilon"]) * vnorm if params["use_vnorm"] else total[j]
     return score
+
+
+def kvzip_plus_weights(module, value, b: int, hq: int, groups: int, n_prompt: int) -> torch.Tensor:
+    """KVzip+'s output factor, written out: ``||v_i W_o[hq]||`` for the first ``n_prompt`` values of row ``b``
+    (``W_o[hq]``: query head ``hq``'s columns of ``o_proj.weight``), float64 ``[n_prompt]``."""
+    d = value.shape[-1]
+    w = module.o_proj.weight.double()[:, hq * d : (hq + 1) * d]  # [hidden, D]: head hq's block
+    return torch.stack([(w @ value[b, hq // groups, i].double()).norm() for i in range(n_prompt)])

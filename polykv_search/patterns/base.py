@@ -15,8 +15,10 @@ Hook points, called by the runtime in this order for every attention call of a l
 
 A *model-level* pattern (``model_level = True``, e.g. ``kvzip``) scores the prompt from a pass of the
 whole model over it: it declares ``chunk_size`` (prompt tokens per pass call) and
-``reconstruct(layer, state, query, prompt_len, lse)``, which the runtime calls for each attention call
-of that pass with the kernel's log-sum-exp (or None) as an argument.
+``reconstruct(layer, state, query, prompt_len, lse, inputs)``, which the runtime calls for each attention
+call of that pass with the kernel's log-sum-exp (or None) as an argument; a pattern whose
+``needs_pass_inputs`` is True also needs ``inputs`` (:class:`PassInputs`: what the attention module saw
+beyond its queries, e.g. for KVzip+'s normalization).
 
 ``cache_update_rows`` is ``cache_update``'s batched variant for a right-padded batch of rows with a
 budget each (the scorer decodes many entries as one batch). Every pattern has one: the default ranks
@@ -43,6 +45,25 @@ from polykv_search.patterns.selection import (  # noqa: F401  (re-exported: the 
     valid_rank,
 )
 from polykv_search.patterns.state import PatternState
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """What one attention call of the reconstruction pass saw beyond its queries, for a model-level pattern
+    whose ``needs_pass_inputs`` is True (KVzip+ weighs attention by them).
+
+    Attributes
+    ----------
+    hidden_norm : torch.Tensor
+        ``[B, q]``: the L2 norm of the attention module's input hidden state at each of this call's queries
+        (after the decoder layer's input norm: what the query, key and value projections read).
+    out_proj : torch.Tensor
+        ``[Hq, Dv, hidden]``: each query head's block of the output projection (``o_proj.weight.T`` viewed
+        per head, in the model's query-head order), so that head ``j`` writes ``v @ out_proj[j]``.
+    """
+
+    hidden_norm: torch.Tensor
+    out_proj: torch.Tensor
 
 
 class LayerView(Protocol):
@@ -193,13 +214,26 @@ class Pattern:
         """Prompt tokens one call of the reconstruction pass repeats (None: not a model-level pattern)."""
         return None
 
+    @property
+    def needs_pass_inputs(self) -> bool:
+        """True when :meth:`reconstruct` needs its ``inputs`` (:class:`PassInputs`), e.g. KVzip+."""
+        return False
+
     def reconstruct(
-        self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int, lse: torch.Tensor | None
+        self,
+        layer: LayerView,
+        state: PatternState,
+        query: torch.Tensor,
+        prompt_len: int,
+        lse: torch.Tensor | None,
+        inputs: PassInputs | None = None,
     ) -> None:
         """One attention call of the reconstruction pass: ``query`` ``[B, Hq, q, D]`` are the pass's
         queries, the layer holds the prompt's ``prompt_len`` tokens then the pass's own so far; ``lse``
         ``[B, Hq, q]`` is the log-sum-exp the attention kernel computed for these queries over the whole
-        cache (None: the kernel gave none; recompute the softmax through ``layer.attention_probs``)."""
+        cache (None: the kernel gave none; recompute the softmax through ``layer.attention_probs``);
+        ``inputs``: what the attention module saw beyond its queries (None: not handed over; a pattern
+        whose ``needs_pass_inputs`` is True then refuses)."""
         raise NotImplementedError(f"{self.name} is not a model-level pattern")
 
     # ---------------------------------------------------------- building blocks

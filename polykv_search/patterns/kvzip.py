@@ -6,12 +6,13 @@ https://arxiv.org/abs/2505.23416
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import LayerView, Pattern, protected_ends
+from polykv_search.patterns.base import POS_INF, LayerView, PassInputs, Pattern, protected_ends, valid_rank
 from polykv_search.patterns.state import PatternState, fit_tokens
 
 
@@ -38,6 +39,21 @@ class KVzip(Pattern):
         at most one chunk (measured below).
     query_chunk : int
         Reconstruction queries scored at once, at most (memory and speed, not results).
+    boundary : int
+        The prompt's last tokens always kept, as the sinks are (0: none, the default). They end the context
+        where the question or the chat template's turn change follows, the tokens eviction at tight budgets
+        must not lose (arXiv 2605.18053). At a budget ``b`` the sinks come first: the last
+        ``min(boundary, b - n_sink)`` prompt tokens are protected, in prefill and in decoding, and in a pool
+        they count among its protected tokens. kvpress's ``KVzipPress`` has no counterpart (its ``n_sink`` only).
+    plus : bool
+        KVzip+'s normalization (kvpress's ``KVzipPress(kvzip_plus_normalization=True)``; off by default): a
+        pass query ``t``'s attention to prompt token ``i`` through query head ``j`` is weighed by what it
+        writes into the residual stream relative to what the layer read, ``a[j, t, i] * ||v_i W_o[j]|| /
+        ||x_t||`` (``x_t``: the attention module's input hidden state, ``W_o[j]``: head ``j``'s block of the
+        output projection), before the maximum over the group's heads and the queries. The scores are then
+        no longer probabilities; they compare across layers as a pool ranks them. Needs the runtime to hand
+        :class:`~polykv_search.patterns.base.PassInputs` to :meth:`reconstruct` (``needs_pass_inputs``). Checked
+        against the oracle and a hand computation, not yet against kvpress's own scores.
     allocation : {"head", "layer", "model"}
         Which tokens share one ranking. ``"head"`` (default): every KV head keeps its own top ``budget``.
         ``"layer"`` (kvpress's ``layerwise=True``): the layer's ``Hkv * budget`` best over all its KV heads.
@@ -94,17 +110,25 @@ class KVzip(Pattern):
     chunk_size: int = 2048
     query_chunk: int = 256
     allocation: str = "head"
+    boundary: int = 0
+    plus: bool = False
 
     ALLOCATIONS: ClassVar[tuple[str, ...]] = ("head", "layer", "model")
 
     def __post_init__(self) -> None:
-        for field_name in ("n_sink", "chunk_size", "query_chunk"):
+        for field_name in ("n_sink", "chunk_size", "query_chunk", "boundary"):
             value = getattr(self, field_name)
-            low = 0 if field_name == "n_sink" else 1
+            low = 0 if field_name in ("n_sink", "boundary") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{field_name} must be an integer >= {low}, got {value!r}")
         if self.allocation not in self.ALLOCATIONS:
             raise ValueError(f"allocation must be one of {', '.join(self.ALLOCATIONS)}, got {self.allocation!r}")
+        if not isinstance(self.plus, bool):
+            raise ValueError(f"plus must be true or false, got {self.plus!r}")
+
+    @property
+    def needs_pass_inputs(self) -> bool:
+        return self.plus
 
     @property
     def pooled(self) -> str | None:
@@ -115,22 +139,40 @@ class KVzip(Pattern):
         return self if self.allocation == "head" else replace(self, allocation="head")
 
     def reconstruct(
-        self, layer: LayerView, state: PatternState, query: torch.Tensor, prompt_len: int, lse: torch.Tensor | None
+        self,
+        layer: LayerView,
+        state: PatternState,
+        query: torch.Tensor,
+        prompt_len: int,
+        lse: torch.Tensor | None,
+        inputs: PassInputs | None = None,
     ) -> None:
         """One attention call of the reconstruction pass: fold its queries' attention to the first
         ``prompt_len`` slots (the prompt) into the running per-KV-head maximum (from the kernel's
-        log-sum-exp ``lse`` when it handed one over)."""
+        log-sum-exp ``lse`` when it handed one over; weighed by ``inputs`` with ``plus``)."""
         best = state.token.get("kvzip")
         if best is None:
             best = torch.zeros(layer.valid.shape[:2] + (prompt_len,), dtype=torch.float32, device=layer.keys.device)
+        weights = None
+        if self.plus:
+            if inputs is None:
+                raise RuntimeError(
+                    f"kvzip[plus=true] (layer {layer.layer_idx}) needs the pass's hidden-state norms and output "
+                    "projection (PassInputs), which this runtime did not hand to reconstruct"
+                )
+            weights = plus_weights(layer, inputs, prompt_len)
         if lse is None:
-            best = self._from_probs(layer, query, prompt_len, best)
+            best = self._from_probs(layer, query, prompt_len, best, weights)
         else:
-            best = self._from_lse(layer, query, prompt_len, best, lse)
+            best = self._from_lse(layer, query, prompt_len, best, lse, weights)
         state.token["kvzip"] = best
         state.token["scored"] = layer.valid[..., :prompt_len].float()
+        if self.boundary:
+            rank, count = valid_rank(layer.valid[..., :prompt_len])
+            to_end = (count - rank).masked_fill(~layer.valid[..., :prompt_len], 0)
+            state.token["to_end"] = to_end.masked_fill(to_end > self.boundary, 0).float()
 
-    def _from_lse(self, layer, query: torch.Tensor, prompt_len: int, best: torch.Tensor, lse: torch.Tensor):
+    def _from_lse(self, layer, query: torch.Tensor, prompt_len: int, best: torch.Tensor, lse: torch.Tensor, weights):
         """The maximum from the kernel's log-sum-exp ``lse`` ``[B, Hq, q]``: a query's attention to a key is
         ``exp(logit - lse)``, so only the prompt's logits are needed, and the maximum is taken before the
         exponential (one ``[B, Hkv, prompt_len]`` exp per call instead of a softmax over the whole cache)."""
@@ -153,6 +195,8 @@ class KVzip(Pattern):
             c = stop - start
             logits = torch.matmul(scaled[..., start:stop, :].reshape(b, h, g * c, d), keys_t).view(b, h, g, c, -1)
             logits.sub_(lse[..., start:stop, None])
+            if weights is not None:  # KVzip+: log(a * ||v W_o|| / ||x||), still maximised before the exp
+                logits.add_(weights.log_out.view(b, h, g, 1, -1)).sub_(weights.log_in[:, None, None, start:stop, None])
             if mask is not None:
                 logits.masked_fill_(~mask[..., start:stop, :][:, :, None], float("-inf"))
             if qvalid is not None:
@@ -160,7 +204,7 @@ class KVzip(Pattern):
             top = torch.maximum(top, logits.amax(dim=(2, 3)))
         return torch.maximum(best, top.exp_())
 
-    def _from_probs(self, layer, query: torch.Tensor, prompt_len: int, best: torch.Tensor) -> torch.Tensor:
+    def _from_probs(self, layer, query: torch.Tensor, prompt_len: int, best: torch.Tensor, weights) -> torch.Tensor:
         """The maximum from the probabilities themselves (a call whose kernel gave no log-sum-exp)."""
         qpos = layer.query_range
         qvalid = layer.query_valid(query.shape[-2])
@@ -170,6 +214,8 @@ class KVzip(Pattern):
             probs = layer.attention_probs(query[..., start:stop, :], qpos[start:stop])[..., :prompt_len]
             if qvalid is not None:
                 probs = probs * qvalid[:, None, start:stop, None]
+            if weights is not None:  # KVzip+
+                probs = probs * weights.log_out.exp()[:, :, None] * (-weights.log_in[:, None, start:stop, None]).exp()
             per_kv = probs.amax(dim=-2).view(b, layer.num_kv_heads, hq // layer.num_kv_heads, prompt_len)
             best = torch.maximum(best, per_kv.amax(dim=2))
         return best
@@ -186,8 +232,47 @@ class KVzip(Pattern):
             )
         n = layer.length
         scored = fit_tokens(state.token["scored"], n) > 0
+        zipped = fit_tokens(state.token["kvzip"], n)
         appended = 2.0 + layer.positions.float() / (layer.seen + 1)  # above any probability, newest first
-        return torch.where(scored, fit_tokens(state.token["kvzip"], n), appended)
+        if self.plus:  # KVzip+ scores are not probabilities: above the largest of them instead
+            appended = appended * zipped.max().clamp(min=1.0)
+        return torch.where(scored, zipped, appended)
 
     def protected(self, layer: LayerView, budget: int) -> torch.Tensor:
         return protected_ends(layer, budget, self.n_sink, 0)
+
+    def selection_key(
+        self, layer: LayerView, state: PatternState, budgets: Sequence[int], rows: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """The base key with the prompt's last ``min(boundary, b - n_sink)`` tokens (``b``: each row's budget)
+        protected too; ``state.token["to_end"]`` holds each of the last ``boundary`` prompt tokens' place from
+        the prompt's end (1: the last), gathered with the cache."""
+        key = super().selection_key(layer, state, budgets, rows)
+        if not self.boundary or "to_end" not in state.token:
+            return key
+        to_end = fit_tokens(state.token["to_end"], layer.length)
+        if rows is not None:
+            to_end = to_end.index_select(0, torch.tensor(list(rows), device=to_end.device))
+        limits = [min(self.boundary, max(0, b - self.n_sink)) for b in budgets]
+        limit = torch.tensor(limits, dtype=to_end.dtype, device=to_end.device)
+        limit = limit.view(-1, 1, 1) if len(limits) > 1 else limit
+        return key.masked_fill((to_end > 0) & (to_end <= limit), POS_INF)
+
+
+@dataclass(frozen=True)
+class PlusWeights:
+    """KVzip+'s factors of one pass call, as logarithms: ``log_out`` ``[B, Hq, prompt_len]`` is
+    ``log ||v_i W_o[j]||`` per query head ``j`` and prompt token ``i``, ``log_in`` ``[B, q]`` is ``log ||x_t||``."""
+
+    log_out: torch.Tensor
+    log_in: torch.Tensor
+
+
+def plus_weights(layer: LayerView, inputs: PassInputs, prompt_len: int) -> PlusWeights:
+    """KVzip+'s factors (see ``KVzip.plus``). ``||v W||^2 = v (W W^T) v``: one ``[Dv, Dv]`` Gram matrix per
+    query head instead of projecting every value to the hidden size."""
+    values = layer.repeat_heads(layer.values[..., :prompt_len, :].float())  # [B, Hq, n, Dv]
+    w = inputs.out_proj.float()
+    gram = torch.matmul(w, w.transpose(-1, -2))  # [Hq, Dv, Dv]
+    squared = (torch.matmul(values, gram) * values).sum(-1).clamp_(min=0.0)
+    return PlusWeights(0.5 * squared.log(), inputs.hidden_norm.float().log())

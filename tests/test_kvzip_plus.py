@@ -1,0 +1,158 @@
+"""KVzip+'s normalization (``kvzip[plus=true]``, kvpress's ``KVzipPress(kvzip_plus_normalization=True)``): a pass
+query's attention to a prompt token, through query head ``j``, weighed by ``||v W_o[j]|| / ||x||`` before the
+maximum; by hand on a small tensor, against the oracle (the inputs handed over as the runtime is to hand them:
+see ``with_pass_inputs``), through the strategy JSON and the kvpress export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polykv_search.patterns import canonical_spec, make_pattern
+from polykv_search.patterns.base import PassInputs
+from polykv_search.patterns.kvzip import KVzip
+from polykv_search.patterns.state import PatternState
+from polykv_search.runtime import apply_strategy
+from strategies import LayerChoice, Strategy
+from strategies.kvpress_presses import prefill_press
+from tests.oracle import Oracle
+from tests.test_kvzip_pooled import held, oracle_held
+from tests.test_runtime import batch, kept_sets, run_three_steps
+from tests.tiny import tiny_model
+
+
+class TinyView:
+    """One row, one KV head of 2 query heads, keys and values of 2 dimensions: the prompt's 2 tokens and the
+    pass's 2 so far, every query causal over them (all that ``reconstruct`` reads)."""
+
+    layer_idx, num_kv_heads, scaling, sliding_window, all_valid = 0, 1, 1.0, None, True
+
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+        self.valid = torch.ones(keys.shape[:3], dtype=torch.bool)
+        self.query_range = range(2, 4)
+
+    def allowed(self, query_positions):
+        return (torch.arange(4)[None, :] <= torch.as_tensor(list(query_positions))[:, None])[None, None]
+
+    def query_valid(self, q_len):
+        return None
+
+    def repeat_heads(self, t):
+        return t.repeat_interleave(2, dim=1)
+
+    def logits(self, query):
+        scores = query @ self.repeat_heads(self.keys).transpose(-1, -2) * self.scaling
+        return scores.masked_fill(~self.allowed(self.query_range), float("-inf"))
+
+    def attention_probs(self, query, query_positions, upto=None):
+        return self.logits(query).softmax(-1)
+
+
+def hand_case():
+    """Zero queries attend uniformly: the pass's first query (position 2) 1/3 to each key it sees, the second
+    (position 3) 1/4. Values v0 = (1, 0), v1 = (0, 2); head 0 writes v, head 1 writes (3 v[0], 0); the
+    queries' input hidden states have norms 3 and 1."""
+    keys = torch.tensor([[[[0.5, 1.0], [1.0, -1.0], [2.0, 0.0], [0.0, 3.0]]]])
+    values = torch.tensor([[[[1.0, 0.0], [0.0, 2.0], [5.0, 5.0], [1.0, 1.0]]]])
+    out_proj = torch.stack([torch.eye(2), torch.tensor([[3.0, 0.0], [0.0, 0.0]])])  # [Hq, Dv, hidden]
+    inputs = PassInputs(hidden_norm=torch.tensor([[3.0, 1.0]]), out_proj=out_proj)
+    return TinyView(keys, values), torch.zeros(1, 2, 2, 2), inputs
+
+
+@pytest.mark.parametrize("path", ["lse", "probs"])
+def test_plus_scores_equal_a_hand_computation(path):
+    view, query, inputs = hand_case()
+    lse = torch.logsumexp(view.logits(query), dim=-1) if path == "lse" else None
+    # token 0: head 0 gives (1/3)*1/3 and (1/4)*1/1, head 1 (1/3)*3/3 and (1/4)*3/1: the max is 3/4
+    # token 1: head 0 gives (1/3)*2/3 and (1/4)*2/1, head 1 writes nothing of it: the max is 1/2
+    plus, plain = PatternState(), PatternState()
+    KVzip(plus=True).reconstruct(view, plus, query, 2, lse, inputs)
+    KVzip().reconstruct(view, plain, query, 2, lse)
+    torch.testing.assert_close(plus.token["kvzip"], torch.tensor([[[3 / 4, 1 / 2]]]))
+    torch.testing.assert_close(plain.token["kvzip"], torch.tensor([[[1 / 3, 1 / 3]]]))  # max(1/3, 1/4)
+
+
+def test_plus_without_the_pass_inputs_refuses_in_one_line():
+    view, query, _ = hand_case()
+    assert KVzip(plus=True).needs_pass_inputs and not KVzip().needs_pass_inputs
+    with pytest.raises(RuntimeError, match=r"kvzip\[plus=true\] \(layer 0\) needs the pass's hidden-state norms"):
+        KVzip(plus=True).reconstruct(view, PatternState(), query, 2, None)
+    with pytest.raises(ValueError, match="plus must be true or false, got 1"):
+        make_pattern("kvzip", plus=1)
+
+
+def with_pass_inputs(monkeypatch, model, rt) -> list:
+    """Hand kvzip's ``reconstruct`` the :class:`PassInputs` of each pass call, as the runtime is to: the attention
+    module's input norms (a forward pre-hook) and the ``o_proj`` blocks of the query heads the view holds (a
+    pooled layer's view is one KV head's group)."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def record(module, args, kwargs):
+        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        seen[module.layer_idx] = x.float().norm(dim=-1)
+
+    attns = [layer.self_attn for layer in model.model.layers]
+    hooks = [attn.register_forward_pre_hook(record, with_kwargs=True) for attn in attns]
+    real = KVzip.reconstruct
+    config = model.config
+
+    def reconstruct(self, layer, state, query, prompt_len, lse, inputs=None):
+        whole = rt.last_cache.layers[layer.layer_idx]
+        parts = zip(getattr(whole, "parts", [whole]), getattr(whole, "head_groups", None) or [None])
+        kv_heads = next(range(config.num_key_value_heads) if g is None else g.heads for p, g in parts if p is layer)
+        groups = config.num_attention_heads // config.num_key_value_heads
+        w = model.model.layers[layer.layer_idx].self_attn.o_proj.weight.T  # [Hq * D, hidden]
+        per_head = w.reshape(config.num_attention_heads, -1, w.shape[-1])
+        mine = per_head[[h * groups + g for h in kv_heads for g in range(groups)]]
+        return real(self, layer, state, query, prompt_len, lse, PassInputs(seen[layer.layer_idx], mine))
+
+    monkeypatch.setattr(KVzip, "reconstruct", reconstruct)
+    return hooks
+
+
+def run_both(family, strategy):
+    """The oracle's kept sets, then the runtime's (with the pass inputs handed over), on a left-padded batch."""
+    model = tiny_model(family, layers=3, seed=5)
+    ids, mask = batch(seed=6, n=30, pad=5)
+    cont = torch.randint(1, 128, (2, 4), generator=torch.Generator().manual_seed(7))
+    with Oracle(model, strategy) as oracle:
+        run_three_steps(model, strategy, ids, mask, cont, steps=5)
+    with pytest.MonkeyPatch.context() as monkeypatch, apply_strategy(model, strategy) as rt:
+        hooks = with_pass_inputs(monkeypatch, model, rt)
+        _, cache = run_three_steps(model, strategy, ids, mask, cont, steps=5)
+        for hook in hooks:
+            hook.remove()
+    return cache, oracle
+
+
+def plus_strategy(budgets, allocation: str) -> Strategy:
+    params = {"plus": True, "n_sink": 2, "allocation": allocation}
+    choices = [LayerChoice("kvzip", b, params) for b in budgets]
+    return Strategy(choices, choices, global_budget=sum(budgets) / len(budgets), b_min=1)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_plus_per_head_keeps_the_oracles_tokens_through_prefill_and_decoding(family):
+    cache, oracle = run_both(family, plus_strategy([9, 12, 10], "head"))
+    for layer, b, h, got, want in kept_sets(cache, oracle):
+        assert got == want, f"layer {layer} row {b} head {h}"
+
+
+def test_plus_in_a_model_pool_ranks_its_scores_across_layers_as_the_oracle_does():
+    cache, oracle = run_both("llama", plus_strategy([14, 18, 16], "model"))
+    got = held(cache)
+    assert got == oracle_held(oracle, cache)
+    assert len({len(v) for v in got.values()}) > 1, "the heads should hold different numbers of tokens"
+
+
+def test_plus_round_trips_through_the_strategy_json_and_exports_to_kvzip_plus(tmp_path):
+    assert canonical_spec("kvzip[plus=true,allocation=model]") == "kvzip[plus=true,allocation=model]"
+    assert canonical_spec("kvzip[plus=false]") == "kvzip"
+    s = plus_strategy([9, 12, 10], "layer")
+    back = Strategy.load(s.save(tmp_path / "s.json"))
+    assert back.to_json() == s.to_json() and back.prefill[0].params["plus"] is True
+    press = prefill_press(s.prefill[0])
+    assert press is not None and press.params == {"layerwise": True, "kvzip_plus_normalization": True}
+    plain = prefill_press(LayerChoice("kvzip", 9, {}))
+    assert plain is not None and plain.params == {"layerwise": True}
