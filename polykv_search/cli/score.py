@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:  # one line: where the finished samples are
         raise Interrupted(
-            f"{len(checkpoint.done)} finished samples kept in {checkpoint.path}; the same command resumes from there"
+            f"{checkpoint.kept()} finished samples kept in {checkpoint.path}; the same command resumes from there"
         ) from None
     if lm_request is not None:
         lm_runs = lm_eval_score.run_entries(
