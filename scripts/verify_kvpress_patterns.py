@@ -6,7 +6,10 @@ ratio (``--ratios``) and each prompt (``--prompts`` windows of ``--prompt-len`` 
 ``austen`` corpus), this script (run with the project's Python):
 
 1. prefills the prompt under ``uniform-<pattern>`` at budget ``b = max(1, int(n * (1 - ratio)))``
-   (kvpress's ``compute_n_kept``) and reads every (layer, KV head)'s kept positions;
+   (kvpress's ``compute_n_kept``) and reads every (layer, KV head)'s kept positions; a pooled kvzip check
+   (``allocation`` ``layer`` or ``model``) instead gives each KV head its own budget so that every pool holds
+   exactly the tokens KVzipPress keeps (``Hkv*n - int(Hkv*n*ratio)`` per layer, ``L*Hkv*n - int(L*Hkv*n*ratio)``
+   over the model: not a multiple of ``Hkv`` in general), so the sides differ only where they rank differently;
 2. in the kvpress virtualenv (``scripts/kvpress_venv.py``; kvpress pins transformers < 5.3), prefills
    the same token ids under the matching press at that ratio and reads its kept positions, plus the
    press's scores;
