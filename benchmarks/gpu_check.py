@@ -32,6 +32,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # runtime_pairs, when loaded as a 
 
 import runtime_pairs  # noqa: E402
 
+from polykv_search.cli import Parser, UsageError  # noqa: E402
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.patterns import PATTERNS  # noqa: E402
 from polykv_search.runtime import apply_strategy  # noqa: E402
@@ -156,7 +158,9 @@ def exactness(device: str, smoke: bool) -> list[dict]:
 
 
 def speed(device: str, smoke: bool, out: Path) -> dict:
-    """Run the benchmark scripts on the device; their JSON lands in ``out``."""
+    """Run the benchmark scripts on the device; their JSON lands in ``out``. Each run's ``ok``: it exited 0 and
+    wrote its output. The scripts run in the checkout, so every path they are given is absolute."""
+    out = Path(out).resolve()
     if smoke:
         runtime_args = ["--contexts", "128", "--budget", "32", "--decode-steps", "2", "--repeats", "1"]
         runtime_args += ["--intervals", "1"]
@@ -194,18 +198,21 @@ def speed(device: str, smoke: bool, out: Path) -> dict:
     for name, script_name, args in runs:
         target = shape if name == "shape_model" else out / f"{name}.json"
         if name == "shape_model" and target.exists():  # a rerun reuses the checkpoint
-            result[name] = {"command": "(reused)", "rc": 0, "seconds": 0.0, "json": None, "error": None}
+            result[name] = {"command": "(reused)", "rc": 0, "seconds": 0.0, "json": None, "error": None, "ok": True}
             continue
         script = ROOT / "benchmarks" / f"{script_name}.py"
         cmd = [sys.executable, str(script), *args, "--out", str(target)]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        wrote = target.exists()
+        error = proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else None
         result[name] = {
             "command": " ".join(cmd[1:]),
             "rc": proc.returncode,
             "seconds": round(time.perf_counter() - start, 1),
-            "json": str(target) if target.exists() and name != "shape_model" else None,
-            "error": proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else None,
+            "json": str(target) if wrote and name != "shape_model" else None,
+            "error": error or (None if wrote else f"wrote nothing at {target}"),
+            "ok": proc.returncode == 0 and wrote,
         }
     return result
 
@@ -214,7 +221,7 @@ def speed_lines(result: dict) -> list[str]:
     """The headline figures of each benchmark's JSON (or why it is missing)."""
     lines = []
     for name, r in result.items():
-        if name == "shape_model" and not r["rc"]:
+        if name == "shape_model" and r["ok"]:
             lines.append(f"shape_model: {r['seconds']} s ({r['command']})")
             continue
         if not r["json"]:
@@ -262,31 +269,74 @@ def summary_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def check_device(device: str) -> str | None:
+    """Why ``device`` cannot run the check (one line), or None."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"--device {device!r}: not a torch device (cpu, cuda, cuda:N, ...)"
+    if dev.type == "cpu":
+        return None
+    backend = getattr(torch, dev.type, None)
+    if not getattr(backend, "is_available", lambda: False)():
+        return f"--device {device}, but torch sees no {dev.type.upper()} device"
+    count = getattr(backend, "device_count", lambda: 1)()
+    if dev.index is not None and dev.index >= count:
+        return f"--device {device}, but torch sees {count} {dev.type.upper()} device(s) (0..{count - 1})"
+    return None
+
+
+def check_out(out: Path) -> str | None:
+    """Why the folder ``out`` cannot be written (one line), or None; creates nothing."""
+    if out.exists():
+        if not out.is_dir():
+            return f"--out {out}: exists and is not a folder"
+        return None if os.access(out, os.W_OK) else f"--out {out}: folder is not writable"
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out}: {parent} is not a folder"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"--out {out}: cannot create it in {parent}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="gpu_check.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--smoke", action="store_true", help="a few cases and 256-token benchmarks (CPU, seconds)")
     ap.add_argument("--no-speed", action="store_true", help="exactness only")
     ap.add_argument("--out", default="runs/gpu_check")
-    args = ap.parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+    try:
+        args = ap.parse_args(argv)
+    except UsageError as err:  # one line, not argparse's usage block
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(args.out).expanduser().resolve()  # the benchmarks run in the checkout: give them absolute paths
+    problem = check_device(device) or check_out(out)
+    if problem:  # before anything is created
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
     start = time.perf_counter()
     rows = exactness(device, args.smoke)
     speed_result = {} if args.no_speed else speed(device, args.smoke, out)
     lines = [f"device check on {name} (torch {torch.__version__}), {time.perf_counter() - start:.0f} s", ""]
     lines += summary_lines(rows) + [""] + speed_lines(speed_result)
     failed = [r for r in rows if not r["ok"]]
-    lines += ["", f"{len(failed)} asserted check(s) failed" if failed else "every asserted check passed"]
+    broken = [n for n, r in speed_result.items() if not r["ok"]]
+    lines.append("")
+    if failed or broken:
+        lines.append(f"{len(failed)} asserted check(s) and {len(broken)} benchmark run(s) failed")
+    else:
+        lines.append("every asserted check passed" + (", every benchmark ran" if speed_result else ""))
     write_json(out / "summary.json", {"device": name, "exactness": rows, "speed": speed_result, "lines": lines})
     print("\n".join(lines))
-    return 1 if failed or any(r["rc"] for r in speed_result.values()) else 0
+    return 1 if failed or broken else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from polykv_search.cli import run_script
+
+    run_script(main)

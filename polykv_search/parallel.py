@@ -12,7 +12,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import tempfile
+import threading
+import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,8 +84,12 @@ def claim_device(device: str) -> str:
 def joblib_backend(backend: str | None, address: str | None, jobs: int = 1, error: type[Exception] = ValueError):
     """Run the ``with`` body's ``joblib.Parallel`` calls on ``backend`` (see the module docstring);
     a missing optional package or an unknown backend raises ``error`` with one line."""
-    if backend in (None, "loky", "sequential"):
-        with parallel_config(backend=backend or "loky"):
+    if backend == "sequential":
+        with parallel_config(backend=backend):
+            yield
+        return
+    if backend in (None, "loky"):  # each worker ignores Ctrl-C and ends with this process (:func:`follow_parent`)
+        with parallel_config(backend="loky", initializer=follow_parent, initargs=(os.getpid(),)), quiet_interrupt():
             yield
         return
     if backend == "dask":
@@ -117,6 +125,57 @@ def joblib_backend(backend: str | None, address: str | None, jobs: int = 1, erro
                 ray.shutdown()
         return
     raise error(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+
+
+#: seconds between a local worker's checks that the process that started it is alive
+PARENT_POLL = 0.25
+
+
+def follow_parent(parent: int, poll: float = PARENT_POLL) -> None:
+    """loky's worker initializer: the worker ignores Ctrl-C and ends within ``poll`` seconds of ``parent``.
+
+    Ctrl-C reaches a terminal's whole process group; the parent alone answers it (it stops its workers and says
+    where the finished work is), so a worker must not die of it first (joblib would then warn of a worker that
+    stopped). A parent killed outright (SIGKILL, the OOM killer) cannot stop its workers: loky keeps an idle worker
+    for 5 minutes and a busy one until its task ends, holding a model each, and loky's resource trackers live as
+    long as any worker does. A daemon thread here polls ``os.getppid()``, which changes the moment the parent dies
+    (the worker is re-parented), and ends the process; portable, unlike Linux's ``PR_SET_PDEATHSIG`` (which fires
+    when the *thread* that spawned the worker ends, and loky spawns replacement workers from a helper thread)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    start = os.getppid()
+    if start != parent and not _alive(parent):  # the parent died before this worker got here
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == start:
+            time.sleep(poll)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="polykv-follow-parent", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process now holds the number
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def quiet_interrupt():
+    """After Ctrl-C in the ``with`` body, joblib's warnings are off for the rest of this (ending) process.
+
+    joblib and loky tear workers down in their own threads, after the interrupt has left the body, and warn of
+    jobs that were pending or workers that stopped: which is what an interrupt means. The one line the CLI prints
+    says what is kept."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        warnings.filterwarnings("ignore", module=r"joblib(\.|$)")
+        raise
 
 
 #: loky's limit on a worker's memory growth, raised to this in workers that keep a model (:func:`keep_worker`)

@@ -15,6 +15,28 @@ def budget_for(n: int, ratio: float) -> int:
     return max(1, int(n * (1 - ratio)))
 
 
+def kvpress_pool_kept(n: int, ratio: float, layers: int, heads: int, layerwise: bool) -> list[int]:
+    """The tokens KVzipPress keeps per pool, as it counts them (kvpress 0.5.5, batch 1): with ``layerwise``
+    each layer drops ``int(heads * n * ratio)`` of its ``heads * n`` tokens (one entry per layer); without it
+    the model drops ``int(layers * heads * n * ratio)`` of all of them (one entry). Not a multiple of ``heads``
+    in general, unlike a pool of per-head budgets ``sum_l heads * b``."""
+    if layerwise:
+        return [heads * n - int(heads * n * ratio)] * layers
+    return [layers * heads * n - int(layers * heads * n * ratio)]
+
+
+def pool_budgets(n: int, ratio: float, layers: int, heads: int, allocation: str) -> list[list[int]]:
+    """Per (layer, KV head) budgets whose pools hold exactly KVzipPress's kept count at ``ratio``
+    (:func:`kvpress_pool_kept`; ``allocation`` ``"layer"``: its ``layerwise=True``, ``"model"``: its default):
+    each pool's count spread over its heads as evenly as whole tokens allow, the first heads one more. A pool
+    ranks all its tokens at once, so only the total matters; the spread keeps every head's budget within one
+    token of the others."""
+    pools = kvpress_pool_kept(n, ratio, layers, heads, layerwise=allocation == "layer")
+    cells = heads if allocation == "layer" else layers * heads
+    flat = [total // cells + (i < total % cells) for total in pools for i in range(cells)]
+    return [flat[l * heads : (l + 1) * heads] for l in range(layers)]
+
+
 def top_b_from_scores(scores: list[list[list[float]]], budget: int, n_sink: int) -> dict:
     """Per (layer, head), the ``budget`` highest of ``scores`` (``[layer][head][token]``), the first
     ``n_sink`` tokens always kept, ties towards the older token: the rule of our patterns

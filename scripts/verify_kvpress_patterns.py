@@ -6,7 +6,10 @@ ratio (``--ratios``) and each prompt (``--prompts`` windows of ``--prompt-len`` 
 ``austen`` corpus), this script (run with the project's Python):
 
 1. prefills the prompt under ``uniform-<pattern>`` at budget ``b = max(1, int(n * (1 - ratio)))``
-   (kvpress's ``compute_n_kept``) and reads every (layer, KV head)'s kept positions;
+   (kvpress's ``compute_n_kept``) and reads every (layer, KV head)'s kept positions; a pooled kvzip check
+   (``allocation`` ``layer`` or ``model``) instead gives each KV head its own budget so that every pool holds
+   exactly the tokens KVzipPress keeps (``Hkv*n - int(Hkv*n*ratio)`` per layer, ``L*Hkv*n - int(L*Hkv*n*ratio)``
+   over the model: not a multiple of ``Hkv`` in general), so the sides differ only where they rank differently;
 2. in the kvpress virtualenv (``scripts/kvpress_venv.py``; kvpress pins transformers < 5.3), prefills
    the same token ids under the matching press at that ratio and reads its kept positions, plus the
    press's scores;
@@ -45,7 +48,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from kvpress_checks import PRESSES, Press  # noqa: E402, F401  (Press: re-exported)
-from kvpress_kept import budget_for, compare, kept_share, print_table, top_b_side, verdict  # noqa: E402
+from kvpress_kept import (  # noqa: E402
+    budget_for,
+    compare,
+    kept_share,
+    pool_budgets,
+    print_table,
+    top_b_side,
+    verdict,
+)
 from kvpress_venv import DEFAULT_KVPRESS, DEFAULT_TORCH, DEFAULT_VENV, ensure_venv, run_in_venv  # noqa: E402
 
 CHILD = r"""
@@ -168,19 +179,36 @@ def chat_prefix_ids(tokenizer) -> list[int]:
     return tokenizer(prefix, add_special_tokens=False)["input_ids"]
 
 
+def strategy_for(name: str, params: dict, n: int, ratio: float, layers: int, heads: int):
+    """The strategy a check runs at ``ratio`` on ``n`` tokens: ``uniform-<name>`` at kvpress's per-head budget
+    (``compute_n_kept``); for a pooled allocation, one head group per KV head whose budgets make each pool hold
+    exactly the tokens KVzipPress keeps (:func:`kvpress_kept.pool_budgets`), so that kept sets differ only where
+    the two rank tokens differently, never by a count that a pool of ``heads * b`` tokens cannot reach."""
+    from strategies import LayerChoice, Strategy
+    from strategies.head_groups import HeadGroup
+
+    allocation = params.get("allocation", "head")
+    if allocation == "head":
+        return Strategy.uniform(layers, name, budget_for(n, ratio), params=params)
+    choices = [
+        LayerChoice.grouped(HeadGroup((h,), name, b, dict(params)) for h, b in enumerate(row))
+        for row in pool_budgets(n, ratio, layers, heads, allocation)
+    ]
+    return Strategy(choices, choices, None, 1, {"solver": "kvpress-count"}, context_len=n, num_kv_heads=heads)
+
+
 def ours(model, name: str, params: dict, prompts, ratios) -> dict:
     """Our kept positions: {ratio: [per prompt: [layer][head] sorted positions]}."""
     import torch
 
     from polykv_search.runtime import apply_strategy
-    from strategies import Strategy
 
-    layers = model.config.num_hidden_layers
+    layers, heads = model.config.num_hidden_layers, model.config.num_key_value_heads
     out = {}
     for ratio in ratios:
         rows = []
         for ids in prompts:
-            strategy = Strategy.uniform(layers, name, budget_for(len(ids), ratio), params=params)
+            strategy = strategy_for(name, params, len(ids), ratio, layers, heads)
             with apply_strategy(model, strategy) as rt, torch.no_grad():
                 model(torch.tensor([ids]), use_cache=True)
                 cache = rt.last_cache

@@ -38,6 +38,46 @@ def test_budget_is_kvpress_compute_n_kept(kept):
     assert kept.budget_for(10, 0.99) == 1
 
 
+@pytest.mark.parametrize("n", [512, 523, 590, 611, 677])
+@pytest.mark.parametrize("ratio", [0.5, 0.75, 0.875, 0.9])
+def test_pooled_budgets_hold_kvzippress_count_at_any_length(kept, n, ratio):
+    """KVzipPress drops int(Hkv*n*r) tokens per layer (layerwise) or int(L*Hkv*n*r) over the model; pools of
+    per-head budgets hold exactly what it keeps, each head within one token of the others."""
+    layers, heads = 30, 3
+    by_layer = kept.pool_budgets(n, ratio, layers, heads, "layer")
+    assert [sum(row) for row in by_layer] == [heads * n - int(heads * n * ratio)] * layers
+    by_model = kept.pool_budgets(n, ratio, layers, heads, "model")
+    assert sum(map(sum, by_model)) == layers * heads * n - int(layers * heads * n * ratio)
+    for budgets in (by_layer, by_model):
+        assert len(budgets) == layers and {len(row) for row in budgets} == {heads}
+        assert max(map(max, budgets)) - min(map(min, budgets)) <= 1
+
+
+def test_the_issues_count_gap_is_closed(kept):
+    # 611 tokens at ratio 0.5: kvpress keeps 90*611 - int(90*611*0.5) = 27495; 90 heads of int(305.5) keep 27450
+    assert kept.kvpress_pool_kept(611, 0.5, 30, 3, layerwise=False) == [27495]
+    assert 90 * kept.budget_for(611, 0.5) == 27450
+    assert sum(map(sum, kept.pool_budgets(611, 0.5, 30, 3, "model"))) == 27495
+
+
+@pytest.mark.parametrize("allocation", ["layer", "model"])
+def test_a_pooled_checks_strategy_makes_the_runtime_hold_kvpress_count(script, kept, allocation):
+    import torch
+
+    from polykv_search.runtime import apply_strategy
+    from tests.tiny import tiny_model
+
+    model, n, ratio = tiny_model("llama", layers=3), 61, 0.875
+    strategy = script.strategy_for("kvzip", {"allocation": allocation}, n, ratio, 3, 2)
+    ids = torch.randint(10, 100, (1, n), generator=torch.Generator().manual_seed(0))
+    with apply_strategy(model, strategy) as rt, torch.no_grad():
+        model(ids, use_cache=True)
+        held = [[len(h) for h in script.held_positions(layer)] for layer in rt.last_cache.layers]
+    pools = [sum(row) for row in held] if allocation == "layer" else [sum(map(sum, held))]
+    assert pools == kept.kvpress_pool_kept(n, ratio, 3, 2, layerwise=allocation == "layer")
+    assert script.strategy_for("kvzip", {}, n, ratio, 3, 2).prefill[0].budget == kept.budget_for(n, ratio)
+
+
 def test_every_mapped_pattern_is_registered(script):
     assert {p.pattern or name for name, p in script.PRESSES.items()} <= set(PATTERNS)
     assert {p.kept for p in script.PRESSES.values()} <= {"cache", "masked"}

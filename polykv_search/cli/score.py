@@ -244,8 +244,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except KeyboardInterrupt:  # one line: where the finished samples are
         raise Interrupted(
-            f"{_kept(checkpoint, shape)} finished samples kept in {checkpoint.path}; the same command resumes from "
-            "there"
+            f"{checkpoint.kept()} finished samples kept in {checkpoint.path}; the same command resumes from there"
         ) from None
     if lm_request is not None:
         lm_runs = lm_eval_score.run_entries(
@@ -271,18 +270,6 @@ def run(args: argparse.Namespace) -> int:
         print_results(doc)
     console.print(f"wrote {args.out}")
     return 0
-
-
-def _kept(checkpoint, shape: dict) -> int:
-    """Finished samples in the checkpoint file as a resume will read them (an interrupt may land between a
-    sample's line reaching the disk and the in-memory count)."""
-    from polykv_search.scoring import ScoreError
-    from polykv_search.scoring.checkpoint_schema import read_partial
-
-    try:
-        return len(read_partial(checkpoint.path, **shape).rows)
-    except (ScoreError, OSError):
-        return len(checkpoint.done)
 
 
 def _fan_out(args: argparse.Namespace):

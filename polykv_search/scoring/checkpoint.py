@@ -93,6 +93,14 @@ class Checkpoint:
             os.fsync(f.fileno())
         self.done[(task, index)] = row
 
+    def kept(self) -> int:
+        """The finished samples the file holds now: what a rerun resumes from (Ctrl-C may land after a sample's
+        line is written and before :attr:`done` counts it)."""
+        try:
+            return len(read_partial(self.path).rows)
+        except ScoreError:
+            return len(self.done)
+
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
