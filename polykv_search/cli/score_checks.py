@@ -30,14 +30,12 @@ def check_limits(args: argparse.Namespace, tasks: list, config: dict | None = No
         raise CLIError(
             "--generate-len sets the decode suite's trajectory length; add decode to --suite, or leave it out"
         )
-    after = (
-        max(
-            (getattr(t, "generate_len", 0) if t.suite == "decode" else 0)
-            + (t.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens)
-            for t in tasks
-        )
-        if tasks
-        else 0
+    if not tasks:  # lm-eval tasks alone (--suite none): --context-len builds no prompt; lm-eval sizes its own
+        return
+    after = max(
+        (getattr(t, "generate_len", 0) if t.suite == "decode" else 0)
+        + (t.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens)
+        for t in tasks
     )
     shape = model_shape(args.model) if config is None else ModelShape.from_config(args.model, config)
     local = args.backend in (None, "loky") or not args.address
