@@ -1,7 +1,9 @@
 """KVzip+'s normalization (``kvzip[plus=true]``, kvpress's ``KVzipPress(kvzip_plus_normalization=True)``): a pass
 query's attention to a prompt token, through query head ``j``, weighed by ``||v W_o[j]|| / ||x||`` before the
-maximum; by hand on a small tensor, against the oracle (the inputs handed over as the runtime is to hand them:
-see ``with_pass_inputs``), through the strategy JSON and the kvpress export."""
+maximum; by hand on a small tensor, against the oracle through the runtime (its reconstruction pass hands
+``reconstruct`` the attention modules' inputs), on the shared scoring engine as on the per-entry one, through the
+strategy JSON and the kvpress export. The collector's replay of kvzip+ cells: ``tests/test_collect.py`` (layer
+cells) and ``tests/test_head_cells.py`` (a head cell, its group's share of ``o_proj``)."""
 
 from __future__ import annotations
 
@@ -98,8 +100,8 @@ def run_both(family, strategy):
     return cache, oracle
 
 
-def plus_strategy(budgets, allocation: str) -> Strategy:
-    params = {"plus": True, "n_sink": 2, "allocation": allocation}
+def plus_strategy(budgets, allocation: str, plus: bool = True) -> Strategy:
+    params = {"plus": plus, "n_sink": 2, "allocation": allocation}
     choices = [LayerChoice("kvzip", b, params) for b in budgets]
     return Strategy(choices, choices, global_budget=sum(budgets) / len(budgets), b_min=1)
 
@@ -132,18 +134,18 @@ def test_plus_round_trips_through_the_strategy_json_and_exports_to_kvzip_plus(tm
 
 def plus_entries() -> list[Entry]:
     """KVzip+ on the scoring engines: per head, pooled over the model, in one KV head's group (its share of
-    ``o_proj``), in decoding only, beside plain kvzip (the same pass, other scores) and a layer without a pass."""
+    ``o_proj``), in decoding only, beside plain kvzip (the same pass, other scores) and an entry without a pass."""
     plus = {"plus": True, "n_sink": 2}
     group = LayerChoice.grouped([HeadGroup((0,), "full", 4096), HeadGroup((1,), "kvzip", 14, plus)])
     heads = Strategy([group] * 3, [group] * 3, global_budget=None, context_len=4096, num_kv_heads=2)
     snapkv, decoding = [LayerChoice("snapkv", 30)] * 3, [LayerChoice("kvzip", 20, plus)] * 3
     return [
         Entry("full", Strategy.full(3), "baseline", "full"),
-        Entry("plus", plus_strategy([20, 24, 16], "head"), "strategy", "p"),
+        Entry("plus", plus_strategy([20, 20, 20], "head"), "strategy", "p"),
         Entry("plus-model", plus_strategy([24, 20, 28], "model"), "strategy", "m"),
         Entry("plus-heads", heads, "strategy", "h"),
         Entry("plus-decoding", Strategy.from_choices(snapkv, decoding, None), "strategy", "d"),
-        Entry("kvzip", Strategy.uniform(3, "kvzip", 20), "baseline", "kvzip"),
+        Entry("kvzip", plus_strategy([20, 20, 20], "head", plus=False), "strategy", "k"),
         Entry("snapkv", Strategy.uniform(3, "snapkv", 24), "baseline", "snapkv"),
     ]
 
@@ -155,13 +157,12 @@ def test_shared_engine_scores_plus_entries_as_the_per_entry_engine(kind):
     job = forced if kind == "teacher_forced" else gen
     reference, shared = run_both_engines(model, plus_entries(), job)
     assert_same(reference, shared, job)
-    if job.teacher_forced:  # the inputs change the kept tokens: plus is not plain kvzip at this budget
+    if job.teacher_forced:  # the weights change the kept tokens: plus is not plain kvzip at the same budgets
         assert not torch.equal(reference[1].logits, reference[5].logits)
 
 
-def test_only_a_pass_with_kvzip_plus_hooks_the_attention_modules_and_it_removes_its_hooks(monkeypatch):
-    model = tiny_model("llama", layers=3, seed=5)
-    ids, mask = batch(seed=6, n=30, pad=5)
+def counted_hooks(monkeypatch, model) -> list:
+    """The forward pre-hooks registered on ``model``'s attention modules from now on (their handles)."""
     hooks: list = []
 
     def counted(real):
@@ -173,9 +174,23 @@ def test_only_a_pass_with_kvzip_plus_hooks_the_attention_modules_and_it_removes_
 
     for module in (layer.self_attn for layer in model.model.layers):
         monkeypatch.setattr(module, "register_forward_pre_hook", counted(module.register_forward_pre_hook))
-    with torch.no_grad(), apply_strategy(model, Strategy.uniform(3, "kvzip", 12)):
-        model(input_ids=ids, attention_mask=mask, use_cache=True)
-    assert hooks == []
-    with torch.no_grad(), apply_strategy(model, plus_strategy([9, 12, 10], "head")):
-        model(input_ids=ids, attention_mask=mask, use_cache=True)
-    assert len(hooks) == 3 and all(not layer.self_attn._forward_pre_hooks for layer in model.model.layers)
+    return hooks
+
+
+def test_generate_with_plus_decodes_as_its_forward_calls_and_only_its_pass_hooks_the_attention(monkeypatch):
+    model = tiny_model("llama", layers=3, seed=5)
+    ids = torch.randint(1, 128, (2, 30), generator=torch.Generator().manual_seed(6))
+    hooks = counted_hooks(monkeypatch, model)
+    with torch.no_grad(), apply_strategy(model, plus_strategy([9, 12, 10], "head", plus=False)):
+        model(ids, use_cache=True)
+    assert hooks == []  # plain kvzip's pass reads no pass inputs: no hook, no cost
+    with torch.no_grad(), apply_strategy(model, plus_strategy([9, 12, 10], "head")) as rt:
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert len(hooks) == 3 and not any(layer.self_attn._forward_pre_hooks for layer in model.model.layers)
+        assert [r.kept for r in rt.report().layers] == [9, 12, 10]
+        step = model(ids, use_cache=True)
+        tokens = [step.logits[:, -1:].argmax(-1)]
+        for _ in range(3):
+            step = model(tokens[-1], cache=step.cache, use_cache=True)
+            tokens.append(step.logits[:, -1:].argmax(-1))
+    assert out[:, 30:].tolist() == torch.cat(tokens, 1).tolist()

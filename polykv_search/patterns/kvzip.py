@@ -51,8 +51,9 @@ class KVzip(Pattern):
         writes into the residual stream relative to what the layer read, ``a[j, t, i] * ||v_i W_o[j]|| /
         ||x_t||`` (``x_t``: the attention module's input hidden state, ``W_o[j]``: head ``j``'s block of the
         output projection), before the maximum over the group's heads and the queries. The scores are then
-        no longer probabilities; they compare across layers as a pool ranks them. Needs the runtime to hand
-        :class:`~polykv_search.patterns.base.PassInputs` to :meth:`reconstruct` (``needs_pass_inputs``). Checked
+        no longer probabilities; they compare across layers as a pool ranks them. Needs
+        :class:`~polykv_search.patterns.base.PassInputs` in :meth:`reconstruct` (``needs_pass_inputs``), which the
+        runtime's reconstruction pass hands over (``runtime.reconstruction.handing_pass_inputs``). Checked
         against the oracle and a hand computation, not yet against kvpress's own scores.
     allocation : {"head", "layer", "model"}
         Which tokens share one ranking. ``"head"`` (default): every KV head keeps its own top ``budget``.
