@@ -72,6 +72,18 @@ def test_replay_equals_naive_on_every_pattern():
     assert fast.provenance["method"] == "replay" and slow.provenance["method"] == "naive"
 
 
+def test_replay_of_kvzip_plus_cells_equals_naive():
+    """The replay's reconstruction pass (once per sample) hands KVzip+ its inputs as each cell's own runtime does."""
+    model = tiny_model("llama", layers=3)
+    samples = make_samples(2, n=28, m=4)
+    kw = dict(patterns=["kvzip[plus=true]", "kvzip"], budgets=[6, 20], layers=[0, 2], journal=False)
+    fast = collect_signals(model, samples, **kw)
+    assert_tables_close(fast, collect_signals(model, samples, naive=True, **kw))
+    kl = fast.kl_array()[[0, 2]]
+    plus, plain = (list(fast.patterns).index(p) for p in ("kvzip[plus=true]", "kvzip"))
+    assert not np.allclose(kl[:, :, plus], kl[:, :, plain])  # the weights change what the cells keep
+
+
 @pytest.mark.parametrize("family", ["qwen3", "mistral", "qwen2"])
 def test_replay_equals_naive_on_other_families(family):
     model = tiny_model(family, layers=2)

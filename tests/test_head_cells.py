@@ -151,6 +151,7 @@ def test_bad_budgets_are_refused(budgets, sink):
         ("h2o", {}),
         ("kvzip", {}),  # its reconstruction pass in the replay and in the runtime
         ("kvzip", {"allocation": "model"}),  # a pool of one head: the runtime's pooled allocation
+        ("kvzip", {"plus": True}),  # KVzip+: the pass inputs in the replay's pass and for one head's group
         *(  # the same code path; slow only to keep the default suite short
             pytest.param(name, params, marks=pytest.mark.slow)
             for name, params in (

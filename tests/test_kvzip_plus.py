@@ -1,7 +1,9 @@
 """KVzip+'s normalization (``kvzip[plus=true]``, kvpress's ``KVzipPress(kvzip_plus_normalization=True)``): a pass
 query's attention to a prompt token, through query head ``j``, weighed by ``||v W_o[j]|| / ||x||`` before the
-maximum; by hand on a small tensor, against the oracle (the inputs handed over as the runtime is to hand them:
-see ``with_pass_inputs``), through the strategy JSON and the kvpress export."""
+maximum; by hand on a small tensor, against the oracle through the runtime (its reconstruction pass hands
+``reconstruct`` the attention modules' inputs), on the shared scoring engine as on the per-entry one, through the
+strategy JSON and the kvpress export. The collector's replay of kvzip+ cells: ``tests/test_collect.py`` (layer
+cells) and ``tests/test_head_cells.py`` (a head cell, its group's share of ``o_proj``)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ from polykv_search.patterns.base import PassInputs
 from polykv_search.patterns.kvzip import KVzip
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime import apply_strategy
-from strategies import LayerChoice, Strategy
+from polykv_search.scoring import Entry
+from strategies import HeadGroup, LayerChoice, Strategy
 from strategies.kvpress_presses import prefill_press
 from tests.oracle import Oracle
+from tests.test_eval_support import char_tokenizer
 from tests.test_kvzip_pooled import held, oracle_held
 from tests.test_runtime import batch, kept_sets, run_three_steps
+from tests.test_scoring_engines import assert_same, jobs
+from tests.test_scoring_head_groups import run_both as run_both_engines
 from tests.tiny import tiny_model
 
 
@@ -82,52 +88,20 @@ def test_plus_without_the_pass_inputs_refuses_in_one_line():
         make_pattern("kvzip", plus=1)
 
 
-def with_pass_inputs(monkeypatch, model, rt) -> list:
-    """Hand kvzip's ``reconstruct`` the :class:`PassInputs` of each pass call, as the runtime is to: the attention
-    module's input norms (a forward pre-hook) and the ``o_proj`` blocks of the query heads the view holds (a
-    pooled layer's view is one KV head's group)."""
-    seen: dict[int, torch.Tensor] = {}
-
-    def record(module, args, kwargs):
-        x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        seen[module.layer_idx] = x.float().norm(dim=-1)
-
-    attns = [layer.self_attn for layer in model.model.layers]
-    hooks = [attn.register_forward_pre_hook(record, with_kwargs=True) for attn in attns]
-    real = KVzip.reconstruct
-    config = model.config
-
-    def reconstruct(self, layer, state, query, prompt_len, lse, inputs=None):
-        whole = rt.last_cache.layers[layer.layer_idx]
-        parts = zip(getattr(whole, "parts", [whole]), getattr(whole, "head_groups", None) or [None])
-        kv_heads = next(range(config.num_key_value_heads) if g is None else g.heads for p, g in parts if p is layer)
-        groups = config.num_attention_heads // config.num_key_value_heads
-        w = model.model.layers[layer.layer_idx].self_attn.o_proj.weight.T  # [Hq * D, hidden]
-        per_head = w.reshape(config.num_attention_heads, -1, w.shape[-1])
-        mine = per_head[[h * groups + g for h in kv_heads for g in range(groups)]]
-        return real(self, layer, state, query, prompt_len, lse, PassInputs(seen[layer.layer_idx], mine))
-
-    monkeypatch.setattr(KVzip, "reconstruct", reconstruct)
-    return hooks
-
-
 def run_both(family, strategy):
-    """The oracle's kept sets, then the runtime's (with the pass inputs handed over), on a left-padded batch."""
+    """The oracle's kept sets, then the runtime's (its pass hands kvzip the inputs itself), on a left-padded batch."""
     model = tiny_model(family, layers=3, seed=5)
     ids, mask = batch(seed=6, n=30, pad=5)
     cont = torch.randint(1, 128, (2, 4), generator=torch.Generator().manual_seed(7))
     with Oracle(model, strategy) as oracle:
         run_three_steps(model, strategy, ids, mask, cont, steps=5)
-    with pytest.MonkeyPatch.context() as monkeypatch, apply_strategy(model, strategy) as rt:
-        hooks = with_pass_inputs(monkeypatch, model, rt)
+    with apply_strategy(model, strategy):
         _, cache = run_three_steps(model, strategy, ids, mask, cont, steps=5)
-        for hook in hooks:
-            hook.remove()
     return cache, oracle
 
 
-def plus_strategy(budgets, allocation: str) -> Strategy:
-    params = {"plus": True, "n_sink": 2, "allocation": allocation}
+def plus_strategy(budgets, allocation: str, plus: bool = True) -> Strategy:
+    params = {"plus": plus, "n_sink": 2, "allocation": allocation}
     choices = [LayerChoice("kvzip", b, params) for b in budgets]
     return Strategy(choices, choices, global_budget=sum(budgets) / len(budgets), b_min=1)
 
@@ -156,3 +130,67 @@ def test_plus_round_trips_through_the_strategy_json_and_exports_to_kvzip_plus(tm
     assert press is not None and press.params == {"layerwise": True, "kvzip_plus_normalization": True}
     plain = prefill_press(LayerChoice("kvzip", 9, {}))
     assert plain is not None and plain.params == {"layerwise": True}
+
+
+def plus_entries() -> list[Entry]:
+    """KVzip+ on the scoring engines: per head, pooled over the model, in one KV head's group (its share of
+    ``o_proj``), in decoding only, beside plain kvzip (the same pass, other scores) and an entry without a pass."""
+    plus = {"plus": True, "n_sink": 2}
+    group = LayerChoice.grouped([HeadGroup((0,), "full", 4096), HeadGroup((1,), "kvzip", 14, plus)])
+    heads = Strategy([group] * 3, [group] * 3, global_budget=None, context_len=4096, num_kv_heads=2)
+    snapkv, decoding = [LayerChoice("snapkv", 30)] * 3, [LayerChoice("kvzip", 20, plus)] * 3
+    return [
+        Entry("full", Strategy.full(3), "baseline", "full"),
+        Entry("plus", plus_strategy([20, 20, 20], "head"), "strategy", "p"),
+        Entry("plus-model", plus_strategy([24, 20, 28], "model"), "strategy", "m"),
+        Entry("plus-heads", heads, "strategy", "h"),
+        Entry("plus-decoding", Strategy.from_choices(snapkv, decoding, None), "strategy", "d"),
+        Entry("kvzip", plus_strategy([20, 20, 20], "head", plus=False), "strategy", "k"),
+        Entry("snapkv", Strategy.uniform(3, "snapkv", 24), "baseline", "snapkv"),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
+def test_shared_engine_scores_plus_entries_as_the_per_entry_engine(kind):
+    model, tok = tiny_model("qwen3"), char_tokenizer()
+    forced, gen = jobs(tok)
+    job = forced if kind == "teacher_forced" else gen
+    reference, shared = run_both_engines(model, plus_entries(), job)
+    assert_same(reference, shared, job)
+    if job.teacher_forced:  # the weights change the kept tokens: plus is not plain kvzip at the same budgets
+        assert not torch.equal(reference[1].logits, reference[5].logits)
+
+
+def counted_hooks(monkeypatch, model) -> list:
+    """The forward pre-hooks registered on ``model``'s attention modules from now on (their handles)."""
+    hooks: list = []
+
+    def counted(real):
+        def register(*args, **kwargs):
+            hooks.append(real(*args, **kwargs))
+            return hooks[-1]
+
+        return register
+
+    for module in (layer.self_attn for layer in model.model.layers):
+        monkeypatch.setattr(module, "register_forward_pre_hook", counted(module.register_forward_pre_hook))
+    return hooks
+
+
+def test_generate_with_plus_decodes_as_its_forward_calls_and_only_its_pass_hooks_the_attention(monkeypatch):
+    model = tiny_model("llama", layers=3, seed=5)
+    ids = torch.randint(1, 128, (2, 30), generator=torch.Generator().manual_seed(6))
+    hooks = counted_hooks(monkeypatch, model)
+    with torch.no_grad(), apply_strategy(model, plus_strategy([9, 12, 10], "head", plus=False)):
+        model(ids, use_cache=True)
+    assert hooks == []  # plain kvzip's pass reads no pass inputs: no hook, no cost
+    with torch.no_grad(), apply_strategy(model, plus_strategy([9, 12, 10], "head")) as rt:
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert len(hooks) == 3 and not any(layer.self_attn._forward_pre_hooks for layer in model.model.layers)
+        assert [r.kept for r in rt.report().layers] == [9, 12, 10]
+        step = model(ids, use_cache=True)
+        tokens = [step.logits[:, -1:].argmax(-1)]
+        for _ in range(3):
+            step = model(tokens[-1], cache=step.cache, use_cache=True)
+            tokens.append(step.logits[:, -1:].argmax(-1))
+    assert out[:, 30:].tolist() == torch.cat(tokens, 1).tolist()

@@ -99,7 +99,7 @@ def test_each_decoding_group_is_consecutive_in_its_row_batch_and_outputs_come_ba
     for slot, row in enumerate((0, 3, 1, 4, 2)):  # each row's new token went to its own store row
         assert torch.equal(part.keys[slot, :, part.counts[slot] - 1], k[row, :, 0])
     q = torch.randn(5, h * g, 1, d, generator=gen)
-    out = layer.attention_call_grouped(q, lambda part, query: query.transpose(1, 2))  # the kernel's layout
+    out = layer.attention_call_grouped(q, lambda part, query, inputs: query.transpose(1, 2))  # the kernel's layout
     assert torch.equal(out, q.transpose(1, 2))
 
 

@@ -65,6 +65,10 @@ class PassInputs:
     hidden_norm: torch.Tensor
     out_proj: torch.Tensor
 
+    def heads(self, index: torch.Tensor) -> PassInputs:
+        """The inputs of the query heads ``index`` (long ``[hq]``): a head group's share of its layer's."""
+        return PassInputs(self.hidden_norm, self.out_proj.index_select(0, index.to(self.out_proj.device)))
+
 
 class LayerView(Protocol):
     """Everything a pattern may read of a layer's cache (the runtime's layers and row views implement it).

@@ -51,9 +51,14 @@ class KVzip(Pattern):
         writes into the residual stream relative to what the layer read, ``a[j, t, i] * ||v_i W_o[j]|| /
         ||x_t||`` (``x_t``: the attention module's input hidden state, ``W_o[j]``: head ``j``'s block of the
         output projection), before the maximum over the group's heads and the queries. The scores are then
-        no longer probabilities; they compare across layers as a pool ranks them. Needs the runtime to hand
-        :class:`~polykv_search.patterns.base.PassInputs` to :meth:`reconstruct` (``needs_pass_inputs``). Checked
-        against the oracle and a hand computation, not yet against kvpress's own scores.
+        no longer probabilities; they compare across layers as a pool ranks them. Needs
+        :class:`~polykv_search.patterns.base.PassInputs` in :meth:`reconstruct` (``needs_pass_inputs``), which the
+        runtime's reconstruction pass hands over (``runtime.reconstruction.handing_pass_inputs``). Checked
+        against the oracle, a hand computation and kvpress 0.5.5 (``kvzip-plus`` and ``kvzip-plus-model`` in
+        ``scripts/kvpress_checks.py``; SmolLM2, 3 prompts of 512 tokens; ``studies/kvzip/kvpress_verify_plus.json``):
+        kvpress's KVzip+ scores ranked per head keep the sets kept here in 810 of 810 cells (ratios 0.5, 0.75,
+        0.9); with ``allocation="model"`` against its own pooled masks 540 of 540 at 0.5 and 0.75 (at 0.9 its
+        pool is 18 tokens larger than 90 heads of 51: a superset, nothing swapped).
     allocation : {"head", "layer", "model"}
         Which tokens share one ranking. ``"head"`` (default): every KV head keeps its own top ``budget``.
         ``"layer"`` (kvpress's ``layerwise=True``): the layer's ``Hkv * budget`` best over all its KV heads.

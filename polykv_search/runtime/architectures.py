@@ -4,14 +4,19 @@ their rotary embedding.
 Everything else (q/k norms of Qwen3, RoPE, fused projections) happens inside the model's own
 forward before the registered attention function is called, so no forward code is needed here.
 Patterns that need RoPE itself (Expected Attention rotates query statistics) get the model's own
-rotary embedding through :class:`ModelRotary`, wired into every cache layer by the runtime.
+rotary embedding through :class:`ModelRotary`, wired into every cache layer by the runtime. Where the
+attention modules live, what they read and their output projection (KVzip+'s pass inputs,
+:func:`attention_modules` and :func:`attention_pass_inputs`) are model facts too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from polykv_search.patterns.base import PassInputs
 
 #: ``config.model_type`` values whose attention modules call ``cache.update`` then the registered
 #: attention function with post-RoPE ``[B, H, q, D]`` tensors (tested with tiny random models).
@@ -125,3 +130,19 @@ def model_spec(model) -> ModelSpec:
         attn_implementation=impl,
         rotary=None if (module := _rotary_module(model)) is None else ModelRotary(module),
     )
+
+
+def attention_modules(model) -> list[torch.nn.Module]:
+    """Each decoder layer's attention module in layer order (``self_attn`` in every supported architecture)."""
+    return [layer.self_attn for layer in model.get_decoder().layers]
+
+
+def attention_pass_inputs(module: Any, args: tuple, kwargs: dict) -> PassInputs:
+    """What the attention ``module`` reads beyond its queries in a call with these forward arguments (a forward
+    pre-hook's): the norms ``[B, q]`` of its input hidden states (after the decoder layer's input norm) and its
+    output projection per query head ``[Hq, Dv, hidden]`` (``o_proj.weight`` is ``[hidden, Hq * Dv]``, query
+    heads in order; a view, no copy)."""
+    hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    weight = module.o_proj.weight
+    out_proj = weight.T.reshape(-1, module.head_dim, weight.shape[0])
+    return PassInputs(hidden_norm=hidden.detach().float().norm(dim=-1), out_proj=out_proj.detach())

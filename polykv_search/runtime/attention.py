@@ -27,6 +27,10 @@ ATTN_NAME = "polykv"
 LAYER_KEY = "polykv_layer"
 #: The key under which the runtime's forward hook hands itself to a forward that runs without any cache.
 PLAIN_KEY = "polykv_plain"
+#: The key under which a reconstruction pass that needs them hands each attention call its
+#: :class:`~polykv_search.patterns.base.PassInputs` (a forward pre-hook on the attention modules adds it to
+#: their ``kwargs``: :func:`polykv_search.runtime.reconstruction.handing_pass_inputs`).
+PASS_KEY = "polykv_pass_inputs"
 
 
 def publish(call: dict | None, runtime: PolyKVRuntime, layer: RuntimeLayer) -> None:
@@ -64,7 +68,7 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             "(the model changed them after cache.update); refusing to attend over a cache it does not hold"
         )
 
-    def attend(layer, query):
+    def attend(layer, query, inputs):
         q_len = query.shape[-2]
 
         def kernel():
@@ -72,9 +76,10 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             lse = layer.pass_prompt is not None  # a reconstruction call: the patterns read the log-sum-exp
             return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal, lse=lse)
 
-        return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), kernel)
+        return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), kernel, inputs=inputs)
 
-    return layer.attention_call_grouped(query, attend), None  # one kernel per store (a layer of groups: several)
+    # one kernel per store (a layer of groups: several)
+    return layer.attention_call_grouped(query, attend, kwargs.get(PASS_KEY)), None
 
 
 def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):

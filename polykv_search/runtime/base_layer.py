@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from polykv_search.patterns.base import PassInputs
 from polykv_search.runtime.eviction import INTERVAL_MODES
 from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore
@@ -171,11 +172,13 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """``(hooks, state)`` pairs whose ``pre_kernel``/``post_kernel`` watch this (non-pass) call."""
         return []
 
-    def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
-        """This layer's attention call on ``query`` ``[B, Hq, q, D]``: ``attend(layer, query)`` runs one kernel
-        over one layer's store (hooks, kernel, eviction). A layer made of parts (head groups, row parts) runs
-        one per part and puts the outputs ``[B, q, Hq, D]`` back in order."""
-        return attend(self, query)
+    def attention_call_grouped(self, query: torch.Tensor, attend, inputs: PassInputs | None = None) -> torch.Tensor:
+        """This layer's attention call on ``query`` ``[B, Hq, q, D]``: ``attend(layer, query, inputs)`` runs one
+        kernel over one layer's store (hooks, kernel, eviction; ``inputs``: the reconstruction pass's
+        :class:`~polykv_search.patterns.base.PassInputs` of this call, or None). A layer made of parts (head
+        groups, row parts) runs one per part, each with its share of ``query`` and ``inputs``, and puts the
+        outputs ``[B, q, Hq, D]`` back in order."""
+        return attend(self, query, inputs)
 
     def write_back(self) -> None:
         """Hand the rows this layer decoded back to their own layers (a layer of rows); a row's own layer,
@@ -196,9 +199,10 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
             return self.mask(self, query_positions)
         return super().allowed(query_positions)
 
-    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
-        """A reconstruction-pass call: hand ``query`` and the kernel's log-sum-exp ``lse`` (None: none) to the
-        model-level patterns' ``reconstruct``."""
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None, inputs: PassInputs | None = None) -> None:
+        """A reconstruction-pass call: hand ``query``, the kernel's log-sum-exp ``lse`` (None: none) and the
+        attention module's ``inputs`` (None: the pass handed none, as no pattern needs them) to the model-level
+        patterns' ``reconstruct``."""
         raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
 
     def awaits_pass(self) -> bool:
@@ -226,13 +230,19 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         raise NotImplementedError
 
     def attention_call(
-        self, query: torch.Tensor, padding_mask: torch.Tensor | None, kernel=None, *, finish: bool = True
+        self,
+        query: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+        kernel=None,
+        *,
+        finish: bool = True,
+        inputs: PassInputs | None = None,
     ):
         """Run one attention call of this layer: :meth:`begin_call`, the observers' ``pre_kernel``,
         ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries; it returns the output, or the
         output and its log-sum-exp ``[B, Hq, q]`` or None), their ``post_kernel`` (in a reconstruction pass
-        first :meth:`observe_pass` with that log-sum-exp), then :meth:`end_call` (``finish=False`` stops
-        before it). Returns the kernel's output."""
+        first :meth:`observe_pass` with that log-sum-exp and the pass's ``inputs``), then :meth:`end_call`
+        (``finish=False`` stops before it). Returns the kernel's output."""
         self.begin_call(query.shape[-2], padding_mask)
         observers = self.observers()
         if self.watchers:
@@ -246,7 +256,7 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         out, lse = out if isinstance(out, tuple) else (out, None)
         with torch.no_grad():
             if self.pass_prompt is not None:
-                self.observe_pass(observed, lse)
+                self.observe_pass(observed, lse, inputs)
             for hooks, state in observers:
                 hooks.post_kernel(self, state, observed)
         if finish:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from polykv_search.patterns import make_pattern
+from polykv_search.patterns.base import PassInputs
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import PhasePlan
 from polykv_search.runtime.layer import EvictingLayer
@@ -135,13 +136,13 @@ class HeadGroupLayer(RuntimeLayer):
             part.finish_deferred()
 
     # ----------------------------------------------------------------- attention
-    def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
-        """Each group's ``attend(part, query_of_its_heads)`` (an ``attention_call`` of the group's own
-        layer: hooks, kernel, eviction), outputs ``[B, q, Hq, D]`` put back in query-head order."""
+    def attention_call_grouped(self, query: torch.Tensor, attend, inputs: PassInputs | None = None) -> torch.Tensor:
+        """Each group's ``attend(part, query_of_its_heads, inputs_of_its_heads)`` (an ``attention_call`` of the
+        group's own layer: hooks, kernel, eviction), outputs ``[B, q, Hq, D]`` put back in query-head order."""
         out: torch.Tensor | None = None
         for part, idx in zip(self.parts, self._q_index):
             idx = idx.to(query.device)
-            got = attend(part, query.index_select(1, idx))  # [B, q, hq_g, D]
+            got = attend(part, query.index_select(1, idx), None if inputs is None else inputs.heads(idx))
             if out is None:
                 out = got.new_empty(got.shape[0], got.shape[1], query.shape[1], got.shape[-1])
             out[:, :, idx] = got

@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from polykv_search.patterns.base import Pattern
+from polykv_search.patterns.base import PassInputs, Pattern
 from polykv_search.patterns.selection import keep_per_head
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
@@ -195,11 +195,11 @@ class EvictingLayer(RuntimeLayer):
                 seen.setdefault(plan.pattern, self._state(plan.pattern))
         return list(seen.items())
 
-    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None, inputs: PassInputs | None = None) -> None:
         prompt = self.pass_prompt
         assert prompt is not None
         for pattern, state in self.model_level_states():
-            pattern.reconstruct(self, state, query, prompt, lse)
+            pattern.reconstruct(self, state, query, prompt, lse, inputs)
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         """Mark this call's padding tokens invalid and record the query positions."""

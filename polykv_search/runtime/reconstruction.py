@@ -6,11 +6,13 @@ cached in *every* layer, so when a strategy uses such a pattern in either phase,
 cache defers its prefill eviction (``EvictingLayer.defer_prefill``). After the prefill forward the
 runtime calls :func:`run_pass`: for each chunk of the prompt the model's decoder reads a repeat prompt
 and that chunk's tokens, teacher-forced over the cache; each layer appends these tokens, runs its
-kernel, hands the call to the model-level patterns' ``reconstruct(layer, state, query, prompt_len, lse)``
-(no other pattern observes the pass) and cuts itself back to the prompt. Then every deferred layer
-evicts as its prefill plan says. Positions and ``seen`` are those of a run without the pass, so
-``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the repeat prompts),
-whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
+kernel, hands the call to the model-level patterns' ``reconstruct(layer, state, query, prompt_len, lse, inputs)``
+(no other pattern observes the pass) and cuts itself back to the prompt. ``inputs`` (what the attention
+module read beyond its queries, for ``kvzip[plus=true]``) are handed over only when a pattern of the pass
+needs them (:func:`handing_pass_inputs`: a forward pre-hook per attention module, no cost otherwise).
+Then every deferred layer evicts as its prefill plan says. Positions and ``seen`` are those of a run
+without the pass, so ``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the
+repeat prompts), whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
 attention), plus kvzip's scores: one product of the pass's queries with the prompt's keys per call,
 normalised by the log-sum-exp the kernel itself computed (:func:`flash_with_lse`, CPU SDPA), which the
 layer hands to ``reconstruct`` as its ``lse`` argument, instead of a second softmax over the whole cache.
@@ -23,12 +25,15 @@ model it loads (``model.polykv_reconstruction``), built from its tokenizer as KV
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend
 
+from polykv_search.runtime.architectures import attention_modules, attention_pass_inputs
+from polykv_search.runtime.attention import PASS_KEY
 from polykv_search.runtime.eviction import DECODING, PREFILL
 from polykv_search.runtime.pooled import allocate, pool_entries
 
@@ -79,6 +84,33 @@ def needs_pass(plans) -> bool:
     return any(plan.evicts and plan.pattern.model_level for pair in plans for plan in pair)
 
 
+def needs_pass_inputs(plans) -> bool:
+    """True when a model-level pattern of these ``(prefill, decoding)`` plans needs the attention modules'
+    :class:`~polykv_search.patterns.base.PassInputs` (``kvzip[plus=true]``)."""
+    return any(plan.evicts and plan.pattern.model_level and plan.pattern.needs_pass_inputs for p in plans for plan in p)
+
+
+@contextmanager
+def handing_pass_inputs(model, needed: bool) -> Iterator[None]:
+    """While open (and ``needed``), every attention module of ``model`` hands its call's
+    :class:`~polykv_search.patterns.base.PassInputs` (``architectures.attention_pass_inputs``) to the attention
+    function through its ``kwargs`` (:data:`~polykv_search.runtime.attention.PASS_KEY`), and on
+    to the cache layer's ``observe_pass``: a forward pre-hook per module, none when not ``needed``."""
+    if not needed:
+        yield
+        return
+
+    def tap(module, args, kwargs):
+        return args, {**kwargs, PASS_KEY: attention_pass_inputs(module, args, kwargs)}
+
+    handles = [module.register_forward_pre_hook(tap, with_kwargs=True) for module in attention_modules(model)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def chunk_size(plans) -> int:
     """The smallest ``chunk_size`` of the model-level patterns in ``plans``."""
     sizes = [plan.pattern.chunk_size for pair in plans for plan in pair if plan.pattern.model_level]
@@ -97,10 +129,11 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     pads = [n - len(row) for row in real]
     decoder = model.get_decoder()
     device = prompt_ids.device
+    tap = needs_pass_inputs(pair for layer in layers for pair in layer.pass_plans())
     for layer in layers:
         layer.begin_pass(n)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), handing_pass_inputs(model, tap):
             for start in range(0, n, size):
                 stop = min(start + size, n)
                 # a row's real tokens in this slice of the (left-padded) prompt

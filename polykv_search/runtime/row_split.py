@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from polykv_search.patterns.base import PassInputs
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.row_batch import RowBatchLayer, decoding_group
@@ -93,9 +94,11 @@ class RowSplitLayer(RuntimeLayer):
         self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
-    def attention_call_grouped(self, query: torch.Tensor, attend) -> torch.Tensor:
+    def attention_call_grouped(self, query: torch.Tensor, attend, inputs: PassInputs | None = None) -> torch.Tensor:
         """Each part's attention call on its rows of ``query`` (hooks, kernel, eviction; a part of head
         groups runs its own grouped call), outputs ``[B, q, Hq, D]`` in batch row order."""
+        if inputs is not None:
+            raise RuntimeError("polykv-search: a decoding row split takes no part in a reconstruction pass")
         outs = []
         for part, rows in zip(self.parts, self._rows):
             outs.append(part.attention_call_grouped(_take(query, rows), attend))

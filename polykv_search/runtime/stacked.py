@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from polykv_search.patterns.base import PassInputs
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.head_groups import HeadGroupLayer
@@ -223,7 +224,7 @@ class FanoutLayer(EvictingLayer):
             return []
         return [(self._dispatch, None)]
 
-    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None) -> None:
+    def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None, inputs: PassInputs | None = None) -> None:
         """Each distinct model-level pattern of the deferred rows reconstructs once, over this layer's own
         FullKV prompt and pass tokens, into a state of the pass's own (one per pattern, for every KV head);
         every row of that pattern gets a copy, a head group's row the rows of its KV heads."""
@@ -233,7 +234,7 @@ class FanoutLayer(EvictingLayer):
         for (pattern, kv_heads), members in self.pattern_groups.items():
             st = self._pass_states.setdefault(pattern, PatternState())
             if pattern not in done:
-                pattern.reconstruct(self, st, query, prompt, lse)
+                pattern.reconstruct(self, st, query, prompt, lse, inputs)
                 done.add(pattern)
             part = st if kv_heads is None else st.heads(list(kv_heads))
             for _, other in members:
