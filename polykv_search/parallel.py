@@ -170,9 +170,13 @@ def quiet_interrupt():
 
     joblib and loky tear workers down in their own threads, after the interrupt has left the body, and warn of
     jobs that were pending or workers that stopped: which is what an interrupt means. The one line the CLI prints
-    says what is kept."""
+    says what is kept. joblib's notice of cancelled tasks comes earlier, while the interrupt unwinds the loop that
+    iterates its results (before this context's exit), so it is filtered for the whole body: tasks are only ever
+    cancelled here by an interrupt or an error, which the CLI reports itself."""
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*tasks which were still being processed", category=UserWarning)
+            yield
     except KeyboardInterrupt:
         warnings.filterwarnings("ignore", module=r"joblib(\.|$)")
         raise

@@ -33,15 +33,16 @@ from joblib import Parallel, delayed
 from polykv_search.parallel import joblib_backend
 
 def task(i):
-    if i >= 2:
-        time.sleep(600)
+    time.sleep(600 if i >= 40 else 0.1)
     return os.getpid()
 
 try:
     with joblib_backend("loky", None, 2):
-        for n, pid in enumerate(Parallel(n_jobs=2, return_as="generator")(delayed(task)(i) for i in range(6))):
-            if n == 1:
+        seen = set()
+        for pid in Parallel(n_jobs=2, return_as="generator")(delayed(task)(i) for i in range(42)):
+            if pid not in seen and len(seen) == 1:  # both workers started (one still importing dies in a traceback)
                 print("ready", flush=True)
+            seen.add(pid)
 except KeyboardInterrupt:
     sys.stderr.write("interrupted\\n")
     sys.exit(130)
