@@ -44,9 +44,8 @@ from polykv_search.cli.common import (
     non_negative_int,
     pattern_specs,
     positive_int,
-    resolve_jobs,
 )
-from polykv_search.cli.limits import check_backend, check_lengths, model_shape
+from polykv_search.cli.limits import check_backend, check_fan_out_flags, check_lengths, model_shape
 
 # From the signal-quality measurement (README, "Signal quality per CPU-minute"): at equal tokens, many
 # short samples give the lowest per-cell standard error per CPU-minute.
@@ -206,13 +205,7 @@ def check(args: argparse.Namespace):
             f"--context-len {args.context_len} must exceed the largest of --budgets ({max(budgets)}): "
             "a cell whose budget holds the whole context evicts nothing and measures nothing"
         )
-    resolve_jobs(args)
-    if args.address and not args.backend:
-        raise CLIError("--address applies to --backend dask or ray; give --backend")
-    if args.address and args.backend == "loky":
-        raise CLIError("--address does not apply to --backend loky (local processes)")
-    if args.backend == "loky" and args.jobs == 1:
-        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
+    check_fan_out_flags(args)
     try:
         make_settings(
             1,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from polykv_search.cli.common import CLIError
+from polykv_search.cli.common import CLIError, resolve_jobs
 
 #: seconds a cluster address has to accept a connection
 CONNECT_SECONDS = 3.0
@@ -193,6 +193,18 @@ _PACKAGE = {"dask": "distributed", "ray": "ray"}
 _PORT = {"dask": 8786, "ray": 6379}
 #: the default port of an address with a scheme (a ray client's ``ray://``)
 _SCHEME_PORT = {"tcp": 8786, "tls": 8786, "ray": 10001}
+
+
+def check_fan_out_flags(args) -> None:
+    """``--jobs`` resolved (``auto``, the clamp) and ``--backend``/``--address``/``--jobs`` checked together
+    (``score`` and ``collect``); the back-end itself is :func:`check_backend`."""
+    resolve_jobs(args)
+    if args.address and not args.backend:
+        raise CLIError("--address applies to --backend dask or ray; give --backend")
+    if args.address and args.backend == "loky":
+        raise CLIError("--address does not apply to --backend loky (local processes)")
+    if args.backend == "loky" and args.jobs == 1:
+        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
 
 
 def check_backend(backend: str | None, address: str | None) -> None:

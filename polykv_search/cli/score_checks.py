@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from polykv_search.cli.common import CLIError, resolve_jobs
-from polykv_search.cli.limits import check_backend
+from polykv_search.cli.common import CLIError
+from polykv_search.cli.limits import check_backend, check_fan_out_flags
 
 
 def check_fan_out(args: argparse.Namespace) -> None:
-    resolve_jobs(args)
-    if args.address and not args.backend:
-        raise CLIError("--address applies to --backend dask or ray; give --backend")
-    if args.address and args.backend == "loky":
-        raise CLIError("--address does not apply to --backend loky (local processes)")
-    if args.backend == "loky" and args.jobs == 1:
-        raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
+    check_fan_out_flags(args)
     check_backend(args.backend, args.address)
 
 
