@@ -46,3 +46,18 @@ def assert_one_line(exc_info):
     message = str(exc_info.value)
     assert message and "\n" not in message, message
     assert isinstance(exc_info.value, RuntimeError)
+
+
+def saved_tiny_checkpoint(path: Path, family: str = "qwen2") -> tuple[Path, Path]:
+    """A 2-layer random-init ``family`` model with the character tokenizer saved at ``path``, and a 40-document
+    jsonl corpus of Austen haystacks beside it: what the CLI tests run ``--model``/``--corpus`` on."""
+    import json
+
+    from tests.test_eval_support import char_tokenizer, haystack_texts
+    from tests.tiny import tiny_model
+
+    tiny_model(family, layers=2).save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    corpus = path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(haystack_texts()[:40])))
+    return path, corpus

@@ -7,7 +7,6 @@ mechanism in seconds; ``score --jobs 2`` and ``collect --jobs 2`` on a tiny save
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_eval_support import char_tokenizer, haystack_texts
-from tests.tiny import tiny_model
+from tests.models_support import saved_tiny_checkpoint
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals and /proc")
 
@@ -137,12 +135,7 @@ def test_ctrl_c_to_the_whole_group_is_the_parents_alone(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    tiny_model("qwen2", layers=2).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    corpus = path / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(haystack_texts()[:40])))
-    return path, corpus
+    return saved_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 def _command(name: str, checkpoint, out: Path) -> tuple[list[str], Path]:

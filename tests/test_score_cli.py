@@ -9,20 +9,12 @@ import pytest
 import torch
 
 from polykv_search.cli import main
-from tests.test_eval_support import haystack_texts
-from tests.tiny import tiny_model
+from tests.models_support import saved_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from tests.test_eval_support import char_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    tiny_model("qwen2", layers=2).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    corpus = path / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(haystack_texts()[:40])))
-    return path, corpus
+    return saved_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 def score_argv(checkpoint, out, *extra) -> list[str]:
