@@ -154,10 +154,10 @@ class PoolPriorSolver(WholeModelSolver):
                 specs[_label(alpha)] = per_phase
         names = list(specs)
         strategies = [_strategy(problem, specs[n], b) for n in names]
-        with self._objective(problem) as (objective, kinds, described):
-            values = objective(strategies) if len(strategies) > 1 else None
-        if values is None:
+        if len(strategies) == 1:  # before the model is loaded
             raise SolverError("pool-prior: every exponent gives the plain pool (the importances are all equal)")
+        with self._objective(problem) as (objective, kinds, described):
+            values = objective(strategies)
         g = decide(values, names, kinds, level=s.level, seed=s.seed)
         chosen = g.chosen
         self.trace = _Chosen(strategies[names.index(chosen)])

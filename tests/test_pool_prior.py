@@ -13,7 +13,7 @@ from test_search import table_path  # noqa: F401  (the tiny model and its signal
 from polykv_search.patterns import make_pattern
 from signals import random_signal_table
 from signals.predict import cell_costs
-from solvers import Problem, get_solver_class
+from solvers import Problem, SolverError, get_solver_class
 from solvers.pool_prior import PoolPriorSolver, layer_importance, prior_weights
 from solvers.uniform import UniformSettings, UniformSolver
 
@@ -141,3 +141,14 @@ def test_pool_prior_is_listed_and_cannot_be_the_searchs_start():
     assert get_solver_class("pool-prior") is PoolPriorSolver
     with pytest.raises(Exception, match="cannot be the start"):
         get_solver_class("search").Settings(start="pool-prior")
+
+
+def test_a_table_whose_layers_are_all_alike_is_refused_before_anything_is_measured():
+    p = problem()
+    p.table._kl[:, :, p.table.patterns.index("kvzip")] = 0.25  # noqa: SLF001  (every layer costs the same)
+
+    def evaluator(strategies):
+        raise AssertionError("nothing should be measured")
+
+    with pytest.raises(SolverError, match="every exponent gives the plain pool"):
+        PoolPriorSolver(evaluator=evaluator, kinds=KINDS).solve(p)
