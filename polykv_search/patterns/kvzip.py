@@ -83,8 +83,9 @@ class KVzip(Pattern):
         pool (:meth:`pool_identity`), so a solver can steer each layer while the pool still adapts per prompt.
         With ``"layer"`` one weight scales every cell of the pool alike, so it is refused there.
     floor : int
-        Each KV head of this layer keeps at least its top ``min(floor, budget)`` tokens in the pool (0: none).
-        They count among the pool's protected tokens, as the sinks and the boundary do.
+        Each KV head of this layer keeps at least its top ``min(floor, budget)`` tokens in the pool (0: none): they
+        rank above every unprotected token of the pool, so they always fit after prefill; once the appended tokens
+        outgrow the pool they go before them, like the pool's other prompt tokens (the sinks and the boundary stay).
     cap : int
         Each KV head of this layer keeps at most its top ``cap`` prompt tokens in the pool (0: no cap; its protected
         tokens are kept whatever the cap). The pool may then hold fewer than its total. ``floor <= cap`` when both
