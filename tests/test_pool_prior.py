@@ -82,10 +82,11 @@ def test_an_exponent_resolved_better_replaces_the_plain_pool_with_its_weights():
     assert set(record["weights"]) == {"plain-pool", "alpha=0.5", "alpha=1", "alpha=2"}
 
 
-def test_without_a_resolved_gain_the_result_is_the_plain_pool_the_uniform_kvzip_model():
+@pytest.mark.parametrize(("gain", "noise"), [(0.0005, 0.3), (-0.5, 0.05)], ids=["unresolved", "harmful"])
+def test_without_a_resolved_gain_the_result_is_the_plain_pool_the_uniform_kvzip_model(gain, noise):
     p = problem()
     importance, _ = layer_importance(p, POOL, "kl", None)
-    result = PoolPriorSolver(evaluator=aligned(importance["prefill"], 0.0005, 0.3), kinds=KINDS).solve(p)
+    result = PoolPriorSolver(evaluator=aligned(importance["prefill"], gain, noise), kinds=KINDS).solve(p)
     assert result.strategy.provenance["pool_prior"]["chosen"] == "plain-pool"
     plain = UniformSolver(UniformSettings(pattern="kvzip[allocation=model]")).solve(p).strategy
     assert result.strategy.digest() == plain.digest()  # uniform kvzip[allocation=model] itself
