@@ -24,6 +24,9 @@ entirely below 0 at the Bonferroni level over the grid; among those, the lowest 
 plain pool or resolved better than it on the calibration samples. Every value is journaled (``solve``: ``OUT.
 journal``): a killed solve rerun with the same command measures nothing twice.
 
+The default grid stays at or below 1: a layer's importance can be ten times the mean (layer 23 of SmolLM2 in
+``studies/kvzip/h19-signals.json.xz``), so ``alpha = 1`` already spans weights 0.11 to 11.2 there.
+
 Cost: ``len(alphas) + 1`` strategies (fewer when two alphas give the same weights) on ``samples`` samples, each
 sample's FullKV reference once; batched, one call of the scoring engine per sample.
 """
@@ -50,7 +53,7 @@ from strategies import PHASES, Strategy
 @dataclass(frozen=True)
 class PoolPriorSettings(MeasureSettings):
     pattern: str = setting("kvzip[allocation=model]", "the pooled pattern every layer uses (allocation=model)")
-    alphas: str = setting("0.5,1,2", "exponents tried, comma separated: w_l = (importance_l / mean)^alpha")
+    alphas: str = setting("0.25,0.5,1", "exponents tried, comma separated: w_l = (importance_l / mean)^alpha")
     signal: str = setting("auto", "importance: the table's kl (auto, when it has it) or dppl", ("auto", "kl", "dppl"))
     reference_budget: int | None = setting(
         None, "importance: mean over the grid budgets up to this one (default: the grid value closest to B)"

@@ -74,12 +74,12 @@ def test_an_exponent_resolved_better_replaces_the_plain_pool_with_its_weights():
     solver = PoolPriorSolver(evaluator=aligned(importance["prefill"], 0.5, 0.05), kinds=KINDS)
     result = solver.solve(p)
     record = result.strategy.provenance["pool_prior"]
-    assert record["chosen"] == "alpha=2" and record["versus_solved"]["alpha=2"]["high"] < 0
-    assert weights_of(result.strategy) == prior_weights(importance["prefill"], 2.0, 0.1)
+    assert record["chosen"] == "alpha=1" and record["versus_solved"]["alpha=1"]["high"] < 0
+    assert weights_of(result.strategy) == prior_weights(importance["prefill"], 1.0, 0.1)
     for c in result.strategy.prefill:
         assert c.budget == 32 and make_pattern(c.pattern, **c.params).pool_identity() == POOL
     assert result.strategy.digest() == solver.trace.result.digest()
-    assert set(record["weights"]) == {"plain-pool", "alpha=0.5", "alpha=1", "alpha=2"}
+    assert set(record["weights"]) == {"plain-pool", "alpha=0.25", "alpha=0.5", "alpha=1"}
 
 
 @pytest.mark.parametrize(("gain", "noise"), [(0.0005, 0.3), (-0.5, 0.05)], ids=["unresolved", "harmful"])
