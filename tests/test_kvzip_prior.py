@@ -156,3 +156,14 @@ def test_the_shared_engine_scores_prior_entries_as_the_per_entry_engine(kind):
     with apply_strategy(model, Strategy.full(3)) as rt:
         shared = SharedScorer(model, rt, [strategy_plans(e.strategy) for e in es]).run(job)
     assert_same(reference, shared, job)
+
+
+def test_a_strategy_with_priors_validates_against_the_schema_and_a_zero_weight_does_not():
+    jsonschema = pytest.importorskip("jsonschema")
+    from strategies.export_json import load_schema
+
+    validator = jsonschema.Draft202012Validator(load_schema())
+    data = json.loads(prior_strategy([16, 16, 16], [{"weight": 1.5}, {"floor": 2, "cap": 40}, {}]).dumps())
+    assert not list(validator.iter_errors(data))
+    data["layers"][0]["prefill"]["params"]["weight"] = 0
+    assert list(validator.iter_errors(data))
