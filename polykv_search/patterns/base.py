@@ -161,9 +161,9 @@ class LayerView(Protocol):
 @dataclass(frozen=True)
 class PoolPrior:
     """A static prior on one layer's cells in a pool's ranking (:mod:`polykv_search.runtime.pooled`): its
-    scores enter the ranking multiplied by ``weight``; each of its KV heads keeps at least its top
-    ``min(floor, budget)`` tokens and at most its top ``cap`` (0: no cap; protected tokens whatever the cap).
-    The default changes nothing."""
+    scores enter the ranking multiplied by ``weight``; each of its KV heads' top ``min(floor, budget)`` tokens rank
+    above the pool's other unprotected tokens (so they are kept after prefill), and it keeps at most its top ``cap``
+    prompt tokens (0: no cap; protected tokens whatever the cap). The default changes nothing."""
 
     weight: float = 1.0
     floor: int = 0
