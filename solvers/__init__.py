@@ -53,6 +53,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "duo": ("solvers.duo", "DuoSolver"),
     "headkv": ("solvers.headkv", "HeadKVSolver"),
     "search": ("solvers.whole_model", "WholeModelSolver"),
+    "pool-prior": ("solvers.pool_prior", "PoolPriorSolver"),
 }
 _REGISTERED: dict[str, type[Solver]] = {}
 

@@ -51,25 +51,19 @@ from solvers.search_space import SearchSpace, check_budgets, layer_blocks
 from strategies import PHASES, Strategy, StrategyError
 
 #: Solvers that cannot be the start (they run the model themselves).
-NOT_A_START = ("search", "optuna")
+NOT_A_START = ("search", "optuna", "pool-prior")
 
 
 @dataclass(frozen=True)
-class SearchSettings(Settings):
-    start: str = setting(
-        "ilp", "the calibrated solve to start from: a solver name (run on the same problem) or a strategy JSON file"
-    )
-    start_settings: str = setting("", "settings of the start solver, KEY=VALUE;KEY=VALUE (e.g. granularity=head)")
+class MeasureSettings(Settings):
+    """How a solver that measures whole strategies on the model draws its samples, journals and runs them
+    (``search``, ``pool-prior``)."""
+
     samples: int = setting(8, "calibration samples the strategies are measured on (drawn like the guard's)")
     sample_seed: int | None = setting(None, "seed of those samples (default: the table's calibration seed + 1)")
     mix: str | None = setting(None, "evidence samples among them, a count or a fraction (default: the table's share)")
-    blocks: int = setting(6, "contiguous groups of layers the moves act on (EvolKV-style; L: every layer alone)")
-    step: float = setting(0.25, "tokens a budget move takes from each slot of a block, as a share of B (at least 1)")
-    neighbors: int = setting(4, "moves measured per round; the best resolved one is accepted")
-    max_moves: int = setting(10, "stop after this many accepted moves")
-    max_evaluations: int = setting(40, "stop after this many strategies measured (starts included)")
-    level: float = setting(0.95, "confidence level of the acceptance intervals (Bonferroni over a round's moves)")
-    seed: int = setting(0, "seed of the move order and of the bootstrap")
+    level: float = setting(0.95, "confidence level of the acceptance intervals (Bonferroni over the candidates)")
+    seed: int = setting(0, "seed of the bootstrap (and of the search's move order)")
     journal: str | None = setting(None, "journal of measured strategies (solve: OUT.journal; none: in memory)")
     fresh: bool = setting(False, "discard the journal and measure everything again")
     batched: bool = setting(
@@ -81,16 +75,34 @@ class SearchSettings(Settings):
     progress: bool = setting(True, "show a progress bar on stderr")
 
     def check(self) -> None:
-        least_values = (("samples", 2), ("blocks", 1), ("neighbors", 1), ("max_evaluations", 1), ("batch_entries", 1))
-        for name, least in least_values:
+        for name, least in (("samples", 2), ("batch_entries", 1)):
+            if getattr(self, name) < least:
+                raise SolverError(f"{name}: must be at least {least}, got {getattr(self, name)}")
+        if not 0.5 <= self.level < 1.0:
+            raise SolverError(f"level: must be in [0.5, 1), got {self.level}")
+
+
+@dataclass(frozen=True)
+class SearchSettings(MeasureSettings):
+    start: str = setting(
+        "ilp", "the calibrated solve to start from: a solver name (run on the same problem) or a strategy JSON file"
+    )
+    start_settings: str = setting("", "settings of the start solver, KEY=VALUE;KEY=VALUE (e.g. granularity=head)")
+    blocks: int = setting(6, "contiguous groups of layers the moves act on (EvolKV-style; L: every layer alone)")
+    step: float = setting(0.25, "tokens a budget move takes from each slot of a block, as a share of B (at least 1)")
+    neighbors: int = setting(4, "moves measured per round; the best resolved one is accepted")
+    max_moves: int = setting(10, "stop after this many accepted moves")
+    max_evaluations: int = setting(40, "stop after this many strategies measured (starts included)")
+
+    def check(self) -> None:
+        super().check()
+        for name, least in (("blocks", 1), ("neighbors", 1), ("max_evaluations", 1)):
             if getattr(self, name) < least:
                 raise SolverError(f"{name}: must be at least {least}, got {getattr(self, name)}")
         if self.max_moves < 0:
             raise SolverError(f"max_moves: must be >= 0, got {self.max_moves}")
         if not 0.0 < self.step <= 1.0:
             raise SolverError(f"step: a share of B in (0, 1], got {self.step}")
-        if not 0.5 <= self.level < 1.0:
-            raise SolverError(f"level: must be in [0.5, 1), got {self.level}")
         if self.start in NOT_A_START:
             raise SolverError(f"start: {self.start!r} cannot be the start (it runs the model itself)")
         _start_settings(self.start_settings)
@@ -189,7 +201,7 @@ class WholeModelSolver(Solver):
         described = {**described, "journal": str(journal.path) if journal.path is not None else None}
         console = Console(stderr=True) if s.progress else None
         try:
-            with ProgressBar(console, "search", s.max_evaluations * len(samples), unit="runs") as bar:
+            with ProgressBar(console, self.name, self._planned() * len(samples), unit="runs") as bar:
                 objective = WholeModelObjective(
                     model,
                     samples,
@@ -203,6 +215,10 @@ class WholeModelSolver(Solver):
             journal.close()
 
     # ------------------------------------------------------------------ parts
+    def _planned(self) -> int:
+        """Strategies the solve measures at most (the progress bar's total, per sample)."""
+        return self.settings.max_evaluations
+
     def _calibrated_start(self, problem: Problem) -> tuple[str, Strategy]:
         s = self.settings
         path = Path(s.start)
@@ -300,4 +316,4 @@ def _message(trace, cost: dict[str, Any]) -> str:
     return f"{line}; {runs}{cost['wall_s'] / 60:.1f} min"
 
 
-__all__ = ["SearchSettings", "WholeModelSolver"]
+__all__ = ["MeasureSettings", "SearchSettings", "WholeModelSolver"]

@@ -110,6 +110,12 @@ def prefill_press(choice: LayerChoice) -> Press | None:
                 f"boundary={p['boundary']} is not applied: KVzipPress protects no prompt-boundary tokens "
                 "(only its first n_sink), so the prompt's last tokens are ranked by their scores"
             )
+        prior = {k: p[k] for k, plain in (("weight", 1.0), ("floor", 0), ("cap", 0)) if p.get(k, plain) != plain}
+        if prior:
+            diffs.append(
+                f"the pool prior {', '.join(f'{k}={v}' for k, v in prior.items())} is not applied: KVzipPress "
+                "ranks every layer's scores as they are, with no per-layer weight, floor or cap"
+            )
         params = {"layerwise": True, "kvzip_plus_normalization": True} if p.get("plus") else {"layerwise": True}
         return Press("KVzipPress", params, tuple(diffs))
     if name == "random":

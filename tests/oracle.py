@@ -19,7 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from polykv_search.runtime import eviction_target
 from strategies import Strategy
-from tests.oracle_pooled import pooled, pooled_evict, prompt_end
+from tests.oracle_pooled import PRIOR, pooled, pooled_evict, prompt_end
 from tests.oracle_scores import expected_attention_scores, keydiff_scores, kvzip_plus_weights, query_stats, rotation
 
 NAME = "polykv_oracle"
@@ -35,7 +35,15 @@ DEFAULTS = {
     "knorm": {},
     "random": {"seed": 0},
     "keydiff": {},
-    "kvzip": {"n_sink": 4, "chunk_size": 2048, "query_chunk": 256, "allocation": "head", "boundary": 0, "plus": False},
+    "kvzip": {
+        "n_sink": 4,
+        "chunk_size": 2048,
+        "query_chunk": 256,
+        "allocation": "head",
+        "boundary": 0,
+        "plus": False,
+        **PRIOR,
+    },
     "expected_attention": {
         "n_future_positions": 512,
         "n_sink": 4,

@@ -8,9 +8,17 @@ it holds ``C = sum(H * budget)`` tokens over its ``P`` (layer, KV head) cells. P
 them while ``C - S >= P * a`` (``S``: the sinks), else the newest ``(C - S) // P`` per cell; and the best
 remaining prompt tokens of the whole pool, ``C - S - P * a`` of them, best pass score first, ties to the
 lower layer, then the lower head, then the older token.
+
+A pool prior (kvzip's ``weight``, ``floor``, ``cap``, per layer): plans differing only in them share one pool.
+A cell's *order* is its sinks (and boundary), oldest first, then its other prompt tokens still held, best score
+first, older first on ties. Its first ``min(floor, budget)`` tokens in that order that are not sinks come before
+every other prompt token of the pool; its tokens past its first ``cap`` in that order that are not sinks are never
+kept (cap 0: none); the prompt tokens of the pool are ranked by ``score * weight`` in float64 after that.
 """
 
 from __future__ import annotations
+
+PRIOR = {"weight": 1.0, "floor": 0, "cap": 0}
 
 
 def pooled(plan) -> bool:
@@ -21,29 +29,35 @@ def pooled(plan) -> bool:
 def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
     """Set the kept tokens of layer ``L``'s KV ``heads`` (all when None) by the pool rule, ``plan`` being
     their ``phase`` plan. The pool's cells are the (layer, KV head) pairs whose head group has the same
-    pattern and params in this phase (in every layer for "model", in ``L`` for "layer"), each with its
-    group's budget."""
+    pattern and params but the prior in this phase (in every layer for "model", in ``L`` for "layer"), each
+    with its group's budget and prior."""
     name, params, _ = plan
     layers = o.layers if params["allocation"] == "model" else [L]
     members = [
-        (M, h, part["plans"][phase][2])
+        (M, h, part["plans"][phase])
         for M in layers
         for part in M.parts
-        if part["plans"][phase][:2] == plan[:2]
+        if part["plans"][phase][0] == name and _identity(part["plans"][phase][1]) == _identity(params)
         for h in part["heads"]
     ]
-    zip_key = name + repr(sorted(params.items()))
     B, H, N = L.kept.shape
-    n_prompt = L.zip[zip_key].shape[-1]
+    n_prompt = L.zip[name + repr(sorted(params.items()))].shape[-1]
     appended = list(range(n_prompt, N))
-    capacity = sum(budget for _, _, budget in members)
+    capacity = sum(budget for _, _, (_, _, budget) in members)
     cells = len(members)
     for b in range(B):
         prompt = [j for j in range(n_prompt) if L.valid[b, j]]
-        sinks = {
-            (M.idx, h): set(prompt[: min(params["n_sink"], budget)]) | prompt_end(L, b, n_prompt, params, budget)
-            for M, h, budget in members
-        }
+        sinks, first, never = {}, set(), set()
+        for M, h, (_, p, budget) in members:
+            protected = set(prompt[: min(p["n_sink"], budget)]) | prompt_end(L, b, n_prompt, p, budget)
+            z = M.zip[name + repr(sorted(p.items()))]
+            held = [j for j in prompt if j not in protected and M.kept[b, h, j]]
+            rest = sorted(held, key=lambda j: (-float(z[b, h, j]), j))
+            order = sorted(protected) + rest
+            sinks[M.idx, h] = protected
+            first |= {(M.idx, h, j) for j in order[: min(p.get("floor", 0), budget)] if j not in protected}
+            if p.get("cap", 0):
+                never |= {(M.idx, h, j) for j in order[p["cap"] :] if j not in protected}
         n_sinks = sum(len(s) for s in sinks.values())
         if capacity - n_sinks >= cells * len(appended):
             kept_appended, rest = appended, capacity - n_sinks - cells * len(appended)
@@ -51,16 +65,27 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
             per_cell = max(0, (capacity - n_sinks) // cells)
             kept_appended, rest = appended[len(appended) - per_cell :] if per_cell else [], 0
         others = [
-            (-float(M.zip[zip_key][b, h, j]), M.idx, h, j)
-            for M, h, _ in members
+            (
+                (M.idx, h, j) not in first,
+                -float(M.zip[name + repr(sorted(p.items()))][b, h, j]) * float(p.get("weight", 1.0)),
+                M.idx,
+                h,
+                j,
+            )
+            for M, h, (_, p, _) in members
             for j in prompt
-            if j not in sinks[M.idx, h] and M.kept[b, h, j]
+            if j not in sinks[M.idx, h] and M.kept[b, h, j] and (M.idx, h, j) not in never
         ]
-        best = {(m, h, j) for _, m, h, j in sorted(others)[:rest]}
+        best = {(m, h, j) for _, _, m, h, j in sorted(others)[:rest]}
         for h in range(H) if heads is None else heads:
             for j in range(N):
                 keep = j in sinks[L.idx, h] or j in kept_appended or (L.idx, h, j) in best
                 L.kept[b, h, j] = bool(L.kept[b, h, j]) and keep
+
+
+def _identity(params) -> dict:
+    """A plan's params without its pool prior (the pool it joins)."""
+    return {**params, **PRIOR}
 
 
 def prompt_end(L, b: int, n_prompt: int, params, budget: int) -> set[int]:

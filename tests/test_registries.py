@@ -91,7 +91,14 @@ RUN_WITHOUT_A_MODEL = {
         "max_evaluations": 12,
         "progress": False,
     },
+    "pool-prior": lambda problem: {"evaluator": prior_spread, "kinds": ["prose"] * 3 + ["evidence"] * 3},
 }
+
+
+def prior_spread(strategies):
+    """Six per-sample values of a strategy (how far its pool weights spread, plus a fixed offset per sample)."""
+    spread = [sum(abs(np.log(float(c.params.get("weight", 1.0)))) for c in s.prefill) for s in strategies]
+    return np.stack([np.linspace(0.0, 0.5, 6) + x for x in spread], 1)
 
 
 def test_every_solver_is_listed():

@@ -203,6 +203,10 @@ def run(args: argparse.Namespace) -> int:
         from polykv_search.cli.solve_search import print_search
 
         print_search(strategy.provenance["search"])
+    if "pool_prior" in strategy.provenance:
+        from polykv_search.cli.solve_search import print_pool_prior
+
+        print_pool_prior(strategy.provenance["pool_prior"])
     if args.model:
         strategy.provenance.setdefault("model", args.model)
     strategy.provenance.setdefault("predicted", dict(result.predicted))

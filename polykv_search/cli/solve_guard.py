@@ -56,7 +56,7 @@ def check_guard_args(args: argparse.Namespace) -> None:
         raise CLIError(f"--guard {args.guard}: needs at least 2 samples for an interval")
     if not args.signals:
         raise CLIError("--guard needs --signals: its samples are drawn like the table's")
-    if args.method in ("optuna", "search"):
+    if args.method in ("optuna", "search", "pool-prior"):
         raise CLIError(f"--guard does not apply to {args.method}: it measures whole strategies already")
 
 

@@ -1,4 +1,4 @@
-"""`solve --method search`: the search's starts and accepted moves as a readable table."""
+"""`solve --method search` and `pool-prior`: what they measured, as readable tables."""
 
 from __future__ import annotations
 
@@ -14,15 +14,18 @@ def _iv(iv: dict[str, Any] | None, sign: str = "") -> str:
     return f"{iv['estimate']:{sign}.4f} [{fmt(iv['low'])}, {fmt(iv['high'])}]"
 
 
+def _title(what: str, kinds: list[str]) -> str:
+    counts = ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
+    return f"{what}: KL to FullKV on {len(kinds)} calibration samples ({counts})"
+
+
 def print_search(record: dict[str, Any]) -> None:
     """The starts (the chosen one starred) with their KL, then every accepted move with its KL and its difference
     to the strategy before it; the last line compares the result with the start."""
     from rich.table import Table
     from rich.text import Text
 
-    kinds = record["kinds"]
-    counts = ", ".join(f"{kinds.count(k)} {k}" for k in sorted(set(kinds)))
-    table = Table(title=f"search: KL to FullKV on {len(kinds)} calibration samples ({counts})", title_justify="left")
+    table = Table(title=_title("search", record["kinds"]), title_justify="left")
     table.add_column("start / accepted move", overflow="fold")
     table.add_column(f"KL [{record['level']:.0%}]", justify="right")
     table.add_column("KL − before", justify="right")
@@ -37,4 +40,26 @@ def print_search(record: dict[str, Any]) -> None:
     else:
         kept = record["moves_kept"]
         line = f"search: {kept} move(s) kept; KL(result) − KL(start) {_iv(final, '+')} at {record['level']:.0%}"
+    out.print(line, markup=False, highlight=False)
+
+
+def print_pool_prior(record: dict[str, Any]) -> None:
+    """Every exponent measured (the plain pool first, the chosen one starred) with its KL, its difference to the
+    plain pool and its weights' range; the last line says which was kept."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=_title("pool-prior", record["kinds"]), title_justify="left")
+    table.add_column("weights", overflow="fold")
+    table.add_column(f"KL [{record['level']:.0%}]", justify="right")
+    table.add_column("KL − plain pool", justify="right")
+    table.add_column("w min–max", justify="right")
+    for name, iv in record["means"].items():
+        weights = [w for ws in record["weights"][name].values() for w in ws]
+        star = " *" if name == record["chosen"] else ""
+        versus = _iv(record["versus_solved"].get(name), "+")
+        table.add_row(Text(name + star), _iv(iv), versus, f"{min(weights):.3g}–{max(weights):.3g}")
+    out.print(table)
+    chosen = record["chosen"]
+    line = f"pool-prior: {chosen} kept" + ("" if record["replaced"] else " (no exponent resolved better)")
     out.print(line, markup=False, highlight=False)

@@ -159,6 +159,22 @@ class LayerView(Protocol):
 
 
 @dataclass(frozen=True)
+class PoolPrior:
+    """A static prior on one layer's cells in a pool's ranking (:mod:`polykv_search.runtime.pooled`): its
+    scores enter the ranking multiplied by ``weight``; each of its KV heads' top ``min(floor, budget)`` tokens rank
+    above the pool's other unprotected tokens (so they are kept after prefill), and it keeps at most its top ``cap``
+    prompt tokens (0: no cap; protected tokens whatever the cap). The default changes nothing."""
+
+    weight: float = 1.0
+    floor: int = 0
+    cap: int = 0
+
+    @property
+    def plain(self) -> bool:
+        return self.weight == 1.0 and self.floor == 0 and self.cap == 0
+
+
+@dataclass(frozen=True)
 class Pattern:
     """Base class of every eviction pattern (see the module docstring for the contract)."""
 
@@ -185,6 +201,16 @@ class Pattern:
         of every layer using it, so that heads keep different numbers of tokens (``kvzip``'s ``allocation``;
         :mod:`polykv_search.runtime.pooled`); None: every KV head keeps its own top-``b``."""
         return None
+
+    @property
+    def prior(self) -> PoolPrior:
+        """This layer's prior in its pool (kvzip's ``weight``, ``floor``, ``cap``); the default changes nothing."""
+        return PoolPrior()
+
+    def pool_identity(self) -> Pattern:
+        """The pattern without its :attr:`prior`: layers whose pooled patterns have the same identity share one
+        ``"model"`` pool, whatever their priors."""
+        return self
 
     def alone(self) -> Pattern:
         """The pattern as one KV head runs it when it is the only cell of its pool (a head cell of

@@ -6,13 +6,22 @@ https://arxiv.org/abs/2505.23416
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
-from polykv_search.patterns.base import POS_INF, LayerView, PassInputs, Pattern, protected_ends, valid_rank
+from polykv_search.patterns.base import (
+    POS_INF,
+    LayerView,
+    PassInputs,
+    Pattern,
+    PoolPrior,
+    protected_ends,
+    valid_rank,
+)
 from polykv_search.patterns.state import PatternState, fit_tokens
 
 
@@ -65,6 +74,22 @@ class KVzip(Pattern):
         ``"model"`` (kvpress's default): the ``sum(Hkv * budget_l)`` best over every layer using this same
         pattern in this phase. With ``"layer"`` and ``"model"`` the heads hold different numbers of tokens
         (:mod:`polykv_search.runtime.pooled`: the pool's total holds through the question and decoding).
+    weight : float
+        A static prior on this layer's place in a ``"model"`` pool (> 0; 1.0, the default, changes nothing): its
+        tokens enter the pool's ranking with ``score * weight``. A product, not ``score + log(weight)``: the
+        scores are probabilities (or, with ``plus``, positive and unitless), so a product is the same comparison
+        as ``log(score) + log(weight)``, scale-free, and never reorders a KV head's own tokens (only how many
+        each head keeps changes). Layers whose patterns differ only in ``weight``, ``floor`` and ``cap`` share one
+        pool (:meth:`pool_identity`), so a solver can steer each layer while the pool still adapts per prompt.
+        With ``"layer"`` one weight scales every cell of the pool alike, so it is refused there.
+    floor : int
+        Each KV head of this layer keeps at least its top ``min(floor, budget)`` tokens in the pool (0: none): they
+        rank above every unprotected token of the pool, so they always fit after prefill; once the appended tokens
+        outgrow the pool they go before them, like the pool's other prompt tokens (the sinks and the boundary stay).
+    cap : int
+        Each KV head of this layer keeps at most its top ``cap`` prompt tokens in the pool (0: no cap; its protected
+        tokens are kept whatever the cap). The pool may then hold fewer than its total. ``floor <= cap`` when both
+        are set. kvpress's ``KVzipPress`` has no counterpart of ``weight``, ``floor`` or ``cap``.
 
     Notes
     -----
@@ -117,19 +142,37 @@ class KVzip(Pattern):
     allocation: str = "head"
     boundary: int = 0
     plus: bool = False
+    weight: float = 1.0
+    floor: int = 0
+    cap: int = 0
 
     ALLOCATIONS: ClassVar[tuple[str, ...]] = ("head", "layer", "model")
 
     def __post_init__(self) -> None:
-        for field_name in ("n_sink", "chunk_size", "query_chunk", "boundary"):
+        for field_name in ("n_sink", "chunk_size", "query_chunk", "boundary", "floor", "cap"):
             value = getattr(self, field_name)
-            low = 0 if field_name in ("n_sink", "boundary") else 1
+            low = 0 if field_name in ("n_sink", "boundary", "floor", "cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{field_name} must be an integer >= {low}, got {value!r}")
         if self.allocation not in self.ALLOCATIONS:
             raise ValueError(f"allocation must be one of {', '.join(self.ALLOCATIONS)}, got {self.allocation!r}")
         if not isinstance(self.plus, bool):
             raise ValueError(f"plus must be true or false, got {self.plus!r}")
+        self._check_prior()
+
+    def _check_prior(self) -> None:
+        w = self.weight
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"weight must be a finite number > 0, got {w!r}")
+        if self.cap and self.floor > self.cap:
+            raise ValueError(f"floor must be at most cap, got floor={self.floor} and cap={self.cap}")
+        if self.allocation == "head" and not self.prior.plain:
+            raise ValueError(
+                f"weight, floor and cap steer a pool's ranking; they need allocation='layer' or 'model', got "
+                f"weight={w!r}, floor={self.floor}, cap={self.cap} with allocation='head'"
+            )
+        if self.allocation == "layer" and w != 1.0:
+            raise ValueError(f"weight needs allocation='model' (one layer's pool ranks all its heads alike), got {w!r}")
 
     @property
     def needs_pass_inputs(self) -> bool:
@@ -140,8 +183,15 @@ class KVzip(Pattern):
         """The pool its tokens are ranked over beyond one KV head (``"layer"`` or ``"model"``), or None."""
         return None if self.allocation == "head" else self.allocation
 
+    @property
+    def prior(self) -> PoolPrior:
+        return PoolPrior(float(self.weight), self.floor, self.cap)
+
+    def pool_identity(self) -> KVzip:
+        return self if self.prior.plain else replace(self, weight=1.0, floor=0, cap=0)
+
     def alone(self) -> KVzip:
-        return self if self.allocation == "head" else replace(self, allocation="head")
+        return self if self.allocation == "head" else replace(self.pool_identity(), allocation="head")
 
     def reconstruct(
         self,

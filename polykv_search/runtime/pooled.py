@@ -17,6 +17,15 @@ those ranks of its own cells, and evicts from them alone, in its own attention c
 - once ``K`` falls below the ``S`` protected tokens, a cell keeps its protected tokens and the newest
   ``(C - S) // P`` appended ones (the pool then holds at most ``C``).
 
+A *pool prior* (the layer's pattern's :attr:`~polykv_search.patterns.base.Pattern.prior`: kvzip's ``weight``,
+``floor``, ``cap``) steers the ranking, each layer's cells on their own: a cell's scores are multiplied by the
+weight (in float64, so the order inside a cell is kept); its top ``min(floor, b)`` tokens rank above every
+other unprotected token of the pool (among themselves by weighted score), so they stay while the pool holds any
+prompt token beyond its protected ones (always in prefill) and go before the appended tokens once these outgrow
+the pool, as other prompt tokens do; its tokens past its top ``cap`` (protected ones aside) are never kept.
+Layers whose patterns differ only by their priors share one pool (``pool_identity``). The default prior leaves
+every rank as it was.
+
 The prompt tokens' ranks are fixed after the pass and ``K`` only falls, so every layer finds its counts
 without the others. Unlike kvpress, which keeps the question and answer on top of its budget, the pool's
 total holds ``C`` through the question call and decoding.
@@ -138,21 +147,50 @@ def allocate(entries: Sequence[Sequence], phase: str) -> None:
             plan = layer.plans[phase]
             if not plan.evicts or plan.pattern.pooled is None:
                 continue
-            key = plan.pattern if plan.pattern.pooled == "model" else (plan.pattern, layer.layer_idx)
+            identity = plan.pattern.pool_identity()
+            key = identity if plan.pattern.pooled == "model" else (identity, layer.layer_idx)
             pools.setdefault(key, []).append(layer)
         for members in pools.values():
             _share(members, phase)
 
 
+def steered(key: torch.Tensor, prior, budget: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One layer's selection keys ``[B, Hkv, n]`` with its pool prior applied, and its floor's tokens (a bool
+    mask; None without a floor), which the pool ranks above every other unprotected token (module docstring)."""
+    if prior.weight != 1.0:
+        key = key * prior.weight
+    first = None
+    if prior.floor or prior.cap:
+        order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+        slots = torch.arange(key.shape[-1], device=key.device).expand_as(order)
+        place = torch.empty_like(order).scatter_(-1, order, slots)  # each token's place in its KV head's order
+        if prior.floor:
+            first = (place < min(prior.floor, budget)) & (key != NEG_INF) & (key != POS_INF)
+        if prior.cap:
+            key = key.masked_fill((place >= prior.cap) & (key != POS_INF), NEG_INF)
+    return key, first
+
+
 def _share(members: Sequence, phase: str) -> None:
-    keys = []
-    for layer in members:
-        plan = layer.plans[phase]
-        state = layer._state(plan.pattern)
-        keys.append(plan.pattern.selection_key(layer, state, [plan.budget]).float())
+    plans = [layer.plans[phase] for layer in members]
+    weighted = any(plan.pattern.prior.weight != 1.0 for plan in plans)
+    keys, firsts = [], []
+    for layer, plan in zip(members, plans):
+        key = plan.pattern.selection_key(layer, layer._state(plan.pattern), [plan.budget])
+        key = key.double() if weighted else key.float()  # float64: a weight never merges a cell's distinct scores
+        key, first = steered(key, plan.pattern.prior, plan.budget)
+        keys.append(key)
+        firsts.append(first)
     rows = keys[0].shape[0]
     flat = torch.cat([key.reshape(rows, -1) for key in keys], dim=1)
     order = torch.sort(flat, dim=1, descending=True, stable=True).indices
+    if any(first is not None for first in firsts):  # protected first, then the floors' tokens, then the others
+        tier = torch.cat([(k == POS_INF).reshape(rows, -1).long() * 2 for k in keys], dim=1)
+        for i, first in enumerate(firsts):
+            if first is not None:
+                start = sum(k[0].numel() for k in keys[:i])
+                tier[:, start : start + first[0].numel()] += first.reshape(rows, -1).long()
+        order = order.gather(1, torch.sort(tier.gather(1, order), dim=1, descending=True, stable=True).indices)
     place = torch.arange(flat.shape[1], device=flat.device).expand(rows, -1)
     ranks = torch.empty_like(order).scatter_(1, order, place).masked_fill_(flat == NEG_INF, _NEVER)
     protected = (flat == POS_INF).sum(1)
