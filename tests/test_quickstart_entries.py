@@ -40,6 +40,12 @@ def test_full_restores_every_solver_and_the_2023_24_uniforms(tmp_path, monkeypat
     ]
 
 
+def test_seven_samples_per_task_by_default_nine_with_full_and_a_given_count_wins(tmp_path, monkeypatch):
+    assert value(planned(tmp_path / "a", monkeypatch)[-1], "--samples") == "7"
+    assert value(planned(tmp_path / "b", monkeypatch, "--full")[-1], "--samples") == "9"
+    assert value(planned(tmp_path / "c", monkeypatch, "--full", "--eval-samples", "4")[-1], "--samples") == "4"
+
+
 def test_methods_and_baselines_given_win_over_the_default_and_over_full(tmp_path, monkeypatch):
     solves, _, baselines = entries(
         planned(tmp_path, monkeypatch, "--full", "--methods", "cake", "--baselines", "full,uniform:tova")
