@@ -114,7 +114,7 @@ def _level(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from polykv_search import compare as cmp
     from polykv_search import stats
-    from polykv_search.compare.recommend import brief, recommend
+    from polykv_search.compare.recommend import brief, export_block, recommend
     from polykv_search.compare.recommend import details as recommendation_details
     from polykv_search.compare.verdict import verdict
     from polykv_search.io import write_json
@@ -145,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
     head = brief(comparison, found)
     details = [cmp.describe(comparison), *recommendation_details(found), *verdict(comparison)]
     if args.markdown:
-        sys.stdout.write("".join(f"{line}  \n" for line in brief(comparison, found, markdown=True)) + "\n")
+        sys.stdout.write("".join(f"{line}  \n" for line in head) + "\n")
         sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks) + "\n")
+        sys.stdout.write("".join(f"{line}\n" for line in [*export_block(found, markdown=True), ""]))
         sys.stdout.write("".join(f"{line}\n" for line in recommendation_details(found, markdown=True)))
         notes = [cmp.describe(comparison), *verdict(comparison), *cmp.notes(comparison)]
         sys.stdout.write("".join(f"- {line}\n" for line in notes))
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         for line in head:
             out.print(line, highlight=False, markup=False, soft_wrap=True)
         _print_uncut(comparison, args.tasks, args.details)
-        for line in details:
+        block = export_block(found)  # the export commands right under the table, set apart by blank lines
+        for line in [*(["", *block, ""] if block else []), *details]:
             out.print(line, highlight=False, markup=False, soft_wrap=True)
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
             console.print(line, style="dim", highlight=False, markup=False)  # entry names hold [k=v]
