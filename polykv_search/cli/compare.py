@@ -36,8 +36,9 @@ def add_parser(sub) -> None:
         "budgets, are refused unless --allow-mismatch / --across-budgets. Files that split a suite's tasks between "
         "them (e.g. one `score --suite ruler/TASK` run per task; they may overlap on tasks of the same samples) "
         "are task shards of one run: merged, each row's suite score is the mean over every task of the suite."
-        "\n\nThe terminal shows at most three lines before the table (what to use, why, and its export command; "
-        "or, when nothing is resolved, how many samples would decide), the table once, then the details (the "
+        "\n\nThe terminal shows at most three lines of at most 80 columns before the table (what to use, why, and "
+        "where its export commands are; or, when nothing is resolved, how many samples would decide), the table "
+        "once, the `polykv-search export --format kvpress` commands on their own lines, then the details (the "
         "recommendation's reasons, the verdict, notes). --json holds it all, the recommendation included.\n\n" + RULE,
         formatter_class=ParagraphHelpFormatter,
     )
