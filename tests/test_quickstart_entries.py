@@ -40,6 +40,12 @@ def test_full_restores_every_solver_and_the_2023_24_uniforms(tmp_path, monkeypat
     ]
 
 
+def test_seven_samples_per_task_by_default_nine_with_full_and_a_given_count_wins(tmp_path, monkeypatch):
+    assert value(planned(tmp_path / "a", monkeypatch)[-1], "--samples") == "7"
+    assert value(planned(tmp_path / "b", monkeypatch, "--full")[-1], "--samples") == "9"
+    assert value(planned(tmp_path / "c", monkeypatch, "--full", "--eval-samples", "4")[-1], "--samples") == "4"
+
+
 def test_methods_and_baselines_given_win_over_the_default_and_over_full(tmp_path, monkeypatch):
     solves, _, baselines = entries(
         planned(tmp_path, monkeypatch, "--full", "--methods", "cake", "--baselines", "full,uniform:tova")
@@ -66,9 +72,13 @@ def test_the_report_opens_with_at_most_three_lines_then_the_table_once_then_the_
     comparison = cmp.compare([doc], sources=[str(V2)], resamples=300)
     args = build_parser().parse_args(["quickstart", "--out", str(tmp_path / "qs")])
     text = report_text(comparison, doc, {"3/4 score": 700.0}, args, "Prose only.", Path("signals.json"))
-    title, verdict, table, rest = text.split("\n\n", 3)
+    title, verdict, table, commands, rest = text.split("\n\n", 4)
     assert title == "# polykv-search quickstart" and 1 <= len(verdict.splitlines()) <= 3
-    assert verdict.startswith("Use proportional-B64 at B = 64") and "`polykv-search export " in verdict
+    assert all(len(line.removesuffix("  ")) <= 80 for line in verdict.splitlines())
+    assert verdict.startswith("Use proportional-B64 at B = 64") and "the command under the table" in verdict
     assert table.startswith("| entry |") and text.count("| entry |") == 1
+    # the export command right under the table, in a shell block of 80 columns
+    assert commands.startswith("```sh\n# proportional-B64 at B = 64, for kvpress:\npolykv-search export ")
+    assert commands.endswith("```") and all(len(line) <= 80 for line in commands.splitlines())
     assert rest.startswith("## Details") and "**Recommendation at B = 64: proportional-B64" in rest
     assert "```python" in rest and rest.rstrip().endswith("score 700s")

@@ -112,6 +112,8 @@ def test_score_results_are_reused_only_when_they_hold_every_strategy_and_baselin
     assert not _results_match(path, settings, ["a.json", "full", "uniform:kvzip[allocation=model]"])
     assert not _results_match(path, settings, ["b.json", "full"])
     assert not _results_match(path, {**settings, "samples": 10}, ["a.json"])
+    assert _results_match(path, {**settings, "samples": 7}, ["a.json"])  # more samples per task (--full's 9) serve
+    assert not _results_match(path, {**settings, "context_len": 1024}, ["a.json"])
 
 
 def test_a_rerun_scores_again_when_the_results_lack_a_default_baseline(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 from polykv_search import compare as cmp
 from polykv_search.cli import build_parser, common, main
 from polykv_search.compare.deploy import deployment
-from polykv_search.compare.recommend import RULE, SPLIT, TIE, UNRESOLVED, WINNER, brief, recommend
+from polykv_search.compare.recommend import RULE, SPLIT, TIE, UNRESOLVED, WINNER, brief, export_block, recommend
 from polykv_search.compare.verdict import samples_to_resolve
 from strategies import Strategy
 from tests.compare_support import SUITE_TASKS, V2, write
@@ -99,8 +99,13 @@ def test_a_winner_is_the_one_entry_not_resolved_below_the_best_on_any_suite():
     assert r.reasons[0].startswith("broad: the best, ") and "3 others resolved below it" in r.reasons[0]
     lines = brief(c, [r])
     assert lines[0] == "Use ilp-B64 at B = 64: 12.5 % of FullKV's KV cache."
-    assert lines[1].startswith("Why: the only entry not resolved below the best on any suite (12 samples per task")
-    assert lines[2] == ("kvpress: polykv-search export strategies/ilp-B64.json --format kvpress --out ilp_B64_press.py")
+    assert lines[1] == "Why: all others are resolved below the best on a suite (12 samples per task)."
+    assert lines[2] == "kvpress: export it with the command under the table."
+    assert export_block([r]) == [
+        "# ilp-B64 at B = 64, for kvpress:",
+        "polykv-search export strategies/ilp-B64.json --format kvpress \\",
+        "    --out ilp_B64_press.py",
+    ]
 
 
 def test_a_tie_goes_to_the_least_memory_then_to_the_lower_kl():
@@ -117,7 +122,7 @@ def test_a_tie_goes_to_the_least_memory_then_to_the_lower_kl():
     assert (r.kind, r.broken_by, set(r.kept)) == (TIE, "memory", {"uniform-h2o", "ilp-B64"})
     assert r.entry == "ilp-B64"  # 10.0 % of FullKV's cache against h2o's 12.5 %
     assert any(line.startswith("kept 2: ilp-B64 10.0 % (the least memory); uniform-h2o 12.5 %") for line in r.reasons)
-    assert brief(c, [r])[1].startswith("Why: the least memory of the 2 entries not resolved below the best")
+    assert brief(c, [r])[1] == "Why: least memory of the 2 not resolved below the best (12 samples per task)."
     # the same memory: the lower KL(FullKV‖entry) decides
     doc = with_kl(results(shift, swing, **{"uniform-h2o": kl(0.30), "ilp-B64": kl(0.20)}))
     (r,) = recommend(compared(doc))
@@ -144,7 +149,12 @@ def test_with_nothing_resolved_there_is_no_recommendation_and_the_samples_that_w
     assert r.samples_needed == min(n for n in expected if n is not None) and r.samples_now == N
     lines = brief(c, [r])
     assert lines[0] == "At B = 64 nothing is resolved: no recommendation."
-    assert f"about {r.samples_needed:,} samples per task would likely resolve " in lines[1] and len(lines) == 2
+    assert (
+        lines[1] == f"Nothing resolved at 12 samples per task; about {r.samples_needed:,} per task would likely decide."
+    )
+    assert len(lines) == 2 and export_block([r]) == []
+    # which difference would resolve first, under the table
+    assert r.reasons[-1].startswith("the first to resolve: ") and f"about {r.samples_needed:,} samples" in r.reasons[-1]
 
 
 def test_when_each_suites_best_is_resolved_below_on_the_other_no_single_entry_is_recommended():
@@ -177,7 +187,11 @@ def test_the_terminal_shows_at_most_three_lines_then_the_table_once_in_80_column
     end = next(i for i in range(rule + 1, len(lines)) if not lines[i].startswith(("full", "uniform", "ilp", " ")))
     table = lines[header[0] - 1 : end]
     assert max(len(line) for line in table) <= 80 and not any("…" in line for line in table)
-    assert lines[end].startswith("compare — ") and lines[end + 1].startswith("Recommendation at B = 64")
+    # the export commands right under the table, set apart by blank lines, then the details
+    block = lines[end + 1 : lines.index("", end + 1)]
+    assert lines[end] == "" and block[0] == "# ilp-head-B64 at B = 64, for kvpress:" and len(block) >= 2
+    after = end + len(block) + 2
+    assert lines[after].startswith("compare — ") and lines[after + 1].startswith("Recommendation at B = 64")
     saved = json.loads((tmp_path / "c.json").read_text())["recommendation"]
     assert saved["rule"] == RULE and saved["brief"] == lines[: header[0] - 1]
     # ilp-head-B64 is the fixture's cake entry renamed: 12.1 % of the cache, the least of the tied entries
@@ -200,6 +214,78 @@ def test_gap_recovered_is_a_dash_with_a_note_when_fullkv_minus_the_best_uniform_
             assert cmp.tables.text(c, r, gap_ruler, details=False) == "-"
             assert cmp.tables.text(c, r, gap_broad, details=False).endswith("%")
     assert any(line.startswith("gap -: FullKV − best uniform (uniform-h2o) on ruler") for line in cmp.notes(c))
+
+
+LONG = {  # the quickstart's longest names: KVzip's uniform, a retrieval-aware, question-aware head-level solve
+    "uniform-snapkv": "uniform-kvzip[allocation=model]",
+    "cake-B64": "ilp-head-retrieval-question-aware-B64",
+}
+KINDS = {
+    WINNER: (
+        {"uniform-h2o": EVEN, "uniform-snapkv": EVEN, "cake-B64": EVEN, "ilp-B64": {"broad": 10, "ruler": 10}},
+        {},
+    ),
+    TIE: (
+        {"uniform-h2o": EVEN, "ilp-B64": {"broad": -9, "ruler": -9}, "uniform-snapkv": EVEN, "cake-B64": EVEN},
+        {"uniform-snapkv": (3.0, 0), "cake-B64": (3.0, 1)},
+    ),
+    UNRESOLVED: (
+        {"uniform-h2o": EVEN, "uniform-snapkv": EVEN, "ilp-B64": {"broad": 1, "ruler": 1}, "cake-B64": EVEN},
+        {"uniform-snapkv": (6.0, 0), "ilp-B64": (6.0, 1), "cake-B64": (3.0, 0)},
+    ),
+    SPLIT: (
+        {
+            "ilp-B64": {"broad": 10, "ruler": -10},
+            "cake-B64": {"broad": -10, "ruler": 10},
+            "uniform-h2o": {"broad": -20, "ruler": -20},
+            "uniform-snapkv": {"broad": -20, "ruler": -20},
+        },
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_verdict_line_and_export_line_fits_80_columns_with_the_quickstarts_longest_names(kind):
+    import dataclasses
+
+    shift, swing = KINDS[kind]
+    doc = results(shift, swing)
+    for e in doc["entries"]:
+        e["name"] = LONG.get(e["name"], e["name"])
+        if e["name"].startswith("ilp-head"):
+            e["source"] = f"polykv-quickstart/strategies/{e['name']}.json"
+    c = compared(doc)
+    (r,) = recommend(c)
+    assert r.kind == kind
+    for found in (
+        [r],
+        [r, dataclasses.replace(r, budget=128.0)],
+        [dataclasses.replace(r, budget=b) for b in (32, 64, 96, 128)],
+    ):
+        lines = brief(c, found)
+        assert 1 <= len(lines) <= 3 and all(len(line) <= 80 for line in lines), lines
+        assert all(len(line) <= 80 for line in export_block(found))
+    assert all(len(line) <= 80 for line in r.lines())
+
+
+def test_a_wrapped_export_command_is_the_same_command_to_the_shell():
+    import shlex
+
+    from polykv_search.compare.deploy import wrap_command
+
+    make = (
+        "polykv-search solve --method uniform --pattern 'kvzip[allocation=model]' --budget 128 --b-min 1 "
+        "--num-layers 30 --out uniform_kvzip_allocation_model.json"
+    )
+    for command in (make, "polykv-search export 'my strategies/a b.json' --format kvpress --out a_press.py", "ls"):
+        lines = wrap_command(command)
+        assert all(len(line) <= 80 for line in lines) and all(line.endswith(" \\") for line in lines[:-1])
+        assert shlex.split("\n".join(lines).replace("\\\n", " ")) == shlex.split(command)
+    assert wrap_command(make)[1:] == [
+        "    --budget 128 --b-min 1 --num-layers 30 \\",
+        "    --out uniform_kvzip_allocation_model.json",
+    ]
 
 
 # -------------------------------------------------------------------------------------- deployment
@@ -236,7 +322,8 @@ def test_a_strategy_kvpress_cannot_express_says_why_and_what_the_python_runtime_
     row.source = "polykv-quickstart/strategies/ilp-head-B128.json"
     d = deployment(row, "smollm2-135m")
     assert d.export is None and d.approximate is None and d.refusal.startswith("kvpress cannot express layer 0")
-    assert d.line().startswith("kvpress cannot express it (layer 0 prefill KV heads")
+    assert d.line() == "kvpress cannot express it: apply it with polykv-search's runtime (below)."
+    assert d.commands() == [] and any(line.startswith("kvpress cannot express it exactly: ") for line in d.details())
     assert "apply_strategy(model, Strategy.load('polykv-quickstart/strategies/ilp-head-B128.json'))" in d.runtime
     assert "load_model('smollm2-135m')" in d.runtime and math.isfinite(len(d.details()))
 

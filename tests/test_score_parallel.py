@@ -78,6 +78,20 @@ def test_a_stopped_fanned_out_run_resumes_from_its_checkpoint(tiny, reference, t
     assert without_times(resumed) == without_times(reference)
 
 
+def test_workers_get_the_costliest_samples_first_and_the_results_stay_in_task_order(tiny, reference):
+    in_task_order = [(task.name, i) for task, samples in tiny[3].values() for i in range(len(samples))]
+    work = {key: float(n) for n, key in enumerate(in_task_order)}  # the later, the costlier
+    given = []
+
+    def record_order(entries_, settings, pending, record):
+        given.extend((t.name, i) for t, i, _ in pending)
+        FanOut(ModelLoader(str(tiny[0])), 1, "sequential")(entries_, settings, pending, record)
+
+    fanned = _score(tiny, fan_out=record_order, work=work)
+    assert given == in_task_order[::-1]
+    assert without_times(fanned) == without_times(reference)
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -36,8 +36,9 @@ def add_parser(sub) -> None:
         "budgets, are refused unless --allow-mismatch / --across-budgets. Files that split a suite's tasks between "
         "them (e.g. one `score --suite ruler/TASK` run per task; they may overlap on tasks of the same samples) "
         "are task shards of one run: merged, each row's suite score is the mean over every task of the suite."
-        "\n\nThe terminal shows at most three lines before the table (what to use, why, and its export command; "
-        "or, when nothing is resolved, how many samples would decide), the table once, then the details (the "
+        "\n\nThe terminal shows at most three lines of at most 80 columns before the table (what to use, why, and "
+        "where its export commands are; or, when nothing is resolved, how many samples would decide), the table "
+        "once, the `polykv-search export --format kvpress` commands on their own lines, then the details (the "
         "recommendation's reasons, the verdict, notes). --json holds it all, the recommendation included.\n\n" + RULE,
         formatter_class=ParagraphHelpFormatter,
     )
@@ -114,7 +115,7 @@ def _level(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from polykv_search import compare as cmp
     from polykv_search import stats
-    from polykv_search.compare.recommend import brief, recommend
+    from polykv_search.compare.recommend import brief, export_block, recommend
     from polykv_search.compare.recommend import details as recommendation_details
     from polykv_search.compare.verdict import verdict
     from polykv_search.io import write_json
@@ -145,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
     head = brief(comparison, found)
     details = [cmp.describe(comparison), *recommendation_details(found), *verdict(comparison)]
     if args.markdown:
-        sys.stdout.write("".join(f"{line}  \n" for line in brief(comparison, found, markdown=True)) + "\n")
+        sys.stdout.write("".join(f"{line}  \n" for line in head) + "\n")
         sys.stdout.write(cmp.to_markdown(comparison, tasks=args.tasks) + "\n")
+        sys.stdout.write("".join(f"{line}\n" for line in [*export_block(found, markdown=True), ""]))
         sys.stdout.write("".join(f"{line}\n" for line in recommendation_details(found, markdown=True)))
         notes = [cmp.describe(comparison), *verdict(comparison), *cmp.notes(comparison)]
         sys.stdout.write("".join(f"- {line}\n" for line in notes))
@@ -156,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         for line in head:
             out.print(line, highlight=False, markup=False, soft_wrap=True)
         _print_uncut(comparison, args.tasks, args.details)
-        for line in details:
+        block = export_block(found)  # the export commands right under the table, set apart by blank lines
+        for line in [*(["", *block, ""] if block else []), *details]:
             out.print(line, highlight=False, markup=False, soft_wrap=True)
         for line in _legend(comparison, args.details) + cmp.notes(comparison):
             console.print(line, style="dim", highlight=False, markup=False)  # entry names hold [k=v]

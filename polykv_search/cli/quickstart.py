@@ -57,7 +57,7 @@ from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
 
 #: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
 METHODS, BASELINES, EVAL_SAMPLES = D.METHODS, D.BASELINES, D.EVAL_SAMPLES
-FULL_METHODS, FULL_BASELINES = D.FULL_METHODS, D.FULL_BASELINES
+FULL_METHODS, FULL_BASELINES, FULL_EVAL_SAMPLES = D.FULL_METHODS, D.FULL_BASELINES, D.FULL_EVAL_SAMPLES
 
 
 def add_parser(sub) -> None:
@@ -102,8 +102,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--eval-samples",
         type=positive_int,
-        default=EVAL_SAMPLES,
-        help=f"evaluation samples per task (default {EVAL_SAMPLES})",
+        default=None,
+        help=f"evaluation samples per task (default {EVAL_SAMPLES}; with --full {FULL_EVAL_SAMPLES})",
     )
     p.add_argument(
         "--eval-context-len", type=positive_int, default=None, help="evaluation context (default: --context-len)"
@@ -131,8 +131,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--full",
         action="store_true",
-        help="the full entry set of earlier runs: every solver and the 2023-24 uniforms too (the defaults of "
-        "--methods and --baselines above; docs/quickstart.md says what each adds)",
+        help="the full entry set of earlier runs: every solver and the 2023-24 uniforms too, at 9 samples per task "
+        "(the defaults of --methods, --baselines and --eval-samples above; docs/quickstart.md says what each adds)",
     )
     H.add_args(p)
     p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     # every argument is checked before the output folder is made or any step runs
     args.methods, args.baselines = planned_entries(args)
+    args.eval_samples = args.eval_samples or (FULL_EVAL_SAMPLES if args.full else EVAL_SAMPLES)
     out = check_output_dir(args.out)
     mix = check_retrieval_mix(args.retrieval_mix, args.calib_samples)
     qa = "-question-aware" if args.question_aware else ""  # each protocol's files sit beside the other's
@@ -359,7 +360,8 @@ def check_table_mix(path: Path, spec: str) -> None:
 
 def _results_match(path: Path, settings: dict, sources: list[str], protocol: str = AGNOSTIC) -> bool:
     """True when ``path`` holds score results of these settings and protocol with every entry of ``sources``
-    (strategy paths and baseline specs)."""
+    (strategy paths and baseline specs), on at least ``settings["samples"]`` samples per task (e.g. a ``--full``
+    run's 9: a default run then shows them rather than scoring its 7 over them)."""
     if not path.exists():
         return False
     try:
@@ -369,7 +371,9 @@ def _results_match(path: Path, settings: dict, sources: list[str], protocol: str
         same_protocol = protocol_of(doc["provenance"]) == protocol
     except (OSError, ValueError, KeyError, AttributeError):
         return False
-    return same_protocol and all(have.get(k) == v for k, v in settings.items()) and set(sources) <= have_sources
+    enough = isinstance(have.get("samples"), int) and have["samples"] >= settings["samples"]
+    same = all(have.get(k) == v for k, v in settings.items() if k != "samples")
+    return same_protocol and enough and same and set(sources) <= have_sources
 
 
 def calibration_summary(signals: Path) -> str:

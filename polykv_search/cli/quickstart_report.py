@@ -29,7 +29,7 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
     the table once, then the details: setting, the recommendation's reasons and deployment, the verdict's
     sentences, notes, plot, step times."""
     from polykv_search import compare as cmp
-    from polykv_search.compare.recommend import brief, details, recommend
+    from polykv_search.compare.recommend import brief, details, export_block, recommend
     from polykv_search.protocol import protocol_of
 
     settings = doc["provenance"]["settings"]
@@ -38,9 +38,11 @@ def report_text(comparison, doc: dict, timings: dict, args: argparse.Namespace, 
     lines = [
         "# polykv-search quickstart",
         "",
-        *[f"{line}  " for line in brief(comparison, found, markdown=True)],
+        *[f"{line}  " for line in brief(comparison, found)],
         "",
         cmp.to_markdown(comparison),
+        *export_block(found, markdown=True),
+        "",
         "## Details",
         "",
         f"Model `{doc['provenance']['model']}`, global budget B = {args.budget:g}, evaluation context "

@@ -24,6 +24,8 @@ from strategies.exporters import ExportError, ExportOptions, render_export
 SPEC_SOLVERS = ("uniform", "pyramid")
 #: the start of an exporter note that says kvpress's press does something else than the scored pattern
 DIFFERS = "kvpress differs"
+#: the terminal width the verdict and the export commands keep to
+WIDTH = 80
 
 
 @dataclass(frozen=True)
@@ -66,36 +68,42 @@ class Deployment:
             return None
         return f"{self.make} && {cmd}" if self.make else cmd
 
-    def line(self, markdown: bool = False) -> str:
-        """One line for the verdict: the command, or why kvpress cannot take it."""
-        command = f"`{self.command}`" if markdown else self.command
+    def commands(self) -> list[str]:
+        """The shell commands that write the kvpress module, in order (none when kvpress cannot take it)."""
+        cmd = self.export or self.approximate
+        return [] if cmd is None else [c for c in (self.make, cmd) if c]
+
+    def line(self) -> str:
+        """The verdict's third line (at most 80 columns): where the export commands are, or why there are none."""
+        n = len(self.commands())
+        where = f"the {n} commands under the table" if n > 1 else "the command under the table"
         if self.export:
-            return f"kvpress: {command}"
+            return f"kvpress: export it with {where}."
         if self.approximate:
-            return f"kvpress, approximated: {command}"
+            return f"kvpress, approximated: {where} (it prints every change)."
         if self.refusal:
-            return f"kvpress cannot express it ({_short(self.refusal)}): apply it with polykv-search's runtime (below)"
-        return "no strategy file to export: apply it with polykv-search's runtime (below)"
+            return "kvpress cannot express it: apply it with polykv-search's runtime (below)."
+        return "No strategy file to export: apply it with polykv-search's runtime (below)."
+
+    def shell(self, width: int = WIDTH) -> list[str]:
+        """:meth:`commands` as shell lines of at most ``width`` columns (a long one continued with ``\\``)."""
+        return [line for cmd in self.commands() for line in wrap_command(cmd, width)]
 
     def details(self, markdown: bool = False) -> list[str]:
-        """Lines for under the table: the commands, what kvpress changes or refuses, the Python (with
-        ``markdown``: bullets, and the Python in a fenced block)."""
-        code = (lambda text: f"`{text}`") if markdown else (lambda text: text)  # noqa: E731
+        """Lines for under the table, after the commands (:meth:`shell`): what kvpress changes or refuses, and
+        the Python that applies the strategy with polykv-search's runtime (with ``markdown``: bullets, and the
+        Python in a fenced block)."""
         lines = []
-        if self.make:
-            lines.append(f"its strategy file: {code(self.make)}")
-        if self.export:
-            lines.append(f"export for kvpress: {code(self.export)}")
-            if self.differences:
-                lines.append(
-                    f"kvpress's presses differ from the scored patterns in {self.differences} way"
-                    f"{'s' if self.differences != 1 else ''}; the exported module lists them"
-                )
-        else:
+        if self.export and self.differences:
+            lines.append(
+                f"kvpress's presses differ from the scored patterns in {self.differences} way"
+                f"{'s' if self.differences != 1 else ''}; the exported module lists them"
+            )
+        if not self.export:
             if self.refusal:
                 lines.append(f"kvpress cannot express it exactly: {self.refusal}")
             if self.approximate:
-                lines.append(f"approximately (every change printed): {code(self.approximate)}")
+                lines.append("approximately: the export command above prints every change it makes")
         lines.append("with polykv-search's own runtime (what was scored):")
         if markdown:
             return [f"- {line}" for line in lines] + ["", "```python", *self.runtime.splitlines(), "```"]
@@ -174,7 +182,21 @@ def _strategy_file(row: Row) -> tuple[str | None, str | None]:
     return file, shlex.join(argv)
 
 
-def _short(refusal: str) -> str:
-    """The exporter's refusal without its explanation: ``kvpress cannot express layer 0 prefill ... (h2o@64)``."""
-    head = refusal.split(": ", 1)[0]
-    return head.removeprefix("kvpress cannot express ")
+def wrap_command(command: str, width: int = WIDTH) -> list[str]:
+    """``command`` as shell lines of at most ``width`` columns where its words allow: an option stays with its
+    value, every line but the last ends in `` \\``, the continuations are indented by 4. Joined back by the
+    shell, the lines are the same words (a word longer than a line gets a line of its own)."""
+    words = shlex.split(command)
+    parts: list[str] = []
+    for word in map(shlex.quote, words):
+        if parts and parts[-1].startswith("--") and " " not in parts[-1] and not word.startswith("-"):
+            parts[-1] += f" {word}"  # --out x.json: one part
+        else:
+            parts.append(word)
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 1 + len(part) + 2 <= width:
+            lines[-1] += f" {part}"
+        else:
+            lines.append(f"    {part}")
+    return [f"{line} \\" for line in lines[:-1]] + [lines[-1]]

@@ -20,11 +20,12 @@ each suite's best is resolved below on another suite). Deployment: :mod:`~polykv
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
 from polykv_search import stats
-from polykv_search.compare.deploy import Deployment, deployment
+from polykv_search.compare.deploy import WIDTH, Deployment, deployment
 from polykv_search.compare.gaps import aligned
 from polykv_search.compare.model import Comparison, Row, finite, fmt_budget, ordered
 from polykv_search.compare.summary import signed
@@ -83,45 +84,52 @@ class Recommendation:
     samples_needed: int | None = None
     deciding: str | None = None
 
-    def headline(self) -> str:
-        """The verdict's first line: what to use at this budget, or that nothing is recommended."""
+    def headline(self, width: int = WIDTH) -> str:
+        """The verdict's first line: what to use at this budget, or that nothing is recommended (the share of
+        FullKV's cache left out where a long name would make the line wider than ``width``)."""
         where = f"B = {fmt_budget(self.budget)}"
         if self.kind == UNRESOLVED:
             return f"At {where} nothing is resolved: no recommendation."
         if self.kind == SPLIT:
-            return f"At {where} no entry is near the best on every suite: no single recommendation."
+            return f"At {where} no entry is near the best on every suite: no recommendation."
         held = f": {100 * self.kv_ratio:.1f} % of FullKV's KV cache" if self.kv_ratio is not None else ""
-        return f"Use {self.entry} at {where}{held}."
+        line = f"Use {self.entry} at {where}{held}."
+        return line if len(line) <= width else f"Use {self.entry} at {where}."
 
-    def why(self) -> str:
-        """The verdict's second line: the rule's reason in a few words, with the sample count."""
-        now = f"{self.samples_now} samples per task, " if self.samples_now else ""
-        basis = f" ({now}{100 * self.level:.4g} % paired intervals)"
+    def why(self, width: int = WIDTH) -> str:
+        """The verdict's second line: the rule's reason in a few words, with the sample count where the line
+        stays within ``width`` (the count and the intervals' level are also under the table)."""
+        n = f"{self.samples_now:,} samples per task" if self.samples_now else ""
         if self.kind == UNRESOLVED:
             if not self.samples_now:
-                return "These results have no per-sample scores, so no difference can be resolved: score them again."
+                return "No per-sample scores, so nothing can be resolved: score these entries again."
             if self.samples_needed is None:
-                return f"No entry is resolved below the best on any suite{basis}; {self.deciding}."
-            return (
-                f"No entry is resolved below the best on any suite{basis}; about {self.samples_needed:,} samples "
-                f"per task would likely resolve {self.deciding}."
+                return _fit(width, f"No entry is resolved below the best at {n}.", "Nothing is resolved (see below).")
+            about = f"about {self.samples_needed:,}"
+            return _fit(
+                width,
+                f"Nothing resolved at {n}; {about} per task would likely decide.",
+                f"Nothing resolved at {n}; {about} per task would decide.",
+                f"Nothing resolved: {about} samples per task would decide.",
             )
         if self.kind == SPLIT:
-            per_suite = ", ".join(f"{s} {name}" for s, name in self.best.items())
-            return f"The best per suite: {per_suite}; each is resolved below another's best{basis}."
-        if len(self.candidates) == 1:
-            return f"Why: the only entry scored at this budget{basis}."
-        if self.kind == WINNER:
-            return f"Why: the only entry not resolved below the best on any suite{basis}."
-        tied = {"memory": "", "kl": ", tied on memory, by KL", "order": ", tied on memory and KL, first"}
-        return (
-            f"Why: the least memory of the {len(self.kept)} entries not resolved below the best on any suite"
-            f"{tied[self.broken_by]}{basis}."
-        )
+            reason = "Each suite's best is resolved below on another suite"
+        elif len(self.candidates) == 1:
+            reason = "Why: the only entry scored at this budget"
+        elif self.kind == WINNER:
+            reason = "Why: all others are resolved below the best on a suite"
+        else:
+            k = len(self.kept)
+            reason = {
+                "memory": f"Why: least memory of the {k} not resolved below the best",
+                "kl": f"Why: same memory, the lowest KL of the {k} not resolved below the best",
+                "order": f"Why: first of the {k} not resolved below the best, same memory and KL",
+            }[self.broken_by]
+        return _fit(width, f"{reason} ({n})." if n else f"{reason}.", f"{reason}.")
 
-    def lines(self, markdown: bool = False) -> list[str]:
-        """The verdict at this budget: at most three lines (what, why, how to export)."""
-        export = [] if self.deployment is None else [self.deployment.line(markdown)]
+    def lines(self) -> list[str]:
+        """The verdict at this budget: at most three lines (what, why, where its export commands are)."""
+        export = [] if self.deployment is None else [self.deployment.line()]
         return [self.headline(), self.why(), *export]
 
     def to_json(self) -> dict[str, Any]:
@@ -140,14 +148,32 @@ def recommend(c: Comparison, *, deploy: bool = True) -> list[Recommendation]:
     return [r for r in found if r is not None]
 
 
-def brief(c: Comparison, found: list[Recommendation], markdown: bool = False) -> list[str]:
-    """At most three lines to read before the table: what to use, why, how to export it."""
+def brief(c: Comparison, found: list[Recommendation], width: int = WIDTH) -> list[str]:
+    """At most three lines, each at most ``width`` columns where the entry names allow, to read before the
+    table: what to use, why, where its export commands are (:func:`export_block`)."""
     if not found:
         return ["No recommendation: no entry other than FullKV was scored on every suite."]
     if len(found) == 1:
-        return found[0].lines(markdown)
+        return found[0].lines()
     picks = "; ".join(f"B = {fmt_budget(r.budget)} {r.entry or _KIND_SHORT[r.kind]}" for r in found)
-    return [f"Recommended: {picks}.", "Why, and each one's export command: under the table."]
+    shown = textwrap.wrap(
+        f"Recommended: {picks}.", width, max_lines=2, placeholder=" … (under the table)", break_on_hyphens=False
+    )
+    return [*shown, "Why, and each one's export commands: under the table."]
+
+
+def export_block(found: list[Recommendation], markdown: bool = False, width: int = WIDTH) -> list[str]:
+    """The lines right under the table: each recommendation's kvpress export commands, at most ``width``
+    columns a line (a long command continued with ``\\``; with ``markdown``: in a fenced ``sh`` block)."""
+    lines = []
+    for r in found:
+        shell = [] if r.deployment is None else r.deployment.shell(width)
+        if shell:
+            title = f"# {r.entry} at B = {fmt_budget(r.budget)}" + (f", run {r.run}" if r.run else "")
+            lines += [*(textwrap.wrap(title + ", for kvpress:", width, subsequent_indent="# ")), *shell]
+    if markdown and lines:
+        return ["```sh", *lines, "```"]
+    return lines
 
 
 def details(found: list[Recommendation], markdown: bool = False) -> list[str]:
@@ -158,10 +184,12 @@ def details(found: list[Recommendation], markdown: bool = False) -> list[str]:
         label = f"B = {fmt_budget(r.budget)}" + (f", run {r.run}" if r.run else "")
         title = f"Recommendation at {label}: {r.entry or _KIND_SHORT[r.kind]} ({_KIND_WORDS[r.kind]})"
         deploy = [] if r.deployment is None else r.deployment.details(markdown)
+        basis = [f"{r.samples_now:,} samples per task, {100 * r.level:.4g} % paired intervals"] if r.samples_now else []
+        reasons = [*r.reasons, *basis]
         if markdown:
-            lines += [f"**{title}**", "", *[f"- {x}" for x in r.reasons], *deploy, ""]
+            lines += [f"**{title}**", "", *[f"- {x}" for x in reasons], *deploy, ""]
         else:
-            lines += [title, *[f"  {x}" for x in [*r.reasons, *deploy]]]
+            lines += [title, *[f"  {x}" for x in [*reasons, *deploy]]]
     return lines
 
 
@@ -201,7 +229,8 @@ def _recommend(c: Comparison, run: int, budget: float, deploy: bool) -> Recommen
         return Recommendation(kind=SPLIT, entry=None, broken_by=None, reasons=reasons, **common)
     if len(cands) > 1 and len(kept) == len(cands):
         needed, deciding = _first_to_resolve(c, cands, best, diffs)
-        reasons = tuple(_open_reason(c, s, best[s], diffs[s]) for s in c.suites)
+        first = f"the first to resolve: {deciding}" + (f", at about {needed:,} samples per task" if needed else "")
+        reasons = (*(_open_reason(c, s, best[s], diffs[s]) for s in c.suites), first)
         return Recommendation(
             kind=UNRESOLVED,
             entry=None,
@@ -230,6 +259,11 @@ def _recommend(c: Comparison, run: int, budget: float, deploy: bool) -> Recommen
         kv_ratio=pick.kv_ratio,
         **common,
     )
+
+
+def _fit(width: int, *options: str) -> str:
+    """The first of ``options`` at most ``width`` characters long, else the last."""
+    return next((text for text in options if len(text) <= width), options[-1])
 
 
 def _below(d: stats.Interval | None) -> bool:

@@ -77,8 +77,9 @@ def score_entries(
         passed on to ``progress`` so that the time left can weigh what remains.
     fan_out
         Runs the samples still to run elsewhere (``score --jobs``: :class:`~polykv_search.scoring.parallel.FanOut`),
-        called with ``(entries, settings, pending, record)``; ``record(task, index, sample, row)`` takes each
-        finished sample in any order. None: one :class:`SampleRunner` in this process.
+        called with ``(entries, settings, pending, record)``, ``pending`` the costliest first by ``work``
+        (:func:`longest_first`); ``record(task, index, sample, row)`` takes each finished sample in any order.
+        None: one :class:`SampleRunner` in this process, in task order.
     protocol
         ``question-agnostic`` (the context call is compressed, the question follows uncompressed) or
         ``question-aware`` (context and question in one compressed call): :mod:`polykv_search.protocol`.
@@ -121,7 +122,7 @@ def score_entries(
             progress(len(entries))
 
     if pending and fan_out is not None:
-        fan_out(entries, settings, pending, record)
+        fan_out(entries, settings, longest_first(pending, work), record)
     elif pending:
         with SampleRunner(model, tokenizer, entries, settings) as runner:
             for task, index, sample in pending:
@@ -150,6 +151,17 @@ def score_entries(
         entry_record(e, results[i], kv[i], full_kv[i], seconds[i] if engine == "per-entry" else None)
         for i, e in enumerate(entries)
     ]
+
+
+def longest_first(pending: list, work: dict[tuple[str, int], float] | None) -> list:
+    """``pending`` ``(task, index, sample)`` in decreasing ``work`` (ties and no ``work``: as given).
+
+    Workers take samples in this order, so the last ones to start are the cheapest and the workers finish
+    together: in task order a run's costliest task (ruler's cwe) came last, and one worker could finish a cwe
+    sample alone while the other idled (the longest-processing-time-first rule of scheduling)."""
+    if work is None:
+        return list(pending)
+    return sorted(pending, key=lambda p: -work[(p[0].name, p[1])])
 
 
 @dataclass(frozen=True)
