@@ -103,6 +103,15 @@ CASES = [
         {"r.json": "results", **HEADS},
         id="compare-signals-head-table",
     ),
+    # ---- cluster back-ends: an --address the back-end would ignore or misread
+    row(f"{SCORE} --backend dask --address auto", "--address auto finds a running ray cluster", id="score-dask-auto"),
+    row("collect --backend dask --address auto --out o.json", "--backend dask needs its", id="collect-dask-auto"),
+    row(f"{SCORE} --backend dask --address ''", "--address: empty", id="score-address-empty"),
+    row("collect --backend ray --address ' ' --out o.json", "--address: empty", id="collect-address-blank"),
+    row(
+        f"{SCORE} --backend loky --jobs 2 --address tcp://h:1", "does not apply to --backend loky", id="score-loky-addr"
+    ),
+    row(f"{SCORE} --address tcp://h:1", "applies to --backend dask or ray", id="score-address-no-backend"),
     # ---- quickstart: a solver its tables cannot serve, before either collect step
     row("quickstart --methods duo --no-head-level --out q", "--methods duo: reads per-kv-head", id="quickstart-duo"),
 ]

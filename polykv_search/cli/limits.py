@@ -199,10 +199,17 @@ def check_fan_out_flags(args) -> None:
     """``--jobs`` resolved (``auto``, the clamp) and ``--backend``/``--address``/``--jobs`` checked together
     (``score`` and ``collect``); the back-end itself is :func:`check_backend`."""
     resolve_jobs(args)
+    if args.address is not None and not args.address.strip():  # "" would silently start a local cluster
+        raise CLIError("--address: empty; give HOST:PORT, or leave it out for a local cluster")
     if args.address and not args.backend:
         raise CLIError("--address applies to --backend dask or ray; give --backend")
     if args.address and args.backend == "loky":
         raise CLIError("--address does not apply to --backend loky (local processes)")
+    if args.address == "auto" and args.backend == "dask":  # ray's word; dask would look for a host named auto
+        raise CLIError(
+            "--address auto finds a running ray cluster; --backend dask needs its scheduler's address "
+            "(HOST:PORT or tcp://HOST:PORT), or no --address for a local cluster"
+        )
     if args.backend == "loky" and args.jobs == 1:
         raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
 
