@@ -23,6 +23,7 @@ from polykv_search.cli.common import (
     positive_float,
     positive_int,
 )
+from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.cli.score_checks import check_fan_out, check_held_budgets, check_limits
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
@@ -142,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)
+    check_not_an_input(args.out, "--out", [("a --strategy file", path) for path in args.strategy])
     check_fan_out(args)
     lm_request = None
     if args.lm_eval_tasks:
@@ -175,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         check_partial_protocol(f"{args.out}.partial", found.protocol, protocol)
     check_model_args(args)
     check_limits(args, tasks)
+    with console.status(f"reading the corpus {args.corpus} ..."):
+        texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})  # a bad --corpus: before the model
     model, tok = load_model_from_args(args)
     check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
@@ -187,7 +191,6 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"duplicate entry names: {sorted({n for n in names if names.count(n) > 1})}")
 
     with console.status("generating samples ..."):
-        texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})
         task_samples = scoring.make_task_samples(
             tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
         )
