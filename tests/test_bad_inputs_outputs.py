@@ -2,7 +2,8 @@
 code 2, one ``error:`` line, nothing written or changed, no model loaded): an output that names the command's own
 input (``solve --signals t.json --out t.json`` replaced the table with a strategy), an empty output path (taken
 for "no output", or for the working directory by ``quickstart``), a file path ending in a slash (written as the
-file without it), a ``score --corpus`` read only after the model loaded, ``collect --layers`` past the model's."""
+file without it), and what was refused only after the model loaded: a ``score --corpus`` that cannot be read,
+``collect --layers`` past the model's, ``score`` entries that share a name or a strategy of another layer count."""
 
 from __future__ import annotations
 
@@ -100,6 +101,24 @@ CASES = [
         HUGE,
         id="collect-layers-past-model",
     ),
+    row(
+        "score --strategy a/s.json --strategy b/s.json --out o.json",
+        "duplicate entry names: ['s']",
+        {"a/s.json": "strategy", "b/s.json": "strategy"},
+        id="score-two-files-one-stem",
+    ),
+    row(
+        "score --strategy full.json --baseline full --out o.json",
+        "duplicate entry names: ['full']",
+        {"full.json": "strategy"},
+        id="score-file-named-as-a-baseline",
+    ),
+    row(
+        "score --strategy s.json --model ./m --out o.json",
+        "s.json: layers: strategy has 4 layers but the model has 100",
+        {**S, **HUGE},
+        id="score-strategy-layers-not-the-models",
+    ),
 ]
 
 
@@ -131,3 +150,11 @@ def test_outputs_beside_their_inputs_are_still_written(argv, files, tmp_path, mo
     for name, kind in files.items():
         make(kind, tmp_path / name)
     assert main(shlex.split(argv)) == 0, capsys.readouterr().err
+
+
+def test_score_scores_every_strategy_flag_not_only_the_last():
+    from polykv_search.cli import build_parser
+
+    args = build_parser().parse_args(["score", "--strategy", "a.json", "--strategy", "b.json", "c.json", "--out", "o"])
+    assert args.strategy == ["a.json", "b.json", "c.json"]
+    assert build_parser().parse_args(["score", "--baseline", "full", "--out", "o"]).strategy == []

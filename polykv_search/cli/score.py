@@ -24,7 +24,7 @@ from polykv_search.cli.common import (
     positive_int,
 )
 from polykv_search.cli.outputs import check_not_an_input
-from polykv_search.cli.score_checks import check_fan_out, check_held_budgets, check_limits
+from polykv_search.cli.score_checks import check_entries, check_fan_out, check_held_budgets, check_limits
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
 
@@ -39,7 +39,14 @@ def add_parser(sub) -> None:
         "writes a results JSON (per-task and per-suite scores, KV bytes, timing, provenance) and prints a table.",
     )
     add_model_args(p)
-    p.add_argument("--strategy", nargs="+", default=[], metavar="S.json", help="strategy files to score")
+    p.add_argument(
+        "--strategy",
+        nargs="+",
+        action="extend",  # --strategy a.json --strategy b.json scores both (store would keep b.json alone)
+        default=[],
+        metavar="S.json",
+        help="strategy files to score; repeatable",
+    )
     p.add_argument(
         "--baseline",
         action="append",
@@ -171,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
     check_held_budgets(strategies, args.context_len)
+    check_entries(args, strategies)
     shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
     found = read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
     if found.key is not None:
@@ -185,10 +193,7 @@ def run(args: argparse.Namespace) -> int:
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
     for s in entries:
         s.strategy.check_model(L, model_spec(model).num_kv_heads)
-    entries += [baseline(spec, L, args.budget) for spec in args.baseline]
-    names = [e.name for e in entries]
-    if len(set(names)) != len(names):
-        raise CLIError(f"duplicate entry names: {sorted({n for n in names if names.count(n) > 1})}")
+    entries += [baseline(spec, L, args.budget) for spec in args.baseline]  # their names: check_entries
 
     with console.status("generating samples ..."):
         task_samples = scoring.make_task_samples(
