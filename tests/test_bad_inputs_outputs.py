@@ -119,6 +119,12 @@ CASES = [
         {**S, **HUGE},
         id="score-strategy-layers-not-the-models",
     ),
+    row(
+        "generate --strategy s.json --model ./m",
+        "s.json: layers: strategy has 4 layers but the model has 100",
+        {**S, **HUGE},
+        id="generate-strategy-layers-not-the-models",
+    ),
 ]
 
 

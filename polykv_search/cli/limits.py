@@ -128,6 +128,24 @@ def check_lengths(
     )
 
 
+def check_fits_model(strategies: list, model: str) -> None:
+    """Refuse a strategy (``(path, Strategy)`` pairs) whose layer count, or with head groups KV head count, is
+    not the model's, read from its ``config.json`` without loading weights (no config at hand: left to the
+    check after the model loads)."""
+    from strategies import StrategyError
+
+    shape = model_shape(model)
+    if shape is None or shape.layers is None:
+        return
+    for path, s in strategies:
+        if s.first_head_groups() is not None and shape.kv_heads is None:
+            continue
+        try:
+            s.check_model(shape.layers, shape.kv_heads)
+        except StrategyError as err:
+            raise CLIError(f"{path}: {err} ({shape.name})") from None
+
+
 def _shorter(limit: int, after: int) -> str:
     if after < limit:
         return f"give at most {limit - after} context tokens"

@@ -75,8 +75,7 @@ def check_entries(args: argparse.Namespace, strategies: list) -> None:
     name: ``full.json`` beside ``--baseline full``, ``a/s.json`` beside ``b/s.json``) and strategies whose layer
     (and, with head groups, KV head) count is not the model's, when its ``config.json`` is at hand."""
     from polykv_search.cli.baselines import baseline
-    from polykv_search.cli.limits import model_shape
-    from strategies import StrategyError
+    from polykv_search.cli.limits import check_fits_model
 
     names = [Path(path).stem for path, _ in strategies] + [
         baseline(spec, 1, args.budget).name for spec in args.baseline
@@ -84,13 +83,4 @@ def check_entries(args: argparse.Namespace, strategies: list) -> None:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise CLIError(f"duplicate entry names: {twice} (an entry is named by its file's stem; rename one)")
-    shape = model_shape(args.model)
-    if shape is None or shape.layers is None:
-        return
-    for path, s in strategies:
-        if s.first_head_groups() is not None and shape.kv_heads is None:
-            continue  # checked once the model is loaded
-        try:
-            s.check_model(shape.layers, shape.kv_heads)
-        except StrategyError as err:
-            raise CLIError(f"{path}: {err} ({shape.name})") from None
+    check_fits_model(strategies, args.model)
