@@ -53,7 +53,7 @@ def max_abs(a, b) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--part", choices=["compare", "grid", "both"], default="both")
     p.add_argument("--context-len", type=int, default=1024)
     p.add_argument("--continuation-len", type=int, default=128)

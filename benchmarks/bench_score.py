@@ -308,7 +308,9 @@ def h2o_cost(model, tok, L: int, budget: int, samples, repeats: int, n: int) -> 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--contexts", default="512,2048")
     ap.add_argument("--samples", type=int, default=1, help="samples per task (default 1)")
     ap.add_argument("--suite", default="broad,ruler")

@@ -90,7 +90,9 @@ def pooled(units: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--contexts", default="512", help="context lengths, comma-separated (default 512)")
     ap.add_argument("--samples", type=int, default=2, help="samples per task (default 2)")
     ap.add_argument("--suite", default="broad,ruler")

@@ -59,7 +59,7 @@ def strategies(start: Path, neighbors: int, budget: int, b_min: int, layers: int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--start", type=Path, required=True, help="head-level strategy file (B = --budget)")
     ap.add_argument("--neighbors", type=int, default=2)
     ap.add_argument("--budget", type=int, default=128)

@@ -232,7 +232,7 @@ def warm_up(model, tokenizer, corpus, patterns) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (JSON, PNG, one signal table per grid)")
     p.add_argument("--smoke", action="store_true", help="the tiny grids (under 2 minutes): shows the script works")
     p.add_argument(

@@ -116,7 +116,7 @@ def answerable_check(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--signals", required=True, help="a signal table (version 2, with per-sample values)")
     p.add_argument("--budgets", help="budgets of the table's grid to check (default: all)")
     p.add_argument("--model", help="default: the table's model")

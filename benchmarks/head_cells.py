@@ -82,7 +82,9 @@ def ranks(values: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--device", default="cpu")
     p.add_argument("--calib", default=DEFAULT_CORPUS, help="calibration corpus (its calibration split is used)")

@@ -92,7 +92,7 @@ def calibration_pattern(paths: dict[str, Path]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; a bad ``--retrieval-mix`` exits 2 with one line, before anything runs."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/repro")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")

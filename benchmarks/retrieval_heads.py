@@ -59,7 +59,9 @@ def plot(scores, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--device", default="cpu")
     p.add_argument("--calib", default=DEFAULT_CORPUS, help="calibration corpus (its calibration split is used)")

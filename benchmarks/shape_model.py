@@ -72,7 +72,9 @@ def build(shape: str | dict, layers: int, tokenizer, seed: int = 0) -> LlamaForC
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[2], formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__.split("\n\n")[2], formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     ap.add_argument("--seed", type=int, default=0)

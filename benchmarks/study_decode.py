@@ -43,7 +43,7 @@ def fmt(iv: stats.Interval, digits: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("results")
     p.add_argument("--out", help="write the pairs as JSON")
     p.add_argument("--budgets", default="64,128")

@@ -108,7 +108,7 @@ def summarize(runs: list[dict[str, float]]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", required=True, help="a local HF checkpoint directory (e.g. smollm2-135m-*)")
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens (default %(default)s)")

@@ -228,7 +228,7 @@ def num_layers_of(model: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
         "--model", default="tiny", help="'tiny' (random-init Llama, default) or a local HF checkpoint directory"

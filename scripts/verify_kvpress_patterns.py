@@ -238,7 +238,7 @@ def selected_checks(names: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", required=True, help="a local HF checkpoint directory (e.g. smollm2-135m-*)")
     ap.add_argument(

@@ -21,7 +21,7 @@ ObservedAttentionPress (prefill only; needs eager attention); tova -> TOVAPress;
 SnapKVPress(window_size, kernel_size); pyramidkv -> SnapKVPress(window_size=8, kernel_size=7) (not
 PyramidKVPress, which imposes its own budget schedule); knorm -> KnormPress; random ->
 RandomPress(seed); keydiff -> KeyDiffPress; expected_attention -> ExpectedAttentionPress (its five
-parameters; prefill only); kvzip -> KVzipPress(layerwise=True), with kvzip_plus_normalization=True for
+parameters; prefill only); kvzip -> KVzipPress(layerwise=True, n_sink), with kvzip_plus_normalization=True for
 ``plus`` (prefill only; not checked against kvpress). Where kvpress's press differs from the pattern,
 the difference is listed per layer.
 

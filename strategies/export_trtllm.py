@@ -95,7 +95,9 @@ class TRTLLMExporter:
         notes = [NOTE_PHASES] if windowed else []
         if windowed and sinks:
             notes.append(NOTE_SINKS)
-        clamped = [x.layer for x in windowed if max_seq_len is not None and x.window >= max_seq_len]
+        clamped = [
+            x.layer for x in windowed if max_seq_len is not None and x.window is not None and x.window >= max_seq_len
+        ]
         if clamped:
             which = f"layer {clamped[0]}" if len(clamped) == 1 else f"layers {', '.join(map(str, clamped))}"
             notes.append(f"{which}: budget >= --max-seq-len {max_seq_len}, so the window is {max_seq_len} (full)")

@@ -68,7 +68,7 @@ class VLLMExporter:
         windowed = [x for x in layers if x.window is not None]
         window = None
         if windowed:
-            sizes = [x.window for x in windowed]
+            sizes = [x.window for x in windowed if x.window is not None]
             window = sizes[0] if len(set(sizes)) == 1 else sum(sizes) // len(sizes)
             first = windowed[0]
             # Refuse naming the first layer that differs from the first sliding layer; approximate to the mean.

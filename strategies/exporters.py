@@ -225,7 +225,7 @@ def window_plan(
                     f"{target} has one setting per layer for both phases",
                 )
             )
-        if kp[0] == "full":
+        if pre.pattern == "full" or pre.budget is None:  # _window_key's "full"
             layers.append(WindowLayer(i, None, 0, describe(pre)))
         else:
             window = kp[0] == "window"
@@ -256,6 +256,7 @@ def _covered(choice: LayerChoice, layer: int, phase: str, strategy: Strategy, ta
     if not choice.has_head_groups:
         return choice
     cover = cover_head_groups(choice, int(strategy.context_len))  # type: ignore[arg-type]
+    assert choice.budget is not None  # a Strategy sets a head-group layer's budget: its heads' mean
     holds = "every token" if cover.budget is None else f"{cover.budget} tokens"
     issues.append(
         _Issue(

@@ -178,12 +178,10 @@ def group_heads(
     """Head groups from one ``(pattern, budget, params)`` per KV head: heads with equal choices share a
     group, except those for which ``alone(pattern, params)`` is true (a pooled pattern's cells are single KV
     heads), which get a group each; groups are ordered by their first head."""
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple[str, int, tuple[tuple[str, Any], ...], int | None], list[int]] = {}
     for h, (pattern, budget, params) in enumerate(per_head):
-        key = (pattern, int(budget), tuple(sorted(dict(params).items())))
-        if alone is not None and alone(pattern, params):
-            key = (*key, h)
-        groups.setdefault(key, []).append(h)
+        own = h if alone is not None and alone(pattern, params) else None  # a head in a group of its own
+        groups.setdefault((pattern, int(budget), tuple(sorted(dict(params).items())), own), []).append(h)
     return tuple(HeadGroup(tuple(heads), key[0], key[1], dict(key[2])) for key, heads in groups.items())
 
 

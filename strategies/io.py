@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import lzma
 import os
@@ -24,12 +25,15 @@ import stat
 import tempfile
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 #: a compressed file's opener, by its last suffix
-_OPENERS = {".xz": lzma.open, ".gz": gzip.open}
+_OPENERS: dict[str, Callable[[Path], io.BufferedIOBase]] = {
+    ".xz": lambda path: lzma.LZMAFile(path, "rb"),
+    ".gz": lambda path: gzip.GzipFile(path, "rb"),
+}
 
 
 def read_text(path: str | Path) -> str:
@@ -43,7 +47,7 @@ def read_text(path: str | Path) -> str:
     if opener is None:
         return path.read_text(encoding="utf-8")
     try:
-        with opener(path, "rb") as f:
+        with opener(path) as f:
             data = f.read()
     except (lzma.LZMAError, EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise OSError(errno.EINVAL, f"not a valid {path.suffix[1:]} file ({err})") from None
@@ -142,7 +146,7 @@ def _stage(path: Path, data: bytes) -> Path:
     return Path(tmp)
 
 
-def atomic_write_files(files: Mapping[str | Path, bytes | str]) -> list[Path]:
+def atomic_write_files(files: Mapping[Path, bytes | str] | Mapping[str, bytes | str]) -> list[Path]:
     """Write several files as one set: all are staged first, then renamed in order.
 
     A failure while staging (disk full, a folder that cannot be made, Ctrl-C) writes none of them.
@@ -182,7 +186,7 @@ def atomic_write_files(files: Mapping[str | Path, bytes | str]) -> list[Path]:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
-    return atomic_write_files({path: data})[0]
+    return atomic_write_files({Path(path): data})[0]
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

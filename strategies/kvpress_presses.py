@@ -103,7 +103,7 @@ def prefill_press(choice: LayerChoice) -> Press | None:
             "kvpress's KVzipPress runs its own reconstruction pass: the softmax of a chunk's queries covers "
             "the sinks, that chunk and the repeat tokens only (polykv-search: the whole cache; the same for "
             "prompts of one chunk); its pass neither repeats nor scores the chat template's prefix (evicted "
-            f"first past the sinks, which are fixed at 4: n_sink={p['n_sink']} here){allocation}"
+            f"first past the n_sink={p['n_sink']} sinks){allocation}"
         ]
         if p.get("boundary", 0):
             diffs.append(
@@ -116,7 +116,9 @@ def prefill_press(choice: LayerChoice) -> Press | None:
                 f"the pool prior {', '.join(f'{k}={v}' for k, v in prior.items())} is not applied: KVzipPress "
                 "ranks every layer's scores as they are, with no per-layer weight, floor or cap"
             )
-        params = {"layerwise": True, "kvzip_plus_normalization": True} if p.get("plus") else {"layerwise": True}
+        params = {"layerwise": True, "n_sink": p["n_sink"]}  # kvpress's n_sink: the first tokens always kept
+        if p.get("plus"):
+            params["kvzip_plus_normalization"] = True
         return Press("KVzipPress", params, tuple(diffs))
     if name == "random":
         return Press(

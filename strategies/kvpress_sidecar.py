@@ -59,8 +59,9 @@ def render_sidecar(strategy: Strategy, module_name: str, pre, dec, notes, heads:
     layers: each group's key-mask rule, :mod:`strategies.kvpress_heads`)."""
     layers = []
     for i in range(strategy.num_layers):
-        if heads is not None and heads.layers[i] is not None:
-            layers.append(sidecar_layer(strategy, i, heads.layers[i]))
+        rules = heads.layers[i] if heads is not None else None
+        if rules is not None:
+            layers.append(sidecar_layer(strategy, i, rules))
             continue
         p, d = strategy.prefill[i], strategy.decoding[i]
         press, dropped = dec[i]

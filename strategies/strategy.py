@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from strategies.catalog import pattern_class
 from strategies.choice import (
@@ -90,7 +90,7 @@ class Strategy:
             raise StrategyError(f"phase: {phase!r} is not one of {PHASES}")
         return self.prefill if phase == "prefill" else self.decoding
 
-    def budgets(self, phase: str) -> list[int | None]:
+    def budgets(self, phase: str) -> list[int | float | None]:
         return [c.budget for c in self.phase(phase)]
 
     def patterns(self, phase: str) -> list[str]:
@@ -343,7 +343,7 @@ class Strategy:
             raise StrategyError(f"strategy {path}: {err}") from None
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 

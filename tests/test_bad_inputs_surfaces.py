@@ -8,6 +8,7 @@ hang fails the test (``time_limit``, :data:`~tests.bad_inputs_support.TIME_LIMIT
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -103,6 +104,15 @@ CASES = [
         {"r.json": "results", **HEADS},
         id="compare-signals-head-table",
     ),
+    # ---- cluster back-ends: an --address the back-end would ignore or misread
+    row(f"{SCORE} --backend dask --address auto", "--address auto finds a running ray cluster", id="score-dask-auto"),
+    row("collect --backend dask --address auto --out o.json", "--backend dask needs its", id="collect-dask-auto"),
+    row(f"{SCORE} --backend dask --address ''", "--address: empty", id="score-address-empty"),
+    row("collect --backend ray --address ' ' --out o.json", "--address: empty", id="collect-address-blank"),
+    row(
+        f"{SCORE} --backend loky --jobs 2 --address tcp://h:1", "does not apply to --backend loky", id="score-loky-addr"
+    ),
+    row(f"{SCORE} --address tcp://h:1", "applies to --backend dask or ray", id="score-address-no-backend"),
     # ---- quickstart: a solver its tables cannot serve, before either collect step
     row("quickstart --methods duo --no-head-level --out q", "--methods duo: reads per-kv-head", id="quickstart-duo"),
 ]
@@ -217,10 +227,15 @@ def test_a_strategy_is_scored_at_the_context_length_it_was_built_for(tmp_path, m
     monkeypatch.chdir(tmp_path)
     make("strategy-heads-ctx16", tmp_path / "h16.json")
     make("strategy", tmp_path / "s.json")
+    (tmp_path / "m").mkdir()  # a model of the strategies' 4 layers and 3 KV heads (its config; no weights)
+    shape = {"num_hidden_layers": 4, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    config = {"model_type": "llama", "max_position_embeddings": 8192, "head_dim": 64, **shape}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    score = ["score", "--model", "./m", "--out", "o.json"]
     with pytest.raises(ModelLoaded):  # every check passed
-        main(["score", "--strategy", "h16.json", "--context-len", "16", "--suite", "broad", "--out", "o.json"])
+        main([*score, "--strategy", "h16.json", "--context-len", "16", "--suite", "broad"])
     with pytest.raises(ModelLoaded):  # a layer-level strategy holds at most its budgets at any length
-        main(["score", "--strategy", "s.json", "--context-len", "4096", "--out", "o.json"])
+        main([*score, "--strategy", "s.json", "--context-len", "4096"])
 
 
 def test_quickstart_solves_the_head_signal_methods_on_the_head_level_table(tmp_path, monkeypatch):

@@ -324,7 +324,7 @@ def test_kvzip_exports_note_how_its_allocation_differs_from_layerwise_kvzip_pres
 
     def note(allocation: str) -> str:
         press = prefill_press(LayerChoice("kvzip", 64, {"allocation": allocation}))
-        assert (press.cls, press.params) == ("KVzipPress", {"layerwise": True})
+        assert (press.cls, press.params) == ("KVzipPress", {"layerwise": True, "n_sink": 4})
         return press.differences[0]
 
     assert "each head its own top b" in note("head")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_export_kvpress import mixed
 
-from strategies import Strategy
+from strategies import LayerChoice, Strategy
 from strategies.exporters import ExportError, render_export
 
 
@@ -168,3 +168,38 @@ def test_module_and_sidecar_of_different_exports_are_refused(tmp_path, monkeypat
     (tmp_path / "mixed_press.json").unlink()
     with pytest.raises(ExportError, match="cannot read it with its sidecar mixed_press.json"):
         read_export(out)
+
+
+def test_kvzip_layers_build_kvzip_press_with_the_patterns_sinks(tmp_path, monkeypatch):
+    """kvpress 0.5.5's ``KVzipPress`` has ``n_sink`` (default 4): the exported press keeps the pattern's own count."""
+    strategy = Strategy(
+        [LayerChoice("kvzip", 32, {"n_sink": 2}), LayerChoice("kvzip", 16, {"n_sink": 8, "plus": True})],
+        [LayerChoice("full", 24), LayerChoice("full", 24)],
+        global_budget=24,
+        b_min=16,
+    )
+    out = tmp_path / "kvzip_press.py"
+    out.write_text(render_export(strategy, "kvpress", out).files[out])
+    text = out.read_text()
+    assert "('KVzipPress', {'layerwise': True, 'n_sink': 2}, 32)" in text
+    assert "('KVzipPress', {'layerwise': True, 'n_sink': 8, 'kvzip_plus_normalization': True}, 16)" in text
+
+    calls: list = []
+    kv = fake_kvpress(calls)
+
+    @dataclass
+    class KVzipPress(kv.BasePress):  # kvpress 0.5.5's fields: an argument it lacks is a TypeError
+        compression_ratio: float = 0.0
+        layerwise: bool = False
+        n_sink: int = 4
+        kvzip_plus_normalization: bool = False
+        chunk_size: int = 2048
+
+    kv.KVzipPress = KVzipPress
+    monkeypatch.setitem(sys.modules, "kvpress", kv)
+    spec = importlib.util.spec_from_file_location("polykv_kvzip_press", out)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "polykv_kvzip_press", mod)
+    spec.loader.exec_module(mod)
+    presses = [entry[0] for entry in mod.make_press().prefill_presses]
+    assert [(p.layerwise, p.n_sink, p.kvzip_plus_normalization) for p in presses] == [(True, 2, False), (True, 8, True)]

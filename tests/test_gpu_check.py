@@ -33,7 +33,14 @@ def test_a_missing_cuda_device_is_one_line_exit_2(gpu_check, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--device", "nosuch"], ["--device", "cuda:99"], ["--out", "a-file"], ["--out", "a-file/below"], ["--bad-flag"]],
+    [
+        ["--device", "nosuch"],
+        ["--device", "cuda:99"],
+        ["--out", "a-file"],
+        ["--out", "a-file/below"],
+        ["--bad-flag"],
+        ["--smok"],  # an abbreviation of --smoke would run the full check (minutes), not the smoke one
+    ],
 )
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(gpu_check, argv, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from polykv_search.models import load_model
-from polykv_search.parallel import ModelLoader
+from polykv_search.parallel import ModelLoader, worker_threads
 from signals.head_cells import measure_head_cells
 from signals.head_prefill_measure import measure_prefill_cells
 from signals.sample_map import SampleMap
@@ -51,7 +51,11 @@ def measure(model, evidence, prose, map_samples=None):
 
 @pytest.mark.parametrize(("backend", "jobs"), [("sequential", 1), (None, 2)])
 def test_fanned_out_cells_equal_the_in_process_ones(saved, backend, jobs):
+    """The in-process reference runs with the workers' intra-op thread count: a matmul's rounding follows its
+    thread count (1 thread against 2 moved these KLs by 3e-5 relative), and pytest's own count is whatever
+    ``-n`` left it (conftest gives each xdist worker its share of the cores)."""
     path, model, evidence, prose = saved
+    torch.set_num_threads(worker_threads(backend, jobs) or torch.get_num_threads())
     here, here_prefill, here_seen = measure(model, evidence, prose)
     fan = SampleMap(model, ModelLoader(path), jobs, backend)
     assert not fan.local

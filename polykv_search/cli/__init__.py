@@ -43,7 +43,11 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose refusals are one line instead of the whole usage block."""
+    """An ``ArgumentParser`` whose refusals are one line instead of the whole usage block, and that takes no
+    abbreviated flags (``--smok`` is refused, not run as ``--smoke``; a later flag cannot change what one means)."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(self.prog, message)

@@ -46,6 +46,7 @@ from polykv_search.cli.common import (
     positive_int,
 )
 from polykv_search.cli.limits import check_backend, check_fan_out_flags, check_lengths, model_shape
+from polykv_search.cli.outputs import check_not_an_input
 
 # From the signal-quality measurement (README, "Signal quality per CPU-minute"): at equal tokens, many
 # short samples give the lowest per-cell standard error per CPU-minute.
@@ -192,9 +193,11 @@ def check(args: argparse.Namespace):
     from polykv_search.data import DataError
     from polykv_search.data.evidence import DEFAULT_RECORDS, parse_retrieval_mix
     from signals.collect import CollectError, make_settings
+    from signals.collect_settings import parse_layers
     from signals.journal import journal_path
 
     out = check_output_path(args.out)
+    check_not_an_input(out, "--out", [("the --calib corpus", args.calib)])
     if args.resume and args.fresh:
         raise CLIError("--resume and --fresh contradict each other")
     if args.continuation_len < 2:
@@ -238,8 +241,14 @@ def check(args: argparse.Namespace):
     check_output_path(journal_path(out), "--out")
     check_model_args(args)
     check_backend(args.backend, args.address)
+    shape = model_shape(args.model)
+    if shape is not None and shape.layers is not None:  # --layers past the model's, before it loads
+        try:
+            parse_layers(args.layers, shape.layers)
+        except CollectError as err:
+            raise CLIError(f"--{err}; {shape.name} has {shape.layers} layers") from None
     check_lengths(
-        model_shape(args.model),
+        shape,
         context_len=args.context_len,
         after=args.continuation_len,
         after_flag="--continuation-len tokens",

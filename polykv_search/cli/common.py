@@ -227,6 +227,8 @@ def check_output_path(path: str | os.PathLike, flag: str = "--out") -> Path:
         raise CLIError(f"{flag}: empty path")
     if target.is_dir():
         raise CLIError(f"{flag} {target}: is a directory; give a file name")
+    if os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: o.json/ would be written as o.json
+        raise CLIError(f"{flag} {os.fspath(path)}: ends in a slash, as a folder does; give a file name")
     if target.name in ("", ".", ".."):
         raise CLIError(f"{flag} {target}: not a file name")
     ancestor = target.absolute().parent
@@ -247,6 +249,8 @@ def check_output_path(path: str | os.PathLike, flag: str = "--out") -> Path:
 
 def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     """Refuse an output folder that is a file or cannot be created or written; creates nothing."""
+    if not os.fspath(path).strip():  # Path("") is the working directory
+        raise CLIError(f"{flag}: empty path")
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise CLIError(f"{flag} {target}: exists and is not a directory")

@@ -16,6 +16,7 @@ from polykv_search.cli.common import (
     out,
     positive_int,
 )
+from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.compare.recommend import RULE
 from signals.predict import OBJECTIVES as OBJECTIVE_CHOICES
 
@@ -120,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.compare.verdict import verdict
     from polykv_search.io import write_json
 
+    inputs = [("a results file it compares", path) for path in args.results] + [("the --signals table", args.signals)]
     for path, flag in ((args.json_out, "--json"), (args.plot, "--plot")):
-        if path:
+        if path is not None:  # "" is refused, not taken for "no output"
             check_output_path(path, flag)
+            check_not_an_input(path, flag, inputs)
     predict = _predictor(args) if args.signals else None  # a bad table fails before any output
     try:
         docs = [cmp.load_results(path) for path in args.results]

@@ -20,6 +20,7 @@ from polykv_search.cli.common import (
     print_json,
     read_text,
 )
+from polykv_search.cli.limits import check_fits_model
 
 DEFAULT_PROMPT = "Write two sentences about the sea."
 
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("the prompt is empty")
     strategy = Strategy.load(args.strategy) if args.strategy else None
     check_model_args(args)
+    if strategy is not None:
+        check_fits_model([(args.strategy, strategy)], args.model)  # before the model loads
     model, tokenizer = load_model_from_args(args)
     if strategy is None:
         strategy = Strategy.full(model.config.num_hidden_layers, model=args.model)

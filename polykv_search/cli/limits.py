@@ -128,6 +128,24 @@ def check_lengths(
     )
 
 
+def check_fits_model(strategies: list, model: str) -> None:
+    """Refuse a strategy (``(path, Strategy)`` pairs) whose layer count, or with head groups KV head count, is
+    not the model's, read from its ``config.json`` without loading weights (no config at hand: left to the
+    check after the model loads)."""
+    from strategies import StrategyError
+
+    shape = model_shape(model)
+    if shape is None or shape.layers is None:
+        return
+    for path, s in strategies:
+        if s.first_head_groups() is not None and shape.kv_heads is None:
+            continue
+        try:
+            s.check_model(shape.layers, shape.kv_heads)
+        except StrategyError as err:
+            raise CLIError(f"{path}: {err} ({shape.name})") from None
+
+
 def _shorter(limit: int, after: int) -> str:
     if after < limit:
         return f"give at most {limit - after} context tokens"
@@ -199,10 +217,17 @@ def check_fan_out_flags(args) -> None:
     """``--jobs`` resolved (``auto``, the clamp) and ``--backend``/``--address``/``--jobs`` checked together
     (``score`` and ``collect``); the back-end itself is :func:`check_backend`."""
     resolve_jobs(args)
+    if args.address is not None and not args.address.strip():  # "" would silently start a local cluster
+        raise CLIError("--address: empty; give HOST:PORT, or leave it out for a local cluster")
     if args.address and not args.backend:
         raise CLIError("--address applies to --backend dask or ray; give --backend")
     if args.address and args.backend == "loky":
         raise CLIError("--address does not apply to --backend loky (local processes)")
+    if args.address == "auto" and args.backend == "dask":  # ray's word; dask would look for a host named auto
+        raise CLIError(
+            "--address auto finds a running ray cluster; --backend dask needs its scheduler's address "
+            "(HOST:PORT or tcp://HOST:PORT), or no --address for a local cluster"
+        )
     if args.backend == "loky" and args.jobs == 1:
         raise CLIError("--backend loky runs --jobs worker processes; give --jobs 2 or more")
 

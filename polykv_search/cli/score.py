@@ -23,7 +23,8 @@ from polykv_search.cli.common import (
     positive_float,
     positive_int,
 )
-from polykv_search.cli.score_checks import check_fan_out, check_held_budgets, check_limits
+from polykv_search.cli.outputs import check_not_an_input
+from polykv_search.cli.score_checks import check_entries, check_fan_out, check_held_budgets, check_limits
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
 
@@ -38,7 +39,14 @@ def add_parser(sub) -> None:
         "writes a results JSON (per-task and per-suite scores, KV bytes, timing, provenance) and prints a table.",
     )
     add_model_args(p)
-    p.add_argument("--strategy", nargs="+", default=[], metavar="S.json", help="strategy files to score")
+    p.add_argument(
+        "--strategy",
+        nargs="+",
+        action="extend",  # --strategy a.json --strategy b.json scores both (store would keep b.json alone)
+        default=[],
+        metavar="S.json",
+        help="strategy files to score; repeatable",
+    )
     p.add_argument(
         "--baseline",
         action="append",
@@ -142,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)
+    check_not_an_input(args.out, "--out", [("a --strategy file", path) for path in args.strategy])
     check_fan_out(args)
     lm_request = None
     if args.lm_eval_tasks:
@@ -169,25 +178,24 @@ def run(args: argparse.Namespace) -> int:
         check_baseline(spec, args.budget)
     strategies = [(path, Strategy.load(path)) for path in args.strategy]
     check_held_budgets(strategies, args.context_len)
+    check_entries(args, strategies)
     shape = {"entries": len(strategies) + len(args.baseline), "kinds": {t.name: t.kind for t in tasks}}
     found = read_partial(f"{args.out}.partial", **shape)  # a checkpoint it cannot use is refused before the model loads
     if found.key is not None:
         check_partial_protocol(f"{args.out}.partial", found.protocol, protocol)
     check_model_args(args)
     check_limits(args, tasks)
+    with console.status(f"reading the corpus {args.corpus} ..."):
+        texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})  # a bad --corpus: before the model
     model, tok = load_model_from_args(args)
     check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
     entries = [scoring.Entry(Path(p).stem, s, "strategy", p) for p, s in strategies]
     for s in entries:
         s.strategy.check_model(L, model_spec(model).num_kv_heads)
-    entries += [baseline(spec, L, args.budget) for spec in args.baseline]
-    names = [e.name for e in entries]
-    if len(set(names)) != len(names):
-        raise CLIError(f"duplicate entry names: {sorted({n for n in names if names.count(n) > 1})}")
+    entries += [baseline(spec, L, args.budget) for spec in args.baseline]  # their names: check_entries
 
     with console.status("generating samples ..."):
-        texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})
         task_samples = scoring.make_task_samples(
             tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
         )

@@ -4,6 +4,7 @@ positions and this machine's memory, and the strategies' declared context length
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from polykv_search.cli.common import CLIError
 from polykv_search.cli.limits import check_backend, check_fan_out_flags
@@ -67,3 +68,19 @@ def check_held_budgets(strategies: list, context_len: int) -> None:
                     f"{context_len} but counts {choice.budget:g} in its B = {s.global_budget:g}; score it at the "
                     "context length it was solved for, or solve it again for this one (--target-context-len)"
                 )
+
+
+def check_entries(args: argparse.Namespace, strategies: list) -> None:
+    """Refuse, before the model loads, entries that would share a name (a strategy file's stem, a baseline's
+    name: ``full.json`` beside ``--baseline full``, ``a/s.json`` beside ``b/s.json``) and strategies whose layer
+    (and, with head groups, KV head) count is not the model's, when its ``config.json`` is at hand."""
+    from polykv_search.cli.baselines import baseline
+    from polykv_search.cli.limits import check_fits_model
+
+    names = [Path(path).stem for path, _ in strategies] + [
+        baseline(spec, 1, args.budget).name for spec in args.baseline
+    ]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise CLIError(f"duplicate entry names: {twice} (an entry is named by its file's stem; rename one)")
+    check_fits_model(strategies, args.model)

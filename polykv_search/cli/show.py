@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from polykv_search.cli.common import CLIError, check_output_path, out, read_text
+from polykv_search.cli.outputs import check_not_an_input
 from strategies import PHASES
 from strategies.choice import spec_label
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if kind == "polykv-strategy":
         from strategies import Strategy, StrategyError
 
-        if args.plot:
+        if args.plot is not None:
             raise CLIError(f"--plot draws signal tables; {args.file} is a strategy")
         try:
             strategy = Strategy.loads(text)
@@ -45,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"{args.file}: {err}") from None
         show_strategy(strategy, args.file)
         return 0
-    if args.plot:
+    if args.plot is not None:  # "" is refused, not taken for "no plot"
         check_output_path(args.plot, "--plot")
+        check_not_an_input(args.plot, "--plot", [("the table it shows", args.file)])
     if kind == "polykv-signals":
         from polykv_search.cli.show_signals import show_signals
 

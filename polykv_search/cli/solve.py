@@ -16,6 +16,7 @@ from polykv_search.cli.common import (
     positive_float,
     positive_int,
 )
+from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.cli.solve_guard import GUARD_DESTS, add_guard_args, apply_guard, check_guard_args
 
 #: Flags that belong to the problem, not to a solver's settings.
@@ -146,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         raise CLIError("--out is required")
     check_output_path(args.out)  # before a table or (optuna) a model is loaded
+    check_not_an_input(
+        args.out,
+        "--out",
+        [("the --signals table", args.signals), ("the --start strategy", getattr(args, "start", None))],
+    )
     check_guard_args(args)
     names = {i.name for i in cls.Settings.fields_info()}
     given = {k: v for k, v in vars(args).items() if k not in _PROBLEM_DESTS}

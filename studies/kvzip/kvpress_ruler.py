@@ -161,7 +161,9 @@ def report(result: dict, ref: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("results", nargs="?", help="a question-agnostic results file of `polykv-search score`")
     ap.add_argument("--model", help="the file's model, a local checkpoint directory")
     ap.add_argument("--task", help="one generation task of the file, e.g. ruler/niah_single")

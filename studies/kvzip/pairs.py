@@ -62,7 +62,9 @@ def main(a_spec: str, b_spec: str, metric: str = "score", tasks: str | None = No
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("a", metavar="A.json:ENTRY")
     ap.add_argument("b", metavar="B.json:ENTRY")
     ap.add_argument("--metric", default="score", help="per-sample field to pair (default score; e.g. kl)")
