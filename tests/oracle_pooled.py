@@ -5,12 +5,15 @@ A pool is the layers whose plan in this phase is the same kvzip plan ("model") o
 it holds ``C = sum(H * budget)`` tokens over its ``P`` (layer, KV head) cells. Per row: the sinks (the first
 ``min(n_sink, budget)`` real prompt tokens of every cell, and with a protected boundary its last
 ``min(boundary, budget - n_sink)``) always; the tokens appended since the prompt, ``a`` per cell, all of
-them while ``C - S >= P * a`` (``S``: the sinks), else the newest ``(C - S) // P`` per cell; and the best
+them while ``C - S >= P * a`` (``S``: the sinks, and with ``evidence`` each cell's share of its best prompt
+tokens, as in ``tests/oracle_evidence.py``), else the newest ``(C - S) // P`` per cell; and the best
 remaining prompt tokens of the whole pool, ``C - S - P * a`` of them, best pass score first, ties to the
 lower layer, then the lower head, then the older token.
 """
 
 from __future__ import annotations
+
+from tests.oracle_evidence import top_share
 
 
 def pooled(plan) -> bool:
@@ -44,6 +47,10 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
             (M.idx, h): set(prompt[: min(params["n_sink"], budget)]) | prompt_end(L, b, n_prompt, params, budget)
             for M, h, budget in members
         }
+        for M, h, budget in members:  # the evidence share: each cell's best held prompt tokens, protected too
+            held = [j for j in prompt if M.kept[b, h, j]]
+            score = {j: float(M.zip[zip_key][b, h, j]) for j in held}
+            sinks[M.idx, h] |= top_share(score, held, sinks[M.idx, h], params.get("evidence", 0.0), budget)
         n_sinks = sum(len(s) for s in sinks.values())
         if capacity - n_sinks >= cells * len(appended):
             kept_appended, rest = appended, capacity - n_sinks - cells * len(appended)
