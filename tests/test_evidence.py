@@ -12,9 +12,11 @@ from polykv_search.patterns.selection import POS_INF, protect_top_share
 from polykv_search.runtime import apply_strategy, strategy_plans
 from polykv_search.scoring import Entry, per_entry
 from polykv_search.scoring.shared import SharedScorer
+from signals.collect import collect_signals
 from strategies import LayerChoice, Strategy
 from strategies.kvpress_presses import decoding_press, prefill_press
 from tests.oracle import Oracle
+from tests.test_collect import assert_tables_close, make_samples
 from tests.test_eval_support import char_tokenizer
 from tests.test_kvzip_pooled import run_both
 from tests.test_runtime import batch, kept_sets, run_three_steps
@@ -178,3 +180,13 @@ def test_evidence_specs_are_validated_canonical_and_exported_with_their_differen
     assert pool is not None and any("evidence=0.5 is not applied" in d for d in pool.differences)
     head = prefill_press(LayerChoice("kvzip", 64, {"evidence": 0.5}))  # per head the prefill is the same
     assert head is not None and not any("evidence" in d for d in head.differences)
+
+
+def test_the_signal_replay_of_evidence_cells_equals_the_naive_collection():
+    """Decoding cells evict for 8 steps past budget 6: the share's state follows the replay's forked rows."""
+    model = tiny_model("llama", layers=3)
+    samples = make_samples(2, n=28, m=8)
+    patterns = ["evidence[rule=h2o,share=0.3,window=8]", "kvzip[evidence=0.5]", "kvzip[allocation=layer,evidence=0.4]"]
+    kw = dict(patterns=patterns, budgets=[6, 20], layers=[1])
+    fast = collect_signals(model, samples, journal=False, **kw)
+    assert_tables_close(fast, collect_signals(model, samples, naive=True, journal=False, **kw))
