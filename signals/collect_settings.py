@@ -13,8 +13,19 @@ from signals.uncertainty import DEFAULT_BLOCKS
 from strategies import PHASES
 
 #: expected_attention earns its cells (the best prefill cell in 5-8 of SmolLM2's 30 layers); keydiff, rarely
-#: the best cell anywhere, is left out (docs/calibration.md, "Query-agnostic patterns in the grid").
-DEFAULT_PATTERNS: tuple[str, ...] = ("snapkv", "tova", "h2o", "streaming_llm", "knorm", "random", "expected_attention")
+#: the best cell anywhere, is left out (docs/calibration.md, "Query-agnostic patterns in the grid"). evidence
+#: (half the budget for the prompt's best tokens, the rest tova) is there so that solves can choose a decoding
+#: plan that keeps the prompt (docs/decode.md, "Decoding plans that keep the prompt's evidence").
+DEFAULT_PATTERNS: tuple[str, ...] = (
+    "snapkv",
+    "tova",
+    "h2o",
+    "streaming_llm",
+    "knorm",
+    "random",
+    "expected_attention",
+    "evidence",
+)
 DEFAULT_BUDGETS: tuple[int, ...] = (32, 64, 128, 256)
 
 #: Bumped whenever what a cell's numbers mean changes; part of the journal key.

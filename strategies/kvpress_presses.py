@@ -6,7 +6,7 @@ sidecar (:mod:`strategies.kvpress_sidecar`, the JSON beside it), so neither impo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from strategies.catalog import make_pattern
@@ -37,6 +37,17 @@ _NO_DECODING_KVZIP = (
     "dropped: kvpress's KVzipPress compresses the prompt only (a reconstruction pass has no meaning "
     "mid-decoding); the layer keeps every generated token"
 )
+
+
+def _with_evidence(press: Press, p: dict[str, Any]) -> Press:
+    """The inner rule's press of an ``evidence`` pattern, its share named among the differences."""
+    if not p["share"]:
+        return press
+    why = (
+        f"share={p['share']} is not applied: kvpress has no press that keeps a share of the budget for the prompt's "
+        f"best tokens beside another rule; the whole budget follows {p['rule']}"
+    )
+    return replace(press, differences=press.differences + (why,))
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,11 @@ def prefill_press(choice: LayerChoice) -> Press | None:
                 f"boundary={p['boundary']} is not applied: KVzipPress protects no prompt-boundary tokens "
                 "(only its first n_sink), so the prompt's last tokens are ranked by their scores"
             )
+        if p.get("evidence", 0) and p.get("allocation", "head") != "head":
+            diffs.append(
+                f"evidence={p['evidence']} is not applied: KVzipPress keeps no per-head share of each head's best "
+                "prompt tokens ahead of its pooled ranking"
+            )
         prior = {k: p[k] for k, plain in (("weight", 1.0), ("floor", 0), ("cap", 0)) if p.get(k, plain) != plain}
         if prior:
             diffs.append(
@@ -120,6 +136,10 @@ def prefill_press(choice: LayerChoice) -> Press | None:
         if p.get("plus"):
             params["kvzip_plus_normalization"] = True
         return Press("KVzipPress", params, tuple(diffs))
+    if name == "evidence":
+        inner = prefill_press(LayerChoice(p["rule"], choice.budget))
+        assert inner is not None
+        return _with_evidence(inner, p)
     if name == "random":
         return Press(
             "RandomPress", {"seed": p["seed"]}, ("kvpress draws its own random numbers (same seed, other tokens)",)
@@ -140,6 +160,12 @@ def decoding_press(choice: LayerChoice) -> tuple[Press | None, str | None]:
         return None, _NO_DECODING_EXPECTED_ATTENTION
     if choice.pattern == "kvzip":
         return None, _NO_DECODING_KVZIP
+    if choice.pattern == "evidence":
+        p = pattern_params(choice)
+        inner, dropped = decoding_press(LayerChoice(p["rule"], choice.budget))
+        if inner is None:
+            return None, dropped
+        return _with_evidence(inner, p), None
     press = prefill_press(choice)
     assert press is not None
     return press, None

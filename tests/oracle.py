@@ -19,6 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from polykv_search.runtime import eviction_target
 from strategies import Strategy
+from tests.oracle_evidence import prompt_scores, top_share
 from tests.oracle_pooled import PRIOR, pooled, pooled_evict, prompt_end
 from tests.oracle_scores import expected_attention_scores, keydiff_scores, kvzip_plus_weights, query_stats, rotation
 
@@ -42,8 +43,10 @@ DEFAULTS = {
         "allocation": "head",
         "boundary": 0,
         "plus": False,
+        "evidence": 0.0,
         **PRIOR,
     },
+    "evidence": {"share": 0.5, "rule": "tova", "window": 32, "kernel": 5, "pooling": "avgpool"},
     "expected_attention": {
         "n_future_positions": 512,
         "n_sink": 4,
@@ -68,6 +71,7 @@ class OracleLayer:
         self.zip = {}  # kvzip plan key -> [B, H, n_prompt] float64 max reconstruction attention
         self.deferred = None  # (key, value, scaling, groups) of a prefill call awaiting the kvzip pass
         self.queries = {}  # pattern key -> list of (query [B, Hq, D], position)
+        self.evidence = {}  # evidence plan key -> [B, H, n_prompt] float64 prompt scores
 
     def all_plans(self, phase=None):
         return [part["plans"][ph] for part in self.parts for ph in ([phase] if phase else ["prefill", "decoding"])]
@@ -229,6 +233,10 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
         if budget is None or name == "full":
             continue
         k = _key(plan)
+        if name == "evidence":  # the prompt's scores at its call; the rule observes under this plan's key
+            if phase == "prefill":
+                L.evidence[k] = prompt_scores(probs_all, L.valid, params, groups)
+            name = params["rule"]
         if name == "h2o":
             acc = L.acc.setdefault(k, torch.zeros(B, Hkv, N, dtype=torch.float64))
             for b in range(B):
@@ -290,6 +298,11 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_e
     """Evict the KV heads ``heads`` (default all) of layer ``L`` to ``plan``'s budget (``n_ev``: the
     group's evictions so far, for seeded draws)."""
     name, params, budget = plan
+    kept_budget, share = budget, None
+    if name == "evidence":  # the rule at the budget less the share, then the share's best prompt tokens
+        share = (params["share"], L.evidence[_key(plan)])
+        name, budget = params["rule"], budget - math.floor(params["share"] * budget)
+        params = DEFAULTS[name]
     B, Hkv = L.kept.shape[:2]
     heads = list(range(Hkv)) if heads is None else list(heads)
     qheads = [h * groups + i for h in heads for i in range(groups)]
@@ -331,6 +344,8 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_e
                 top = max(1.0, float(z.max()))  # appended tokens above every prompt token (KVzip+: not probabilities)
                 score = {j: float(z[b, h, j]) if j < z.shape[-1] else 2 * top + j / (n_seen + 1) for j in cands}
                 protected = set(valid[: min(params["n_sink"], budget)]) | prompt_end(L, b, z.shape[-1], params, budget)
+                prompt = [j for j in valid if j < z.shape[-1]]
+                protected |= top_share(score, prompt, protected, params["evidence"], budget)
             elif name == "expected_attention":
                 sinks = valid[: params["n_sink"]]
                 group = range(h * groups, (h + 1) * groups)
@@ -364,15 +379,20 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_e
                 score = {j: sum(ph[i] for ph in per_head) / groups for i, j in enumerate(cands)}
                 protected = set(valid[len(valid) - min(w, budget) :]) if budget > 0 else set()
 
+            if share is not None:
+                ev = share[1][b, h]
+                prompt = [j for j in valid if j < ev.shape[-1]]
+                protected |= top_share({j: float(ev[j]) for j in prompt}, prompt, protected, share[0], kept_budget)
+
             # protected first, then by score (ties: older first), padding last
             def rank(j):
                 tier = 2 if j in protected else (1 if L.valid[b, j] else 0)
                 return (-tier, -score[j] if tier == 1 else 0.0)
 
             order = sorted(cands, key=rank)  # stable: equal keys keep position order
-            keep = set(order[:budget])
+            keep = set(order[:kept_budget])
             for j in cands:
                 if j not in keep:
                     L.kept[b, h, j] = False
-        if name == "tova":
+        if name == "tova" and share is None:  # the share is each head's own
             assert all(torch.equal(L.kept[b, heads[0]], L.kept[b, hh]) for hh in heads)

@@ -5,7 +5,8 @@ A pool is the layers whose plan in this phase is the same kvzip plan ("model") o
 it holds ``C = sum(H * budget)`` tokens over its ``P`` (layer, KV head) cells. Per row: the sinks (the first
 ``min(n_sink, budget)`` real prompt tokens of every cell, and with a protected boundary its last
 ``min(boundary, budget - n_sink)``) always; the tokens appended since the prompt, ``a`` per cell, all of
-them while ``C - S >= P * a`` (``S``: the sinks), else the newest ``(C - S) // P`` per cell; and the best
+them while ``C - S >= P * a`` (``S``: the sinks, and with ``evidence`` each cell's share of its best prompt
+tokens, as in ``tests/oracle_evidence.py``), else the newest ``(C - S) // P`` per cell; and the best
 remaining prompt tokens of the whole pool, ``C - S - P * a`` of them, best pass score first, ties to the
 lower layer, then the lower head, then the older token.
 
@@ -17,6 +18,8 @@ kept (cap 0: none); the prompt tokens of the pool are ranked by ``score * weight
 """
 
 from __future__ import annotations
+
+from tests.oracle_evidence import top_share
 
 PRIOR = {"weight": 1.0, "floor": 0, "cap": 0}
 
@@ -49,9 +52,13 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
         prompt = [j for j in range(n_prompt) if L.valid[b, j]]
         sinks, first, never = {}, set(), set()
         for M, h, (_, p, budget) in members:
-            protected = set(prompt[: min(p["n_sink"], budget)]) | prompt_end(L, b, n_prompt, p, budget)
             z = M.zip[name + repr(sorted(p.items()))]
-            held = [j for j in prompt if j not in protected and M.kept[b, h, j]]
+            protected = set(prompt[: min(p["n_sink"], budget)]) | prompt_end(L, b, n_prompt, p, budget)
+            held = [j for j in prompt if M.kept[b, h, j]]  # the evidence share: the best held tokens, protected too
+            protected |= top_share(
+                {j: float(z[b, h, j]) for j in held}, held, protected, p.get("evidence", 0.0), budget
+            )
+            held = [j for j in held if j not in protected]
             rest = sorted(held, key=lambda j: (-float(z[b, h, j]), j))
             order = sorted(protected) + rest
             sinks[M.idx, h] = protected

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from polykv_search.patterns.base import LayerView, Pattern
+from polykv_search.patterns.evidence import Evidence
 from polykv_search.patterns.expected_attention import ExpectedAttention
 from polykv_search.patterns.full import Full
 from polykv_search.patterns.h2o import H2O
@@ -39,6 +40,7 @@ PATTERNS: dict[str, type[Pattern]] = {
         KeyDiff,
         ExpectedAttention,
         KVzip,
+        Evidence,
     )
 }
 

@@ -22,6 +22,7 @@ from polykv_search.patterns.base import (
     protected_ends,
     valid_rank,
 )
+from polykv_search.patterns.selection import protect_top_share
 from polykv_search.patterns.state import PatternState, fit_tokens
 
 
@@ -90,6 +91,14 @@ class KVzip(Pattern):
         Each KV head of this layer keeps at most its top ``cap`` prompt tokens in the pool (0: no cap; its protected
         tokens are kept whatever the cap). The pool may then hold fewer than its total. ``floor <= cap`` when both
         are set. kvpress's ``KVzipPress`` has no counterpart of ``weight``, ``floor`` or ``cap``.
+    evidence : float
+        Share of the budget, in [0, 1), that stays with the prompt's best-reconstructed tokens for good (0: none,
+        the default, today's rule). At budget ``b`` a KV head protects, beside its sinks and boundary, its
+        ``min(floor(evidence * b), b - protected)`` highest-scored prompt tokens; the rest of the budget follows
+        the rule below (appended tokens first, newest first), so a long generation no longer pushes every prompt
+        token out. Per head the prefill keeps the same tokens as without it (those tokens are its top ones
+        anyway); in a pool (``allocation`` "layer" / "model") every cell keeps its share ahead of the pool's
+        ranking, in prefill too: a per-head floor. kvpress has no counterpart (its decoding keeps every token).
 
     Notes
     -----
@@ -145,6 +154,7 @@ class KVzip(Pattern):
     weight: float = 1.0
     floor: int = 0
     cap: int = 0
+    evidence: float = 0.0
 
     ALLOCATIONS: ClassVar[tuple[str, ...]] = ("head", "layer", "model")
 
@@ -158,6 +168,8 @@ class KVzip(Pattern):
             raise ValueError(f"allocation must be one of {', '.join(self.ALLOCATIONS)}, got {self.allocation!r}")
         if not isinstance(self.plus, bool):
             raise ValueError(f"plus must be true or false, got {self.plus!r}")
+        if isinstance(self.evidence, bool) or not isinstance(self.evidence, (int, float)) or not 0 <= self.evidence < 1:
+            raise ValueError(f"evidence must be a number in [0, 1), got {self.evidence!r}")
         self._check_prior()
 
     def _check_prior(self) -> None:
@@ -300,18 +312,24 @@ class KVzip(Pattern):
         self, layer: LayerView, state: PatternState, budgets: Sequence[int], rows: Sequence[int] | None = None
     ) -> torch.Tensor:
         """The base key with the prompt's last ``min(boundary, b - n_sink)`` tokens (``b``: each row's budget)
-        protected too; ``state.token["to_end"]`` holds each of the last ``boundary`` prompt tokens' place from
-        the prompt's end (1: the last), gathered with the cache."""
+        protected too, then the ``evidence`` share of the best prompt tokens; ``state.token["to_end"]`` holds each
+        of the last ``boundary`` prompt tokens' place from the prompt's end (1: the last), gathered with the cache."""
         key = super().selection_key(layer, state, budgets, rows)
-        if not self.boundary or "to_end" not in state.token:
-            return key
-        to_end = fit_tokens(state.token["to_end"], layer.length)
-        if rows is not None:
-            to_end = to_end.index_select(0, torch.tensor(list(rows), device=to_end.device))
-        limits = [min(self.boundary, max(0, b - self.n_sink)) for b in budgets]
-        limit = torch.tensor(limits, dtype=to_end.dtype, device=to_end.device)
-        limit = limit.view(-1, 1, 1) if len(limits) > 1 else limit
-        return key.masked_fill((to_end > 0) & (to_end <= limit), POS_INF)
+        sel = None if rows is None else torch.tensor(list(rows), device=key.device)
+
+        def take(name: str) -> torch.Tensor:
+            t = fit_tokens(state.token[name], layer.length)
+            return t if sel is None else t.index_select(0, sel)
+
+        if self.boundary and "to_end" in state.token:
+            to_end = take("to_end")
+            limits = [min(self.boundary, max(0, b - self.n_sink)) for b in budgets]
+            limit = torch.tensor(limits, dtype=to_end.dtype, device=to_end.device)
+            limit = limit.view(-1, 1, 1) if len(limits) > 1 else limit
+            key = key.masked_fill((to_end > 0) & (to_end <= limit), POS_INF)
+        if self.evidence and "kvzip" in state.token:
+            key = protect_top_share(key, take("kvzip"), take("scored") > 0, self.evidence, budgets)
+        return key
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ tie-breaking, so a row keeps the same tokens either way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -130,3 +131,23 @@ def keep_per_head(key: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor
     kept = torch.arange(m, device=key.device) < counts[..., None]
     keep = order.masked_fill(~kept, key.shape[-1]).sort(dim=-1).values  # the padding entries sort last
     return keep.masked_fill(~kept, 0), kept
+
+
+def protect_top_share(
+    key: torch.Tensor, score: torch.Tensor, candidate: torch.Tensor, share: float, budgets: Sequence[int]
+) -> torch.Tensor:
+    """``key`` ``[E, H, n]`` with each row and head's best candidates protected (+inf) as well: the ``candidate``
+    slots (bool, broadcastable) that ``key`` neither protects nor marks as padding, ranked by ``score`` (ties:
+    older first, as :func:`select_keep`); row ``e`` protects ``min(floor(share * budgets[e]), budgets[e] - S)``
+    of them, ``S`` the tokens ``key`` already protects there, so that everything protected fits the budget.
+    ``budgets``: one entry for every row, or one per row (the evidence share of ``kvzip`` and ``evidence``)."""
+    cand = candidate & torch.isfinite(key)
+    per_row = budgets if len(set(budgets)) > 1 else budgets[:1]
+    shape = (-1, 1, 1) if len(per_row) > 1 else (1,)
+    b = torch.tensor(list(per_row), device=key.device).view(shape)
+    wanted = torch.tensor([math.floor(share * x) for x in per_row], device=key.device).view(shape)
+    limit = torch.minimum(wanted, b - (key == POS_INF).sum(-1, keepdim=True)).clamp_(min=0)  # [E, H, 1]
+    ranked = score.float().masked_fill(~cand, NEG_INF)
+    order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(key.shape[-1], device=key.device).expand_as(order))
+    return key.masked_fill(cand & (rank < limit), POS_INF)
