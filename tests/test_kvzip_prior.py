@@ -80,6 +80,24 @@ def test_a_prior_holds_through_the_question_and_decoding_as_the_oracle_does(fami
     assert got == want
 
 
+@pytest.mark.parametrize("allocation", ["model", "layer"])
+def test_an_evidence_share_beside_a_prior_is_protected_first_as_the_oracle_says(allocation):
+    """kvzip's evidence share (each head's best prompt tokens, kept for good) and the pool prior together: the
+    share is protected before the floor and the cap count their tokens, through prefill, the question and decoding."""
+    weight = 2.0 if allocation == "model" else 1.0
+    # one pool: layers that differ only in weight, floor and cap share it (the evidence share is the same)
+    priors = [{"evidence": 0.5, "floor": 6, "weight": weight}, {"evidence": 0.5, "cap": 10}, {"evidence": 0.5}]
+    strategy = prior_strategy([9, 12, 10], priors, allocation)
+    got, want = run_both("llama", strategy, steps=5)
+    assert got == want
+    plain, _ = run_both(
+        "llama",
+        prior_strategy([9, 12, 10], [{k: v for k, v in p.items() if k != "evidence"} for p in priors], allocation),
+        steps=5,
+    )
+    assert got != plain, "the evidence share should bind"
+
+
 def test_the_default_prior_leaves_the_keys_and_the_pool_as_they_were():
     key = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0))
     same, first = steered(key, PoolPrior(), 5)
