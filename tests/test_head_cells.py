@@ -168,7 +168,7 @@ def test_prefill_cells_of_scored_patterns_equal_the_runtime_with_one_head_in_its
     compresses the prompt with the pattern to b and keeps every continuation token (fed in one call)."""
     from polykv_search.patterns import make_pattern
     from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan
-    from polykv_search.runtime.head_groups import HeadGroupPlan
+    from polykv_search.runtime.layouts import HeadGroupPlan
     from signals.head_prefill_measure import sample_prefill_cells_kl
 
     model = tiny_model("llama", layers=3, seed=7)

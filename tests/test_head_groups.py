@@ -13,7 +13,7 @@ import torch
 from polykv_search.patterns import PATTERNS, make_pattern
 from polykv_search.runtime import apply_strategy
 from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan
-from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan
+from polykv_search.runtime.layouts import GroupedLayer, HeadGroupPlan
 from strategies import LayerChoice, Strategy
 from tests.oracle import Oracle
 from tests.test_runtime import batch, close, run_three_steps
@@ -54,8 +54,8 @@ def run_both(model, strategy, groups, *, interval=1, mode="within", steps=5, n=3
 
 def assert_same_kept(cache, oracle):
     for layer in cache.layers:
-        parts = layer.parts if isinstance(layer, HeadGroupLayer) else [layer]
-        heads = [g.heads for g in layer.head_groups] if isinstance(layer, HeadGroupLayer) else [range(2)]
+        parts = layer.parts if isinstance(layer, GroupedLayer) else [layer]
+        heads = [g.heads for g in layer.kernel_groups] if isinstance(layer, GroupedLayer) else [range(2)]
         for part, part_heads in zip(parts, heads):
             for b in range(part.positions.shape[0]):
                 for j, h in enumerate(part_heads):
@@ -157,7 +157,7 @@ def test_beam_search_with_head_groups_equals_the_layer_level_strategy():
             ref = model.generate(ids, **kwargs)
         with apply_strategy(model, strategy, head_groups=groups) as rt:
             got = model.generate(ids, **kwargs)
-            assert isinstance(rt.new_cache().layers[0], HeadGroupLayer)
+            assert isinstance(rt.new_cache().layers[0], GroupedLayer)
     assert torch.equal(got, ref)
 
 

@@ -283,7 +283,7 @@ def test_collect_head_patterns_then_show_and_solve_on_a_tiny_model(tmp_path, cap
 
 
 def test_a_combined_strategy_applies_and_scores_like_the_per_entry_path():
-    """Groups of different scored patterns in one layer (runtime HeadGroupLayer): the strategy the solver
+    """Groups of different scored patterns in one layer (runtime head_group_layer): the strategy the solver
     writes from a multi-pattern table scores the same on the shared engine and the per-entry path."""
     L, H = 3, 2
     big, small = 10.0, 0.01

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from polykv_search.patterns import kvzip as kvzip_mod
-from polykv_search.runtime import apply_strategy, reconstruction
-from polykv_search.runtime import attention as attn
+from polykv_search.runtime import apply_strategy, kernels
 from strategies import Strategy
 from tests.test_runtime import batch
 from tests.tiny import FAMILIES, tiny_model
@@ -33,10 +32,10 @@ def test_the_pass_kernel_is_sdpa_bit_for_bit_and_its_lse_the_logits(groups, kind
     query = torch.randn(b, h * groups, q, d, generator=gen)
     key, value = torch.randn(b, h, n, d, generator=gen), torch.randn(b, h, n, d, generator=gen)
     mask = _masks(b, h, q, n, gen)[kind]
-    got = reconstruction.flash_with_lse(query, key, value, mask, 0.25)
+    got = kernels.flash_with_lse(query, key, value, mask, 0.25)
     assert got is not None  # CPU, float32: SDPA's flash kernel
     out, lse = got
-    assert torch.equal(out, attn.kernel("sdpa", query, key, value, mask, 0.25))
+    assert torch.equal(out, kernels.kernel("sdpa", query, key, value, mask, 0.25))
     logits = query.view(b, h, groups, q, d) @ key[:, :, None].transpose(-1, -2) * 0.25
     logits = logits.masked_fill(~mask[:, :, None], float("-inf")).view(b, h * groups, q, n)
     torch.testing.assert_close(lse, torch.logsumexp(logits, dim=-1), rtol=1e-5, atol=1e-5)
@@ -45,8 +44,8 @@ def test_the_pass_kernel_is_sdpa_bit_for_bit_and_its_lse_the_logits(groups, kind
 def test_the_pass_kernel_steps_aside_where_sdpa_would_not_run_it():
     query, key = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8)
     mask = torch.ones(1, 1, 4, 6, dtype=torch.bool)
-    assert reconstruction.flash_with_lse(query, key, key, None, 1.0) is None  # no mask: not a pass call
-    assert reconstruction.flash_with_lse(query, key, key, mask.float(), 1.0) is None  # not a bool mask
+    assert kernels.flash_with_lse(query, key, key, None, 1.0) is None  # no mask: not a pass call
+    assert kernels.flash_with_lse(query, key, key, mask.float(), 1.0) is None  # not a bool mask
 
 
 def _run(model, strategy, ids, mask, *, fast: bool, monkeypatch):
@@ -60,7 +59,7 @@ def _run(model, strategy, ids, mask, *, fast: bool, monkeypatch):
 
         monkeypatch.setattr(kvzip_mod.KVzip, f"_from_{name}", spy)
     if not fast:
-        monkeypatch.setattr(reconstruction, "flash_with_lse", lambda *args: None)
+        monkeypatch.setattr(kernels, "flash_with_lse", lambda *args: None)
     with torch.no_grad(), apply_strategy(model, strategy) as rt:
         out = model(ids, attention_mask=mask, use_cache=True)
         assert "kernel" not in vars(rt)  # the pass put the runtime's own kernel back

@@ -9,8 +9,8 @@ import torch
 from polykv_search.patterns import make_pattern
 from polykv_search.patterns.selection import keep_per_head, select_keep
 from polykv_search.runtime import apply_strategy, strategy_plans
-from polykv_search.runtime.head_groups import HeadGroupLayer, HeadGroupPlan
 from polykv_search.runtime.layer import EvictingLayer, PhasePlan
+from polykv_search.runtime.layouts import HeadGroupPlan, head_group_layer
 from polykv_search.runtime.report import layer_report
 from polykv_search.scoring import Entry, per_entry
 from polykv_search.scoring.shared import SharedScorer
@@ -32,12 +32,8 @@ def pooled(L: int, budgets, allocation: str, decoding=None) -> Strategy:
 def cells(cache):
     """Per layer, ``(its store, the model's KV heads it holds)``: a pooled layer is one group per KV head."""
     for layer in cache.layers:
-        groups = getattr(layer, "head_groups", None)
-        if groups is None:
-            yield layer.layer_idx, layer, list(range(layer.positions.shape[1]))
-        else:
-            for part, g in zip(layer.parts, groups):
-                yield layer.layer_idx, part, list(g.heads)
+        for store, heads in layer.cells():
+            yield layer.layer_idx, store, list(range(store.positions.shape[1]) if heads is None else heads)
 
 
 def held(cache):
@@ -199,7 +195,7 @@ def test_pooled_allocations_refuse_decode_intervals_and_head_groups_in_one_line(
     with apply_strategy(model, Strategy.full(2)) as rt:
         kw = rt.layer_kwargs(0)
     with pytest.raises(ValueError, match="pooled allocation") as err:
-        HeadGroupLayer(0, groups, **kw)
+        head_group_layer(0, groups, **kw)
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="allocation must be one of head, layer, model, got 'global'"):
         make_pattern("kvzip", allocation="global")

@@ -15,7 +15,7 @@ import torch
 from polykv_search import scoring
 from polykv_search.patterns import PATTERNS, LayerView, Pattern, PatternState, make_pattern, parse_spec
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan, apply_strategy, strategy_plans
-from polykv_search.runtime.head_groups import HeadGroupPlan
+from polykv_search.runtime.layouts import HeadGroupPlan
 from polykv_search.scoring.shared import SharedScorer
 from signals.collect import collect_signals
 from strategies import Strategy

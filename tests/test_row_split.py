@@ -1,4 +1,4 @@
-"""A decoding batch cut into two parts, each padded to its own longest row (RowSplitLayer), keeps every
+"""A decoding batch cut into two parts, each padded to its own longest row (row_parts), keeps every
 row's tokens, predictions and logits exactly as the per-entry path does; the cut and the batch plan
 follow the padded-slot cost. Inside a part, each decoding pattern group's rows are consecutive."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from polykv_search.patterns import make_pattern
-from polykv_search.runtime import FULL_PLAN, PhasePlan, RowSplitLayer
-from polykv_search.runtime import row_split as row_split_module
+from polykv_search.runtime import FULL_PLAN, GroupedLayer, PhasePlan
+from polykv_search.runtime import layouts as layouts_module
+from polykv_search.runtime.layouts import best_split, layer_slots, row_parts
 from polykv_search.runtime.row_batch import RowBatchLayer
-from polykv_search.runtime.row_split import best_split, layer_slots, row_parts
 from polykv_search.scoring.shared import plan_groups
 from tests.test_eval_support import char_tokenizer
 from tests.test_row_batch import KW, prefilled
@@ -21,15 +21,16 @@ from tests.tiny import FAMILIES, tiny_model
 
 @pytest.fixture
 def built(monkeypatch) -> list:
-    """Every RowSplitLayer the engine builds during the test."""
+    """Every layer of row groups (row_parts' GroupedLayer) the engine builds during the test."""
     layers = []
 
-    class Spy(RowSplitLayer):
+    class Spy(GroupedLayer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            layers.append(self)
+            if self.kernel_groups[0].rows is not None:
+                layers.append(self)
 
-    monkeypatch.setattr(row_split_module, "RowSplitLayer", Spy)
+    monkeypatch.setattr(layouts_module, "GroupedLayer", Spy)
     return layers
 
 
@@ -69,7 +70,6 @@ def test_split_batches_with_decode_interval_and_eos_equal_the_per_entry_path():
 
 @pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
 def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_path(kind, built):
-    from polykv_search.runtime.head_groups import HeadGroupLayer
     from tests.test_scoring_head_groups import head_entries
     from tests.test_scoring_head_groups import run_both as run_both_heads
 
@@ -78,7 +78,7 @@ def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_pa
     job = forced if kind == "teacher_forced" else gen
     reference, shared = run_both_heads(model, head_entries(), job)
     # head-group rows share the batch (one forward) with the layer-level rows, each split layer a part
-    assert any(any(isinstance(p, HeadGroupLayer) for p in layer.parts) and len(layer.parts) > 1 for layer in built)
+    assert any(any(isinstance(p, GroupedLayer) for p in layer.parts) and len(layer.parts) > 1 for layer in built)
     assert_same(reference, shared, job)
 
 

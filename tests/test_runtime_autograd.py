@@ -9,7 +9,7 @@ import torch
 from polykv_search.patterns import PATTERNS, make_pattern
 from polykv_search.runtime import apply_strategy
 from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan
-from polykv_search.runtime.head_groups import HeadGroupPlan
+from polykv_search.runtime.layouts import HeadGroupPlan
 from strategies import Strategy
 from tests.tiny import tiny_model
 

@@ -4,9 +4,9 @@ from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan, eviction_target
 from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.layouts import GroupedLayer, HeadGroupPlan, KernelGroup
 from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
 from polykv_search.runtime.row_batch import RowBatchLayer
-from polykv_search.runtime.row_split import RowSplitLayer
 from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy, strategy_plans
 from polykv_search.runtime.stacked import FanoutLayer, StackedLayer
 
@@ -16,12 +16,14 @@ __all__ = [
     "EvictingLayer",
     "FULL_PLAN",
     "FanoutLayer",
+    "GroupedLayer",
+    "HeadGroupPlan",
+    "KernelGroup",
     "LayerReport",
     "PhasePlan",
     "PolyKVCache",
     "PolyKVRuntime",
     "RowBatchLayer",
-    "RowSplitLayer",
     "RuntimeLayer",
     "StackedLayer",
     "UnsupportedModelError",

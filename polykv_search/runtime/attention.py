@@ -8,15 +8,17 @@ the kernel the model was loaded with (SDPA or eager).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from polykv_search.runtime import kernels
+from polykv_search.runtime.base_layer import RuntimeLayer
+
 if TYPE_CHECKING:  # pragma: no cover
-    from polykv_search.runtime.base_layer import RuntimeLayer
     from polykv_search.runtime.runtime import PolyKVRuntime
 
 ATTN_NAME = "polykv"
@@ -53,7 +55,7 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     runtime, layer = kwargs.get(LAYER_KEY) or (kwargs.get(PLAIN_KEY), None)
     if layer is None and runtime is not None:  # no cache at all (use_cache=False): plain causal attention
         mask = _stateless_mask(query.shape[-2], key.shape[-2], padding, sliding, query.device)
-        return runtime.kernel(query, key, value, mask, scaling, is_causal=mask is None)[0], None
+        return kernels.run(runtime.kernel_impl, query, key, value, mask, scaling, is_causal=mask is None)[0], None
     if layer is None or not runtime.active:
         raise RuntimeError(
             f"polykv-search: layer {module.layer_idx}'s attention ran with attention implementation 'polykv', but "
@@ -68,71 +70,10 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             "(the model changed them after cache.update); refusing to attend over a cache it does not hold"
         )
 
-    def attend(layer, query, inputs):
-        q_len = query.shape[-2]
-
-        def kernel():
-            mask, is_causal = _layer_mask(layer, q_len)
-            lse = layer.pass_prompt is not None  # a reconstruction call: the patterns read the log-sum-exp
-            return runtime.kernel(query, layer.keys, layer.values, mask, scaling, is_causal=is_causal, lse=lse)
-
-        return layer.attention_call(query, _align_padding(padding, layer.seen, q_len), kernel, inputs=inputs)
-
-    # one kernel per store (a layer of groups: several)
+    run = partial(kernels.run, runtime.kernel_impl, masks=runtime.pass_masks)
+    attend = partial(RuntimeLayer.attend, kernel=run, scaling=scaling, padding=padding)
+    # one kernel per store (a layer of kernel groups: one per group)
     return layer.attention_call_grouped(query, attend, kwargs.get(PASS_KEY)), None
-
-
-def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):
-    """Exact attention; ``mask`` is bool ``[B, Hkv or 1, q, n]`` (True = attend) or None."""
-    groups = query.shape[1] // key.shape[1]
-    if impl == "sdpa":
-        if groups > 1 and mask is not None and mask.shape[1] > 1:
-            return _grouped_sdpa(query, key, value, mask, scaling, groups)
-        # Without a per-head mask, SDPA's native GQA avoids copying K/V per query head.
-        out = F.scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=mask,
-            is_causal=is_causal and mask is None,
-            scale=scaling,
-            enable_gqa=groups > 1,
-        )
-        return out.transpose(1, 2).contiguous()
-    if mask is not None and groups > 1 and mask.shape[1] > 1:
-        mask = mask.repeat_interleave(groups, dim=1)
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if mask is None and is_causal:
-        mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
-    if mask is not None:
-        weights = weights.masked_fill(~mask, torch.finfo(weights.dtype).min)
-    weights = weights.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous()
-
-
-def _grouped_sdpa(query, key, value, mask, scaling, groups: int) -> torch.Tensor:
-    """SDPA with a per-KV-head mask without copying K/V per query head: the query heads of each KV
-    head are folded into its query axis (``[B, Hkv, g*q, D]``) and the mask is repeated over them."""
-    b, hq, q, d = query.shape
-    h, n = key.shape[1], key.shape[-2]
-    folded = query.reshape(b, h, groups * q, d)
-    mask = mask[:, :, None].expand(b, h, groups, q, n).reshape(b, h, groups * q, n)
-    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(b, hq, q, d).transpose(1, 2).contiguous()
-
-
-def _layer_mask(layer, q_len: int) -> tuple[torch.Tensor | None, bool]:
-    """The layer's mask, or ``None`` (+ causal flag) when a plain kernel call is exact."""
-    n = layer.length
-    window_ok = layer.sliding_window is None or layer.seen <= layer.sliding_window
-    if window_ok and layer.all_valid:
-        if q_len == 1:
-            return None, False  # every kept key is in the past
-        if n == q_len and layer.num_evictions == 0:
-            return None, True  # a fresh prompt: plain causal
-    return layer.allowed(layer.query_range), False
 
 
 def _stateless_mask(q_len, kv_len, padding, sliding, device) -> torch.Tensor | None:
@@ -147,19 +88,6 @@ def _stateless_mask(q_len, kv_len, padding, sliding, device) -> torch.Tensor | N
     if padding is not None:
         allowed = allowed & padding[:, None, None, -kv_len:].bool()
     return allowed | (kpos == qpos)[None, None]
-
-
-def _align_padding(padding: torch.Tensor | None, seen: int, q_len: int) -> torch.Tensor | None:
-    """Return a padding mask indexed by sequence position, accepting full-length or call-length masks."""
-    if padding is None:
-        return None
-    if padding.shape[-1] == seen:
-        return padding
-    if padding.shape[-1] == q_len:
-        return F.pad(padding, (seen - q_len, 0), value=True)
-    raise ValueError(
-        f"attention_mask has length {padding.shape[-1]}, expected {seen} (all tokens so far) or {q_len} (this call)"
-    )
 
 
 def register() -> None:

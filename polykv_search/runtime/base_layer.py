@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.patterns.base import PassInputs
-from polykv_search.runtime.eviction import INTERVAL_MODES
+from polykv_search.runtime.eviction import DECODING, INTERVAL_MODES, PREFILL
 from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore
 from polykv_search.runtime.view import ViewOps
@@ -149,6 +150,21 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
             "an evicting cache cannot be cropped (assisted/speculative decoding is not supported)"
         )
 
+    # Batch moves (beam search, contrastive search, ``Cache.batch_select_indices``): the store, positions,
+    # validity and pattern states move together (the mixin's default would only reassign ``keys``/``values``).
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices])
+
+    def _map_batch(self, fn) -> None:
+        """Apply ``fn`` to every tensor of this layer that has one entry per batch row."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} cannot move its batch rows")
+
     # ------------------------------------------------------------ runtime side
     @property
     def length(self) -> int:
@@ -185,10 +201,16 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         decoded alone, is detached again (it no longer hands itself to attention calls)."""
         self._on_update = None
 
+    # The reconstruction pass and pooled allocations reach a layer's *cells*: the evicting layers it is made of.
+    def cells(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
+        """This layer's cells, each with the KV heads of this layer it holds (None: all of them): itself, its
+        head groups' layers, or none (a decoding batch of rows, which no pass or pool reaches)."""
+        return []
+
     def entries(self) -> list[list[EvictingLayer]]:
         """Per entry (a cache's own layers: one; the scorer's shared context layers: one per row), the
         evicting layers whose KV heads a pooled allocation ranks (:func:`~polykv_search.runtime.pooled.allocate`)."""
-        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
+        return [[cell for cell, _ in self.cells()]]
 
     def layer_report(self) -> LayerReport:
         """What this layer holds now (:func:`~polykv_search.runtime.report.layer_report`)."""
@@ -206,28 +228,61 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
 
     def awaits_pass(self) -> bool:
-        """True while a prefill eviction waits for a reconstruction pass (see ``EvictingLayer``)."""
-        return False
+        """True while a cell's prefill eviction waits for a reconstruction pass (see ``EvictingLayer``)."""
+        return any(cell.deferred for cell, _ in self.cells())
 
     def pass_plans(self) -> list:
-        """The ``(prefill, decoding)`` plans a reconstruction pass of this layer serves (the deferred ones)."""
-        return []
+        """The ``(prefill, decoding)`` plans a reconstruction pass of this layer serves (the deferred cells')."""
+        return [(cell.plans[PREFILL], cell.plans[DECODING]) for cell, _ in self.cells() if cell.deferred]
 
     def begin_pass(self, prompt_len: int) -> None:
         """Enter a reconstruction pass over the ``prompt_len`` cached prompt tokens."""
-        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
+        cells = self.cells()
+        if not cells:
+            raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
+        for cell, _ in cells:
+            cell.begin_pass(prompt_len)
 
     def end_pass(self) -> None:
         """Leave the reconstruction pass."""
+        for cell, _ in self.cells():
+            cell.end_pass()
 
     def finish_deferred(self) -> None:
         """Run the prefill eviction a deferred prefill call skipped (after the reconstruction pass)."""
+        for cell, _ in self.cells():
+            cell.finish_deferred()
 
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None) -> None:
         raise NotImplementedError
 
     def end_call(self) -> None:
         raise NotImplementedError
+
+    def attend(self, query: torch.Tensor, inputs: PassInputs | None, *, kernel, scaling: float, padding):
+        """One attention call over this layer's store (:meth:`attention_call`) whose kernel is
+        ``kernel(query, keys, values, mask, scaling, is_causal=, lse=)`` (the model's,
+        :func:`~polykv_search.runtime.kernels.run`) with this layer's own mask; ``padding``: the model's 2-D padding
+        mask (None: none). The attention function hands it, bound to ``kernel``, ``scaling`` and ``padding``, to
+        :meth:`attention_call_grouped`."""
+        q_len = query.shape[-2]
+
+        def run():
+            mask, is_causal = self.kernel_mask(q_len)
+            lse = self.pass_prompt is not None  # a reconstruction call: the patterns read the log-sum-exp
+            return kernel(query, self.keys, self.values, mask, scaling, is_causal=is_causal, lse=lse)
+
+        return self.attention_call(query, _align_padding(padding, self.seen, q_len), run, inputs=inputs)
+
+    def kernel_mask(self, q_len: int) -> tuple[torch.Tensor | None, bool]:
+        """This call's mask, or ``None`` (+ causal flag) when a plain kernel call is exact."""
+        window_ok = self.sliding_window is None or self.seen <= self.sliding_window
+        if window_ok and self.all_valid:
+            if q_len == 1:
+                return None, False  # every kept key is in the past
+            if self.length == q_len and self.num_evictions == 0:
+                return None, True  # a fresh prompt: plain causal
+        return self.allowed(self.query_range), False
 
     def attention_call(
         self,
@@ -286,3 +341,16 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         if self.keys is None:
             return 0
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+def _align_padding(padding: torch.Tensor | None, seen: int, q_len: int) -> torch.Tensor | None:
+    """Return a padding mask indexed by sequence position, accepting full-length or call-length masks."""
+    if padding is None:
+        return None
+    if padding.shape[-1] == seen:
+        return padding
+    if padding.shape[-1] == q_len:
+        return F.pad(padding, (seen - q_len, 0), value=True)
+    raise ValueError(
+        f"attention_mask has length {padding.shape[-1]}, expected {seen} (all tokens so far) or {q_len} (this call)"
+    )

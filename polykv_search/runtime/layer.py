@@ -113,8 +113,8 @@ class EvictingLayer(RuntimeLayer):
         self.peak_length = peak_length
         self.states = states
 
-    def entries(self) -> list[list[EvictingLayer]]:
-        return [[self]]
+    def cells(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
+        return [(self, None)]
 
     def layer_report(self) -> LayerReport:
         return report_of(self, self.plans)
@@ -137,15 +137,6 @@ class EvictingLayer(RuntimeLayer):
         self._thaw_tensors()
         for state in self.states.values():
             state.thaw()
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map_batch(lambda t: t[indices])
 
     def _map_batch(self, fn) -> None:
         if not self.is_initialized:
@@ -226,14 +217,6 @@ class EvictingLayer(RuntimeLayer):
             self.deferred = True
             return
         self._evict_for(phase)
-
-    def awaits_pass(self) -> bool:
-        """True while the prefill eviction waits for a reconstruction pass."""
-        return self.deferred
-
-    def pass_plans(self) -> list[tuple[PhasePlan, PhasePlan]]:
-        """The plans a reconstruction pass of this layer serves (the deferred ones)."""
-        return [(self.plans[PREFILL], self.plans[DECODING])] if self.deferred else []
 
     def finish_deferred(self) -> None:
         """Run the prefill eviction a deferred prefill call skipped (after the reconstruction pass)."""

@@ -31,7 +31,7 @@ without the others. Unlike kvpress, which keeps the question and answer on top o
 total holds ``C`` through the question call and decoding.
 
 Memory: the runtime builds a pooled layer as one head group per KV head
-(:func:`~polykv_search.runtime.head_groups.per_head_groups`), each a store of its own length, so the KV bytes
+(:func:`~polykv_search.runtime.layouts.per_head_groups`), each a store of its own length, so the KV bytes
 are those of the tokens held. A store of several KV heads (a layer built directly) pads its shorter heads with
 invalid slots, and the report's ``kept`` counts real tokens. Limits: ``decode_interval = 1`` only, and no
 pooled plan in a head group of several KV heads (:func:`check_plans`).

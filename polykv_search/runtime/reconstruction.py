@@ -14,8 +14,9 @@ Then every deferred layer evicts as its prefill plan says. Positions and ``seen`
 without the pass, so ``generate()`` continues unchanged. Cost: one more forward over the prompt (plus the
 repeat prompts), whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
 attention), plus kvzip's scores: one product of the pass's queries with the prompt's keys per call,
-normalised by the log-sum-exp the kernel itself computed (:func:`flash_with_lse`, CPU SDPA), which the
-layer hands to ``reconstruct`` as its ``lse`` argument, instead of a second softmax over the whole cache.
+normalised by the log-sum-exp the kernel itself computed (CPU SDPA's flash kernel,
+:func:`~polykv_search.runtime.kernels.flash_with_lse`), which the layer hands to ``reconstruct`` as its ``lse``
+argument, instead of a second softmax over the whole cache.
 Pooled allocations (``kvzip``'s ``allocation``) are formed between the pass and the deferred evictions
 (:mod:`polykv_search.runtime.pooled`).
 
@@ -30,7 +31,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention import SDPBackend
 
 from polykv_search.runtime.architectures import attention_modules, attention_pass_inputs
 from polykv_search.runtime.attention import PASS_KEY
@@ -154,36 +154,3 @@ def run_pass(model, cache, inputs: ReconstructionInputs, prompt_ids: torch.Tenso
     for layer in layers:  # in the caller's grad mode: a store made without it could not take later tokens
         layer.finish_deferred()
     allocate(entries, DECODING)
-
-
-def flash_with_lse(
-    query, key, value, mask, scaling, masks: dict | None = None
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``polykv_search.runtime.attention.kernel("sdpa", ...)`` of a masked call (bool ``mask``
-    ``[B, Hkv or 1, q, n]``), output ``[B, q, Hq, D]``, and its log-sum-exp ``[B, Hq, q]``, from the CPU
-    flash kernel SDPA itself runs; None where SDPA would run another kernel. ``masks``: a dict that
-    remembers the last mask and its additive form (SDPA's conversion of a bool mask) for the next call (every
-    layer of a pass call has the same mask)."""
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if op is None or mask is None or mask.dtype != torch.bool or query.device.type != "cpu":
-        return None
-    b, hq, q, d = query.shape
-    h, n = key.shape[1], key.shape[-2]
-    groups = hq // h
-    if groups > 1 and mask.shape[1] > 1:  # as attention._grouped_sdpa: query heads folded per KV head
-        query = query.reshape(b, h, groups * q, d)
-        mask = mask[:, :, None].expand(b, h, groups, q, n).reshape(b, h, groups * q, n)
-        gqa = False
-    else:
-        gqa = groups > 1
-    choice = torch._fused_sdp_choice(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
-    if choice != SDPBackend.FLASH_ATTENTION.value:
-        return None
-    masks = {} if masks is None else masks
-    last = masks.get("last")  # (bool mask, its additive form): one entry, replaced whole (threads share it)
-    if last is None or last[0].shape != mask.shape or last[1].dtype != query.dtype or not torch.equal(last[0], mask):
-        additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
-        last = masks["last"] = (mask, additive)
-    additive = last[1]
-    out, lse = op(query, key, value, 0.0, False, attn_mask=additive, scale=scaling)
-    return out.reshape(b, hq, q, -1).transpose(1, 2).contiguous(), lse.reshape(b, hq, q)

@@ -22,11 +22,10 @@ from transformers.cache_utils import Cache, DynamicCache
 
 from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
-from polykv_search.runtime import reconstruction
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import FULL_PLAN, INTERVAL_MODES, PhasePlan
-from polykv_search.runtime.head_groups import HeadGroupPlan, cache_layer, choice_head_groups
+from polykv_search.runtime.layouts import HeadGroupPlan, cache_layer, choice_head_groups
 from polykv_search.runtime.pooled import check_plans
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
 from polykv_search.runtime.report import CacheReport, cache_report
@@ -143,8 +142,8 @@ class PolyKVRuntime:
         #: True inside the ``with`` block: only then may attention run through this runtime's layers.
         self.active = False
         self._hooks: list = []
-        #: the last mask a reconstruction call converted (:func:`~polykv_search.runtime.reconstruction.flash_with_lse`)
-        self._pass_masks: dict = {}
+        #: the last mask a reconstruction call converted (:func:`~polykv_search.runtime.kernels.flash_with_lse`)
+        self.pass_masks: dict = {}
 
     # ---------------------------------------------------------------- lifetime
     def __enter__(self) -> PolyKVRuntime:
@@ -252,24 +251,12 @@ class PolyKVRuntime:
         try:
             run_pass(self.model, cache, self.pass_inputs(), cache.prompt_ids, cache.prompt_mask, chunk_size(plans))
         finally:
-            self._pass_masks.clear()
+            self.pass_masks.clear()
 
     def _publish(self, layer: RuntimeLayer, call: dict | None) -> None:
         """A cache layer's ``on_update``: hand it to the attention call that follows, through the ``kwargs``
         dict the model gives both ``cache.update`` and the attention function (:func:`attention.publish`)."""
         attn.publish(call, self, layer)
-
-    def kernel(
-        self, query, key, value, mask, scaling, *, is_causal: bool = False, lse: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The model's attention kernel: output ``[B, q, Hq, D]`` and, when ``lse`` asks for it and the
-        kernel computes one (SDPA's CPU flash kernel on a masked call,
-        :func:`~polykv_search.runtime.reconstruction.flash_with_lse`), its log-sum-exp ``[B, Hq, q]``, else None."""
-        if lse and self.kernel_impl == "sdpa" and not is_causal:
-            got = reconstruction.flash_with_lse(query, key, value, mask, scaling, self._pass_masks)
-            if got is not None:
-                return got
-        return attn.kernel(self.kernel_impl, query, key, value, mask, scaling, is_causal=is_causal), None
 
     # ----------------------------------------------------------------- report
     def report(self, cache: PolyKVCache | None = None) -> CacheReport:
@@ -321,7 +308,7 @@ def apply_strategy(
 ) -> Iterator[PolyKVRuntime]:
     """Apply ``strategy`` to ``model`` inside a ``with`` block; the model is restored on exit.
 
-    ``head_groups``: layers split into head groups (:class:`~polykv_search.runtime.head_groups.HeadGroupPlan`),
+    ``head_groups``: layers split into head groups (:class:`~polykv_search.runtime.layouts.HeadGroupPlan`),
     besides those the strategy's own choices split."""
     with PolyKVRuntime(
         model,

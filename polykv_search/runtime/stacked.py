@@ -17,10 +17,10 @@ import torch
 from polykv_search.patterns.base import PassInputs
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.head_groups import HeadGroupLayer
+from polykv_search.runtime.kernels import small_ops
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
+from polykv_search.runtime.layouts import query_heads
 from polykv_search.runtime.storage import TokenStore
-from polykv_search.runtime.threads import small_ops
 
 
 class _RowDispatch:
@@ -172,7 +172,7 @@ class FanoutLayer(EvictingLayer):
     feeds those rows' model-level patterns; the other rows are not touched by it.
     """
 
-    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer | HeadGroupLayer], **kwargs):
+    def __init__(self, layer_idx: int, rows: Sequence[RuntimeLayer], **kwargs):
         super().__init__(layer_idx, FULL_PLAN, FULL_PLAN, **kwargs)
         self.rows = list(rows)
         self.pattern_groups: dict = {}
@@ -194,12 +194,7 @@ class FanoutLayer(EvictingLayer):
             for row in self.rows:
                 if not row.awaits_pass():
                     continue
-                cells: list[tuple[EvictingLayer, tuple[int, ...] | None]]
-                if isinstance(row, HeadGroupLayer):
-                    cells = [(p, g.heads) for p, g in zip(row.parts, row.head_groups)]
-                else:
-                    cells = [(row, None)]
-                for layer, kv_heads in cells:
+                for layer, kv_heads in row.cells():
                     for pattern, state in layer.model_level_states():
                         self.pattern_groups.setdefault((pattern, kv_heads), []).append((layer, state))
             return
@@ -208,16 +203,13 @@ class FanoutLayer(EvictingLayer):
             for pattern, state in layer.observers():
                 self.pattern_groups.setdefault((pattern, heads), []).append((layer, state))
 
+    def cells(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
+        """The rows' cells (this layer's own FullKV store is none: the pass reaches it directly)."""
+        return [cell for row in self.rows for cell in row.cells()]
+
     def _members(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
-        """Every row's layer, a row split into head groups (``parts``) as one layer per group with its
-        query heads."""
-        out: list[tuple[EvictingLayer, tuple[int, ...] | None]] = []
-        for row in self.rows:
-            if isinstance(row, HeadGroupLayer):
-                out += [(part, tuple(idx.tolist())) for part, idx in zip(row.parts, row.query_heads)]
-            else:
-                out.append((row, None))
-        return out
+        """Every row's cells (a row split into head groups: one per group) with their query heads."""
+        return [(cell, None if kv is None else tuple(query_heads(kv, self.groups))) for cell, kv in self.cells()]
 
     def observers(self):
         if not self.pattern_groups or self.pass_prompt is not None:
@@ -246,7 +238,7 @@ class FanoutLayer(EvictingLayer):
                 for layer, _ in self._members():
                     layer.end_call()
                 for row in self.rows:
-                    if isinstance(row, HeadGroupLayer):
+                    if row.cells()[0][0] is not row:  # a row of head groups counts its own calls
                         row.calls += 1
         self.pattern_groups = {}
         super().end_call()
@@ -260,15 +252,9 @@ class FanoutLayer(EvictingLayer):
         super().end_pass()
         self._pass_states = {}
 
-    def awaits_pass(self) -> bool:
-        return any(row.awaits_pass() for row in self.rows)
-
     def entries(self) -> list[list[EvictingLayer]]:
         return [entry for row in self.rows for entry in row.entries()]
 
-    def pass_plans(self) -> list:
-        return [pair for row in self.rows for pair in row.pass_plans()]
-
     def finish_deferred(self) -> None:
-        for row in self.rows:
-            row.finish_deferred()
+        for cell, _ in self.cells():
+            cell.finish_deferred()

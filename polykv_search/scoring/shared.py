@@ -8,7 +8,7 @@ The question call and greedy decoding (or the teacher-forced continuation) of th
 one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtime.RowBatchLayer`: rows
 hold different per-layer lengths in one padded store, and the rows that share a decoding pattern score
 and evict together, each to its own budget. A layer may hold the batch in parts sharing the forward
-(:class:`~polykv_search.runtime.RowSplitLayer`): a long row (FullKV) in a row batch of its own length,
+(:func:`~polykv_search.runtime.layouts.row_parts`): a long row (FullKV) in a row batch of its own length,
 a row's head groups in their own stores. Rows that emit EOS leave the batch. Every row keeps exactly
 the tokens the per-entry path keeps.
 """
@@ -31,9 +31,8 @@ from polykv_search.runtime import (
     PolyKVCache,
     cache_report,
 )
-from polykv_search.runtime.head_groups import HeadGroupPlan, cache_layer
+from polykv_search.runtime.layouts import SPLIT_MIN_SAVING, HeadGroupPlan, cache_layer, layer_slots, row_parts
 from polykv_search.runtime.reconstruction import needs_pass
-from polykv_search.runtime.row_split import SPLIT_MIN_SAVING, layer_slots, row_parts
 from polykv_search.scoring.job import SampleJob, SampleOutcome
 
 Plans = Sequence[tuple[PhasePlan, PhasePlan]]
@@ -46,9 +45,9 @@ def plan_groups(
 
     ``lengths[r][l]``: tokens row r holds in layer l. A batch costs ``fixed_cost`` (reading the
     weights, in token-layer units) plus, for every layer, the slots its kernel attends over: rows are
-    right-padded to the longest, or (``split``: a :func:`~polykv_search.runtime.row_split.best_split`
+    right-padded to the longest, or (``split``: a :func:`~polykv_search.runtime.layouts.best_split`
     minimum saving; None: never) cut into two parts padded to their own longest
-    (:class:`~polykv_search.runtime.RowSplitLayer`). Rows are taken from the shortest; a row joins the
+    (:func:`~polykv_search.runtime.layouts.row_parts`). Rows are taken from the shortest; a row joins the
     current batch when that is no dearer than a batch of its own, and while the batch has fewer than
     ``max_rows``.
     """
@@ -85,12 +84,12 @@ class SharedScorer:
     split
         A decoding batch's rows may be cut in two parts, each padded to its own longest row (e.g. a
         FullKV row beside short ones), when that saves at least this many padded slots in a layer
-        (:func:`~polykv_search.runtime.row_split.best_split`); None: one padded store per batch.
+        (:func:`~polykv_search.runtime.layouts.best_split`); None: one padded store per batch.
     head_groups
         Per entry, its layers split into head groups (:func:`~polykv_search.runtime.runtime.strategy_head_groups`;
         none by default). Such an entry shares the context call (each group of a row observes with its own
         query heads) and then decodes in the batch, each split layer a part of its own (its groups keep
-        their own stores; :func:`~polykv_search.runtime.row_split.row_parts`).
+        their own stores; :func:`~polykv_search.runtime.layouts.row_parts`).
     """
 
     def __init__(
@@ -133,7 +132,7 @@ class SharedScorer:
 
     def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:
         """One decoding batch's cache: per layer, the rows' layers as one row batch, or as parts
-        (:func:`~polykv_search.runtime.row_split.row_parts`: a long row's part, a row's head groups)."""
+        (:func:`~polykv_search.runtime.layouts.row_parts`: a long row's part, a row's head groups)."""
         return PolyKVCache(
             [
                 row_parts(l, [r[l] for r in rows], self.split, **self.runtime.layer_kwargs(l))

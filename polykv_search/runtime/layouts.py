@@ -1,0 +1,352 @@
+"""Layouts: the functions that arrange one layer's cache as *kernel groups*, and the layer made of them.
+
+A kernel group (:class:`KernelGroup`) is a layer of its own store and attention kernel (an
+:class:`~polykv_search.runtime.layer.EvictingLayer`, a :class:`~polykv_search.runtime.row_batch.RowBatchLayer`,
+or itself a :class:`GroupedLayer`) plus the batch rows and KV heads of the layer it serves. A
+:class:`GroupedLayer` is a layer made of several: ``update`` hands each group its rows and heads of the new
+keys/values, an attention call runs each group's own call on its rows and query heads (GQA), and the outputs
+go back in batch-row and head order. Nothing is masked or padded across groups, so the KV bytes reported are
+what the groups hold. Each layout is one function:
+
+- :func:`cache_layer`: a strategy's layer: one group (a plain ``EvictingLayer``) or :func:`head_group_layer`;
+- :func:`head_group_layer`: k head groups (e.g. retrieval heads that keep everything beside heads that keep
+  sinks + recent tokens, DuoAttention's layout), each a dense ``[B, h_g, n_g, D]`` store with its own plans;
+  a pooled allocation gets one group per KV head (:func:`per_head_groups`);
+- :func:`row_parts`: a decoding batch's rows in row batches of their own order and length (a FullKV row of
+  2,048 tokens beside rows of 64 need not pad them all to 2,048), a row of head groups a group of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from polykv_search.patterns import make_pattern
+from polykv_search.patterns.base import PassInputs
+from polykv_search.runtime.base_layer import RuntimeLayer
+from polykv_search.runtime.eviction import PhasePlan
+from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.pooled import check_groups
+from polykv_search.runtime.report import LayerReport, layer_report
+from polykv_search.runtime.row_batch import RowBatchLayer, decoding_group
+
+#: Padded token slots a split must save (rows x longest row, summed over parts) to be worth a second
+#: kernel call per layer and step: about what one kernel call's fixed cost buys on a CPU.
+SPLIT_MIN_SAVING = 4096
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    """One kernel's share of a layer: its own ``layer``, the batch ``rows`` it holds, in its order (None:
+    every row), and the KV ``heads`` it holds (None: every head). A group splits rows or heads, not both."""
+
+    layer: RuntimeLayer
+    rows: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+
+
+def query_heads(kv_heads: Sequence[int], groups: int) -> list[int]:
+    """The query heads of KV heads ``kv_heads`` (``groups`` query heads per KV head, GQA)."""
+    return [h * groups + i for h in kv_heads for i in range(groups)]
+
+
+class GroupedLayer(RuntimeLayer):
+    """One layer's cache made of kernel groups (see the module docstring). ``keys``/``values`` (what
+    ``update`` returns to the model) are the first group's: only the runtime's attention function reads
+    them, and it reads the groups. The groups' layers must be built detached (``on_update=None``)."""
+
+    def __init__(self, layer_idx: int, kernel_groups: Sequence[KernelGroup], **kwargs):
+        self.parts: list[RuntimeLayer] = []  # ``reset`` (run by the base's constructor) resets the parts
+        super().__init__(layer_idx, **kwargs)
+        self.kernel_groups = list(kernel_groups)
+        self.parts = [g.layer for g in self.kernel_groups]
+        rows = [list(g.rows) for g in self.kernel_groups if g.rows is not None]
+        if rows and sorted(r for part in rows for r in part) != list(range(sum(map(len, rows)))):
+            raise ValueError(f"layer {layer_idx}: row groups must hold every batch row once, got {rows}")
+        split = [list(g.heads) for g in self.kernel_groups if g.heads is not None]
+        if split and sorted(h for part in split for h in part) != list(range(self.num_kv_heads)):
+            raise ValueError(
+                f"layer {layer_idx}: head groups must cover KV heads 0..{self.num_kv_heads - 1} once each, got {split}"
+            )
+        if not self.kernel_groups or (rows and split):
+            raise ValueError(f"layer {layer_idx}: kernel groups split the rows or the heads, not both")
+        first = self.parts[0]
+        self.seen, self.calls = first.seen, first.calls
+        if rows:  # the rows' layers hold tokens already (head groups are built empty)
+            self.device = first.device
+        self._rows = [None if g.rows is None else _index(g.rows, first.device) for g in self.kernel_groups]
+        heads = [g.heads for g in self.kernel_groups]
+        self._kv = [None if h is None else torch.tensor(h) for h in heads]
+        self._q = [None if h is None else torch.tensor(query_heads(h, self.groups)) for h in heads]
+        self.is_initialized = True
+
+    keys = property(lambda self: self.parts[0].keys if self.parts else None, lambda self, t: None)
+    values = property(lambda self: self.parts[0].values if self.parts else None, lambda self, t: None)
+
+    @property
+    def length(self) -> int:
+        """The longest group's slots (each group holds its own number of tokens)."""
+        return max(part.length for part in self.parts)
+
+    def reset(self) -> None:
+        super().reset()
+        for part in self.parts:
+            part.reset()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        for part, rows, kv in zip(self.parts, self._rows, self._kv):
+            part.update(_take(key_states, rows, kv), _take(value_states, rows, kv))
+        self.device = key_states.device
+        self.seen += key_states.shape[-2]
+        self._notify_update(kwargs.get("kwargs"))
+        return self.keys, self.values
+
+    def attention_call_grouped(self, query: torch.Tensor, attend, inputs: PassInputs | None = None) -> torch.Tensor:
+        """Each group's own call (``attend(layer, query, inputs)`` per store: hooks, kernel, eviction) on its rows
+        and query heads of ``query``; outputs ``[B, q, Hq, D]`` put back in batch-row and head order."""
+        out: torch.Tensor | None = None
+        for part, rows, q in zip(self.parts, self._rows, self._q):
+            if inputs is not None and rows is not None:
+                raise RuntimeError("polykv-search: a decoding row split takes no part in a reconstruction pass")
+            part_inputs = None if inputs is None else inputs if q is None else inputs.heads(q)
+            got = part.attention_call_grouped(_take(query, rows, q), attend, part_inputs)
+            if rows is None and q is None:  # one group of every row and head
+                out = got
+                continue
+            if out is None:
+                out = got.new_empty(query.shape[0], got.shape[1], query.shape[1], got.shape[-1])
+            if q is not None:
+                out[:, :, q.to(query.device)] = got
+            else:
+                out[rows] = got
+        if self.parts[0].pass_prompt is not None:  # a reconstruction call: the groups cut back themselves
+            self.seen = self.parts[0].seen
+        else:
+            self.calls += 1
+        assert out is not None  # a layer has at least one group
+        return out
+
+    def write_back(self) -> None:
+        """Hand the rows of the row batches among the groups back to their own layers."""
+        for part in self.parts:
+            part.write_back()
+
+    def thaw(self) -> None:
+        for part in self.parts:
+            part.thaw()
+
+    def _map_batch(self, fn) -> None:
+        for part in self.parts:
+            part._map_batch(fn)
+
+    def kv_bytes(self) -> int:
+        return sum(part.kv_bytes() for part in self.parts)
+
+    def cells(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
+        """The head groups' cells (a decoding batch split by rows: none; its rows' cells are theirs)."""
+        out: list[tuple[EvictingLayer, tuple[int, ...] | None]] = []
+        if self.kernel_groups[0].rows is not None:
+            return out
+        for group in self.kernel_groups:
+            for cell, heads in group.layer.cells():
+                if group.heads is not None:
+                    heads = group.heads if heads is None else tuple(group.heads[h] for h in heads)
+                out.append((cell, heads))
+        return out
+
+    def layer_report(self) -> LayerReport:
+        """What the groups hold: bytes summed; tokens and budgets as the mean over KV heads."""
+        reports = [layer_report(part) for part in self.parts]
+        sizes = [part.num_kv_heads for part in self.parts]
+
+        def mean(values) -> int | None:
+            if any(v is None for v in values):
+                return None
+            return round(sum(v * s for v, s in zip(values, sizes)) / sum(sizes))
+
+        return LayerReport(
+            layer=self.layer_idx,
+            seen=self.seen,
+            kept=round(sum(r.kept * s for r, s in zip(reports, sizes)) / sum(sizes)),
+            kv_bytes=sum(r.kv_bytes for r in reports),
+            peak_kv_bytes=sum(r.peak_kv_bytes for r in reports),
+            full_kv_bytes=sum(r.full_kv_bytes for r in reports),
+            prefill_budget=mean([r.prefill_budget for r in reports]),
+            decoding_budget=mean([r.decoding_budget for r in reports]),
+        )
+
+
+def _index(rows: Sequence[int], device) -> slice | torch.Tensor:
+    rows = list(rows)
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return torch.tensor(rows, device=device)
+
+
+def _take(t: torch.Tensor, rows: slice | torch.Tensor | None, heads: torch.Tensor | None) -> torch.Tensor:
+    """``t``'s batch ``rows`` (dim 0) or ``heads`` (dim 1); ``t`` itself when neither."""
+    if heads is not None:
+        return t.index_select(1, heads.to(t.device))
+    if rows is None or isinstance(rows, slice):
+        return t if rows is None else t[rows]
+    return t.index_select(0, rows)
+
+
+# ------------------------------------------------------------------------------- head groups
+@dataclass(frozen=True)
+class HeadGroupPlan:
+    """KV heads ``heads`` of a layer and the ``(prefill, decoding)`` plans they apply together."""
+
+    heads: tuple[int, ...]
+    prefill: PhasePlan
+    decoding: PhasePlan
+
+
+def head_group_layer(
+    layer_idx: int, head_groups: Sequence[HeadGroupPlan], *, defer_prefill: bool = False, **kwargs
+) -> GroupedLayer:
+    """A layer whose KV heads are split into ``head_groups``, each an ``EvictingLayer`` over its own heads."""
+    check_groups(head_groups)
+    sub = {**kwargs, "on_update": None}
+    groups = [
+        KernelGroup(
+            EvictingLayer(
+                layer_idx, g.prefill, g.decoding, defer_prefill=defer_prefill, **{**sub, "num_kv_heads": len(g.heads)}
+            ),
+            heads=tuple(g.heads),
+        )
+        for g in head_groups
+    ]
+    return GroupedLayer(layer_idx, groups, **kwargs)
+
+
+def per_head_groups(prefill: PhasePlan, decoding: PhasePlan, num_kv_heads: int) -> list[HeadGroupPlan] | None:
+    """One group per KV head when a plan pools its tokens over heads (kvzip's ``allocation="layer"`` or
+    ``"model"``): each head then holds its own number of tokens in a store of its own; else None."""
+    if not any(plan.evicts and plan.pattern.pooled is not None for plan in (prefill, decoding)):
+        return None
+    return [HeadGroupPlan((h,), prefill, decoding) for h in range(num_kv_heads)]
+
+
+def cache_layer(
+    layer_idx: int,
+    prefill: PhasePlan,
+    decoding: PhasePlan,
+    head_groups: Sequence[HeadGroupPlan] | None = None,
+    *,
+    defer_prefill: bool = False,
+    **kwargs,
+) -> RuntimeLayer:
+    """The cache layer of one layer's plans: :func:`head_group_layer` of its ``head_groups`` (or of one group
+    per KV head, :func:`per_head_groups`), else an :class:`EvictingLayer`."""
+    head_groups = head_groups or per_head_groups(prefill, decoding, kwargs["num_kv_heads"])
+    if head_groups:
+        return head_group_layer(layer_idx, head_groups, defer_prefill=defer_prefill, **kwargs)
+    return EvictingLayer(layer_idx, prefill, decoding, defer_prefill=defer_prefill, **kwargs)
+
+
+def choice_head_groups(prefill, decoding, num_kv_heads: int) -> list[HeadGroupPlan] | None:
+    """The head groups of one layer's ``(prefill, decoding)`` strategy choices, or None for a layer-level
+    layer. A choice's ``head_groups`` (each with ``heads``, ``pattern``, ``params``, ``budget``) split the
+    layer's KV heads; both phases must split them the same way, or one phase not at all (its choice then
+    applies to every group)."""
+
+    def plans(choice):
+        groups = choice.head_groups
+        if not groups:
+            return None
+        return {tuple(g.heads): PhasePlan(make_pattern(g.pattern, **dict(g.params)), g.budget) for g in groups}
+
+    p, d = plans(prefill), plans(decoding)
+    if p is None and d is None:
+        return None
+    if p is not None and d is not None and set(p) != set(d):
+        raise ValueError(
+            f"head groups differ between prefill {sorted(p)} and decoding {sorted(d)}: a layer's KV heads are "
+            "stored in one split for both phases"
+        )
+
+    def whole(choice) -> PhasePlan:
+        return PhasePlan(make_pattern(choice.pattern, **dict(choice.params)), choice.budget)
+
+    keys = list(p or d or {})
+    return [HeadGroupPlan(h, p[h] if p else whole(prefill), d[h] if d else whole(decoding)) for h in keys]
+
+
+# -------------------------------------------------------------------------------- row splits
+def best_split(lengths: Sequence[int], min_saving: int = SPLIT_MIN_SAVING) -> int | None:
+    """Where to cut consecutive rows of ``lengths`` tokens into two parts (the second part's first row),
+    or None when one padded part (``len(lengths) * max(lengths)`` slots) is not at least ``min_saving``
+    slots dearer than the best cut."""
+    r = len(lengths)
+    padded = r * max(lengths, default=0)
+    best, at = padded, None
+    for k in range(1, r):
+        cost = k * max(lengths[:k]) + (r - k) * max(lengths[k:])
+        if cost < best:
+            best, at = cost, k
+    return at if at is not None and padded - best >= min_saving else None
+
+
+def layer_slots(lengths: Sequence[int], min_saving: int | None) -> int:
+    """Slots one layer's kernel attends over for rows of ``lengths``: padded to the longest, or split
+    by :func:`best_split` (``min_saving`` None: never split)."""
+    r, padded = len(lengths), len(lengths) * max(lengths, default=0)
+    cut = None if min_saving is None else best_split(lengths, min_saving)
+    if cut is None:
+        return padded
+    return cut * max(lengths[:cut]) + (r - cut) * max(lengths[cut:])
+
+
+def by_decoding_group(members: Sequence[EvictingLayer]) -> list[int]:
+    """``members``' indices reordered so that the rows of each :func:`decoding_group` (the rows a
+    :class:`RowBatchLayer` scores and evicts as one call) are consecutive: a group's view is then a
+    slice of the store, not a gather of it. Groups keep their first row's order; rows that never evict
+    in decoding go last."""
+    rank: dict = {}
+    keys = [decoding_group(member, i) for i, member in enumerate(members)]
+    for key in keys:
+        if key is not None:
+            rank.setdefault(key, len(rank))
+    return sorted(range(len(members)), key=lambda i: len(rank) if keys[i] is None else rank[keys[i]])
+
+
+def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None, **kwargs) -> RuntimeLayer:
+    """One layer of a decoding batch over ``members`` (the rows' own layers, in batch order): runs of
+    consecutive :class:`EvictingLayer` rows share a :class:`RowBatchLayer` (cut in two by :func:`best_split`
+    when that saves ``split`` padded slots; None: never), its rows in :func:`by_decoding_group` order, so that
+    a pattern group's rows are a slice of its store; any other row's layer (head groups; a pooled allocation's
+    heads of different lengths, ``EvictingLayer.ragged``) is a group of its own. A single row batch whose rows
+    need no reordering is returned as is; else a :class:`GroupedLayer` of row groups."""
+
+    def pieces(run: list[int]) -> list[list[int]]:
+        cut = None if split is None else best_split([members[i].length for i in run], split)
+        return [run] if cut is None else [run[:cut], run[cut:]]
+
+    # the rows a row batch may hold: a layer that is its own one cell, every KV head as long as the others
+    rows_of = {i: c for i, m in enumerate(members) for c, _ in m.cells()[:1] if c is m and not m.ragged}
+
+    def grouped(piece: list[int]) -> list[int]:
+        return [piece[i] for i in by_decoding_group([rows_of[i] for i in piece])]
+
+    everyone = list(range(len(members)))
+    if len(rows_of) == len(members):
+        (only, *more) = pieces(everyone)
+        if not more and grouped(only) == only:
+            return RowBatchLayer(layer_idx, [rows_of[i] for i in everyone], **kwargs)
+    sub = {**kwargs, "on_update": None}
+    groups: list[KernelGroup] = []
+    run: list[int] = []
+    for i in [*everyone, None]:  # None closes the last run
+        if i is not None and i in rows_of:
+            run.append(i)
+            continue
+        for piece in pieces(run) if run else []:
+            rows = grouped(piece)
+            groups.append(KernelGroup(RowBatchLayer(layer_idx, [rows_of[r] for r in rows], **sub), rows=tuple(rows)))
+        run = []
+        if i is not None:
+            groups.append(KernelGroup(members[i], rows=(i,)))
+    return GroupedLayer(layer_idx, groups, **kwargs)

@@ -1,0 +1,71 @@
+"""One attention call runs top to bottom: the attention function, the layer of kernel groups, the layer's
+protocol, the evicting layer, the kernel; no runtime module is called again from a module below it, except
+``base_layer`` (whose methods and properties are the layer's own, read by patterns through ``LayerView``)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from polykv_search.patterns import make_pattern
+from polykv_search.runtime import FULL_PLAN, GroupedLayer, HeadGroupPlan, PhasePlan, apply_strategy
+from strategies import Strategy
+from tests.test_runtime import batch
+from tests.tiny import tiny_model
+
+#: The runtime modules one attention call may name (the kernel's ``kernels``; masks: ``view``; evictions:
+#: ``eviction`` and ``storage``).
+ALLOWED = {"attention", "layouts", "base_layer", "layer", "eviction", "kernels", "view", "storage"}
+
+
+def _trace(run) -> list[dict]:
+    """Per attention call of ``run()``, the runtime modules it named and the ones it re-entered from below."""
+    calls: list[dict] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "polykv_attention":
+            calls.append({"stack": [], "modules": set(), "reentered": set(), "frame": frame})
+        if not calls or calls[-1]["frame"] is None:
+            return
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("polykv_search.runtime."):
+            return
+        call, name = calls[-1], module.rsplit(".", 1)[-1]
+        if event == "call":
+            stack = call["stack"]
+            if stack and stack[-1] != name and name in stack:
+                call["reentered"].add(name)
+            call["modules"].add(name)
+            stack.append(name)
+        elif event == "return":
+            call["stack"].pop()
+            if frame is call["frame"]:
+                call["frame"] = None
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_an_attention_call_through_head_groups_names_few_modules_and_reenters_none():
+    model = tiny_model("llama", layers=2, seed=3)
+    snap = PhasePlan(make_pattern("snapkv"), 8)
+    groups = {0: [HeadGroupPlan((0,), FULL_PLAN, FULL_PLAN), HeadGroupPlan((1,), snap, snap)]}
+    ids, _ = batch(seed=4, n=20, pad=0)
+    with torch.no_grad(), apply_strategy(model, Strategy.full(2), head_groups=groups) as rt:
+
+        def prefill_and_step():
+            out = model(ids, use_cache=True)
+            model(out.logits[:, -1:].argmax(-1), cache=out.cache, use_cache=True)
+
+        calls = _trace(prefill_and_step)
+        assert isinstance(rt.last_cache.layers[0], GroupedLayer)
+    assert len(calls) == 4  # two layers, prefill and one decoding step
+    for call in calls:
+        assert call["modules"] <= ALLOWED, call["modules"]
+        assert call["reentered"] <= {"base_layer"}, call["reentered"]
+    assert {"layouts", "kernels"} <= calls[0]["modules"]  # the head-group layer's call ran its groups' kernels
