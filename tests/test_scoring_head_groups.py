@@ -1,7 +1,7 @@
 """The shared engine scores strategies with head groups exactly like the per-entry path: each head-group
 entry shares the context call (its groups observe the prompt with their own query heads, their pattern
 states shared with no other heads) and decodes in the batch of the layer-level rows, each of its split
-layers a part of its own (RowSplitLayer)."""
+layers a part of its own (a GroupedLayer of row groups, runtime/layouts.py)."""
 
 from __future__ import annotations
 
