@@ -380,7 +380,8 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_e
                 protected = set(valid[len(valid) - min(w, budget) :]) if budget > 0 else set()
 
             if share is not None:
-                ev = share[1][b, h]
+                # tova's heads share one selection: so does the share, by the mean over the heads it evicts together
+                ev = share[1][b, heads].mean(0) if name == "tova" else share[1][b, h]
                 prompt = [j for j in valid if j < ev.shape[-1]]
                 protected |= top_share({j: float(ev[j]) for j in prompt}, prompt, protected, share[0], kept_budget)
 

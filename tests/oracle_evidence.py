@@ -5,8 +5,8 @@ The share: at budget ``b`` a KV head keeps, beside the tokens its rule protects,
 b - protected)`` best prompt tokens among those it still holds and does not protect already (best score
 first, ties to the older token). The ``evidence`` pattern's prompt score is SnapKV's, from the prompt call:
 the attention of its last ``window`` queries, the window's own tokens scoring nothing, pooled over ``kernel``
-slots (zero beyond the ends), the mean over the KV head's query heads (over all heads for the rule ``tova``,
-whose heads share one selection).
+slots (zero beyond the ends), the mean over the KV head's query heads (for the rule ``tova``, whose heads
+share one selection, the mean over the KV heads evicted together, taken where the share is chosen).
 """
 
 from __future__ import annotations
@@ -39,6 +39,4 @@ def prompt_scores(probs, valid, params, groups: int) -> torch.Tensor:
                 near = [votes[t] if 0 <= t < N else 0.0 for t in range(j - k // 2, j + k // 2 + 1)]
                 pooled = sum(near) / k if params["pooling"] == "avgpool" else max(near)
                 out[b, hq // groups, j] += pooled / groups
-    if params["rule"] == "tova":  # one selection for every head: their mean score
-        out[:] = out.mean(dim=1, keepdim=True)
     return out
