@@ -218,14 +218,11 @@ def ours(model, name: str, params: dict, prompts, ratios) -> dict:
 
 
 def held_positions(layer) -> list[list[int]]:
-    """Per KV head, the sorted positions layer ``layer`` holds for row 0 (a layer of head groups: its groups')."""
-    groups = getattr(layer, "head_groups", None)
-    if groups is None:
-        return [sorted(layer.positions[0, h][layer.valid[0, h]].tolist()) for h in range(layer.positions.shape[1])]
+    """Per KV head, the sorted positions layer ``layer`` holds for row 0 (a layer of head groups: its cells')."""
     out: dict[int, list[int]] = {}
-    for part, group in zip(layer.parts, groups):
-        for i, h in enumerate(group.heads):
-            out[h] = sorted(part.positions[0, i][part.valid[0, i]].tolist())
+    for cell, heads in layer.cells():
+        for i, h in enumerate(range(cell.positions.shape[1]) if heads is None else heads):
+            out[h] = sorted(cell.positions[0, i][cell.valid[0, i]].tolist())
     return [out[h] for h in sorted(out)]
 
 

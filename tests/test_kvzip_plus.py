@@ -127,9 +127,9 @@ def test_plus_round_trips_through_the_strategy_json_and_exports_to_kvzip_plus(tm
     back = Strategy.load(s.save(tmp_path / "s.json"))
     assert back.to_json() == s.to_json() and back.prefill[0].params["plus"] is True
     press = prefill_press(s.prefill[0])
-    assert press is not None and press.params == {"layerwise": True, "kvzip_plus_normalization": True}
+    assert press is not None and press.params == {"layerwise": True, "n_sink": 2, "kvzip_plus_normalization": True}
     plain = prefill_press(LayerChoice("kvzip", 9, {}))
-    assert plain is not None and plain.params == {"layerwise": True}
+    assert plain is not None and plain.params == {"layerwise": True, "n_sink": 4}
 
 
 def plus_entries() -> list[Entry]:

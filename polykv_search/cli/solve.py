@@ -284,17 +284,19 @@ def _model_pool_note(strategy) -> str | None:
 
 
 def _list_methods(list_methods, get_solver_class) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="solvers", expand=True, width=min(out.width, 100))  # ratios need expand
     table.add_column("method", no_wrap=True)
     table.add_column("needs\nsignals")
-    table.add_column("description", ratio=4)
-    table.add_column("settings", overflow="fold", ratio=6)  # flags printed whole, folded when too long
+    table.add_column("description", overflow="fold", ratio=3)
+    table.add_column("settings", overflow="fold", ratio=7)  # flags printed whole, folded when too long
     for m in list_methods():
         settings = ""
         if m.available:
-            settings = "\n".join(f"{i.flag}={i.default}" for i in get_solver_class(m.name).Settings.fields_info())
+            fields = get_solver_class(m.name).Settings.fields_info()
+            settings = "\n".join(escape(f"{i.flag}={i.default}") for i in fields)  # kvzip[...] is not markup
         needs = "?" if m.needs_table is None else ("yes" if m.needs_table else "no")
         table.add_row(m.name, needs, m.description if m.available else f"{m.description} ({m.reason})", settings)
     out.print(table)
