@@ -51,6 +51,7 @@ def score_entries(
     work: dict[tuple[str, int], float] | None = None,
     fan_out: Callable | None = None,
     protocol: str = AGNOSTIC,
+    decode_batch: int = 8,
 ) -> list[dict[str, Any]]:
     """Run every task's samples for every entry; returns the entries' records for the results file.
 
@@ -84,6 +85,9 @@ def score_entries(
         ``question-aware`` (context and question in one compressed call): :mod:`polykv_search.protocol`.
         Teacher-forced tasks have no question (the same under both); trajectory tasks are refused under
         ``question-aware`` (their question follows the generated tokens: :func:`check_task_protocol`).
+    decode_batch
+        Shared engine, trajectory tasks: samples of one prompt length decoded as one batch at most
+        (:mod:`~polykv_search.scoring.trajectories`; the same results as one at a time).
     """
     if engine not in ENGINES:
         raise ScoreError(f"unknown scoring engine {engine!r}; expected one of {', '.join(ENGINES)}")
@@ -99,7 +103,9 @@ def score_entries(
         raise ScoreError(str(err)) from None
     for task, _ in task_samples.values():
         check_task_protocol(task, protocol)
-    settings = RunnerSettings(engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity, protocol)
+    settings = RunnerSettings(
+        engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity, protocol, decode_batch
+    )
     start = time.perf_counter()
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     pending = []
@@ -124,9 +130,12 @@ def score_entries(
         fan_out(entries, settings, pending, record)
     elif pending:
         with SampleRunner(model, tokenizer, entries, settings) as runner:
-            for task, index, sample in pending:
+            for chunk in runner.chunks(pending):
                 t0 = time.perf_counter()
-                record(task, index, sample, {"rows": runner.run(task, sample), "wall": time.perf_counter() - t0})
+                done = runner.run_many(chunk[0][0], [sample for _, _, sample in chunk])
+                wall = (time.perf_counter() - t0) / len(chunk)  # a batch of samples: each its share
+                for (task, index, sample), sample_rows in zip(chunk, done):
+                    record(task, index, sample, {"rows": sample_rows, "wall": wall})
     results: list[list] = [[] for _ in entries]
     kv: list[list[float]] = [[] for _ in entries]
     full_kv: list[list[float]] = [[] for _ in entries]
@@ -163,6 +172,10 @@ class RunnerSettings:
     max_new_tokens: int | None = None
     fidelity: bool = True
     protocol: str = AGNOSTIC
+    #: shared engine, trajectory tasks: samples of one prompt length decoded as one batch at most
+    decode_batch: int = 8
+    #: shared engine, trajectory tasks: FullKV generates alone before the entries (the reference path)
+    fullkv_apart: bool = False
 
 
 def check_task_protocol(task, protocol: str) -> None:
@@ -215,7 +228,11 @@ class SampleRunner:
             )
             runtime = self._context.__enter__()
             self.scorer, self._runs = shared_scorer(
-                self.model, runtime, [e.strategy for e in self.entries], batch_entries=s.batch_entries
+                self.model,
+                runtime,
+                [e.strategy for e in self.entries],
+                batch_entries=s.batch_entries,
+                fullkv_apart=s.fullkv_apart,
             )
         return self
 
@@ -224,6 +241,33 @@ class SampleRunner:
             self._context.__exit__(*exc)
         finally:
             self.model.train(self._was_training)
+
+    def chunks(self, pending: Sequence[tuple]) -> list[list[tuple]]:
+        """``(task, index, sample)`` items cut into the calls of :meth:`run_many`: consecutive samples of one
+        trajectory task, ``decode_batch`` at most, under the shared engine; else one sample each."""
+        out: list[list[tuple]] = []
+        size = self.settings.decode_batch if self.scorer is not None else 1
+        for item in pending:
+            last = out[-1] if out else None
+            if last and last[0][0] is item[0] and item[0].kind == "trajectory" and len(last) < size:
+                last.append(item)
+            else:
+                out.append([item])
+        return out
+
+    def run_many(self, task, samples: Sequence) -> list[list[dict[str, Any]]]:
+        """The results rows of each of ``samples`` of ``task``: trajectory samples of one prompt length run
+        as one batch under the shared engine (:meth:`SharedScorer.run_many`); else as :meth:`run`."""
+        if self.scorer is None or task.kind != "trajectory" or len(samples) == 1:
+            return [self.run(task, sample) for sample in samples]
+        s, tok = self.settings, self.tokenizer
+        jobs = [sample_job(tok, task, sample, self.eos, s.max_new_tokens, s.protocol) for sample in samples]
+        out = []
+        for sample, job, ran in zip(samples, jobs, self.scorer.run_many(jobs, samples=len(jobs))):
+            outcomes = [ran[k] if first else copy.deepcopy(ran[k]) for k, first in self._runs]
+            out.append(sample_rows(tok, task, sample, job, outcomes, shared=True))
+        release_free_memory()
+        return out
 
     def run(self, task, sample) -> list[dict[str, Any]]:
         """The results rows of ``sample`` of ``task``, one per entry."""
@@ -248,7 +292,7 @@ class SampleRunner:
 
 
 def shared_scorer(
-    model, runtime, strategies: Sequence[Strategy], *, batch_entries: int = 16
+    model, runtime, strategies: Sequence[Strategy], *, batch_entries: int = 16, fullkv_apart: bool = False
 ) -> tuple[SharedScorer, list[tuple[int, bool]]]:
     """The shared engine for ``strategies`` under an applied (FullKV) ``runtime``, and which of its rows each
     strategy takes its outcome from (:func:`same_runs`): strategies that apply the same plans (e.g. two solvers
@@ -262,6 +306,7 @@ def shared_scorer(
         [plans[i] for i in distinct],
         batch_entries=batch_entries,
         head_groups=[groups[i] for i in distinct],
+        fullkv_apart=fullkv_apart,
     )
     return scorer, runs
 
