@@ -107,7 +107,7 @@ def test_sample_runner_batches_decode_samples_and_keeps_the_records():
         with SampleRunner(model, tok, es, settings) as runner:
             for task_name in ("decode/trajectory", "decode/recall"):
                 task = get_task(task_name, generate_len=12)
-                samples = task.generate(tok, haystack_texts(), 3, 160, seed=2)
+                samples = task.generate(tok, haystack_texts(), 3, 300, seed=2)
                 pending = [(task, i, s) for i, s in enumerate(samples)]
                 chunks = runner.chunks(pending)
                 assert [len(c) for c in chunks] == ([1, 1, 1] if name == "reference" else [3])

@@ -66,19 +66,22 @@ def run_trajectories(scorer: SharedScorer, jobs: Sequence[SampleJob]) -> list[li
     t1 = time.perf_counter()
     trajectories = [Trajectory([0] * n, _logit_rows(firsts[j], n), [], None, {}) for j in range(len(jobs))]
     meters = [TrajectoryMeter(trajectories[j], width, job.eos) for j, job in enumerate(jobs)]
-    cache = scorer._stacked([row for own in rows for row in own])
-    logits = torch.cat([first.expand(width, -1) for first in firsts])  # [jobs * width, V]
+    # the batch: every job's evicting rows, then the FullKV rows, so that one cut (RowSplitLayer) parts the
+    # long rows from the short ones; ``at[j]``: job j's rows in the batch, in its own order
+    order = [(j, r) for j in range(len(jobs)) for r in range(width - 1)] + [(j, width - 1) for j in range(len(jobs))]
+    at = [torch.tensor([order.index((j, r)) for r in range(width)]) for j in range(len(jobs))]
+    cache = scorer._stacked([rows[j][r] for j, r in order])
+    logits = torch.cat([firsts[j] for j, _ in order])  # [jobs * width, V]
     feed_last = any(job.limit > 0 for job in jobs)
     for t in range(n):
         for j, job in enumerate(jobs):
-            mine = logits[j * width : (j + 1) * width]
+            mine = logits.index_select(0, at[j].to(logits.device))
             trajectory = trajectories[j]
             trajectory.logits[t] = mine[-1]
             trajectory.tokens[t] = int(pick(mine[-1:], job.eos)[0])
             meters[j].add(t, mine)
         if t + 1 < n or feed_last:
-            fed = [[trajectories[j].tokens[t]] for j in range(len(jobs)) for _ in range(width)]
-            logits = scorer._call(fed, cache)[:, -1]
+            logits = scorer._call([[trajectories[j].tokens[t]] for j, _ in order], cache)[:, -1]
     scorer._write_back(cache)
     _sync(dev)
     forced_s = (time.perf_counter() - t1) / len(jobs)
@@ -86,7 +89,7 @@ def run_trajectories(scorer: SharedScorer, jobs: Sequence[SampleJob]) -> list[li
     for j, job in enumerate(jobs):
         t2 = time.perf_counter()
         if job.limit > 0:
-            mine = logits[j * width : (j + 1) * width]
+            mine = logits.index_select(0, at[j].to(logits.device))
             new, timing = scorer._decode(job, rows[j], scorer._stacked(rows[j]), mine)
         else:
             new, timing = [[] for _ in range(width)], {"question_s": 0.0}
