@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from polykv_search.cli import main
 from polykv_search.evaluation import get_task
 from polykv_search.runtime import apply_strategy, strategy_plans
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner
@@ -121,3 +122,12 @@ def test_sample_runner_batches_decode_samples_and_keeps_the_records():
             assert b["agree_tokens"] == a["agree_tokens"] and b.get("answer") == a.get("answer")
             assert b["kl"] == pytest.approx(a["kl"], rel=1e-3, abs=1e-6)
             assert g["record"]["kv_bytes"] == r["record"]["kv_bytes"]
+
+
+def test_score_refuses_a_decode_batch_below_one_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = ["score", "--model", str(tmp_path / "no-such-model"), "--baseline", "full", "--suite", "decode"]
+    assert main([*args, "--decode-batch", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--decode-batch" in err[0] and "positive integer" in err[0]
+    assert not out.exists()
