@@ -15,6 +15,7 @@ from polykv_search.protocol import AGNOSTIC, AWARE, split_prompt
 from polykv_search.runtime import apply_strategy, strategy_plans
 from polykv_search.scoring.job import SampleJob
 from polykv_search.scoring.shared import SharedScorer
+from polykv_search.scoring.task_protocol import protocol_notes
 from strategies import Strategy
 from tests.test_compare import standard, write
 from tests.test_eval_longbench import CHAT_TOK, data_dir  # noqa: F401  (the LongBench jsonl fixture)
@@ -188,7 +189,7 @@ def test_question_aware_manyshot_scores_every_entry_as_fullkv_and_says_so(checkp
         assert [r["score"] for r in records] == [r["score"] for r in full], name
     # from the second token on, eviction acts: the answers differ
     assert any(r["prediction"] != f["prediction"] for records in entries.values() for r, f in zip(records, full))
-    assert scoring.engine.protocol_notes([scoring.resolve_tasks("broad/manyshot")[0]], AGNOSTIC) == []
+    assert protocol_notes([scoring.resolve_tasks("broad/manyshot")[0]], AGNOSTIC) == []
 
 
 def test_the_decode_suite_under_question_aware_is_one_line_exit_2(checkpoint, tmp_path, capsys):  # noqa: F811

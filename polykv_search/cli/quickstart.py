@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.cli.collect import check as collect_check
     from polykv_search.models import DEFAULT_MODEL
     from polykv_search.scoring import ScoreError, resolve_tasks
-    from polykv_search.scoring.engine import check_task_protocol
+    from polykv_search.scoring.task_protocol import check_task_protocol
     from solvers import list_methods
 
     # every argument is checked before the output folder is made or any step runs

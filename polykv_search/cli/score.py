@@ -91,6 +91,14 @@ def add_parser(sub) -> None:
         help="entries decoded together in one batch at most (memory cap; default 16)",
     )
     p.add_argument(
+        "--decode-batch",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="decode suite: samples of one prompt length decoded together at most, FullKV a row beside the "
+        "entries (memory: N x (entries + 1) rows and N trajectories' logits; same results; default 8)",
+    )
+    p.add_argument(
         "--jobs",
         type=jobs_count,
         default=1,
@@ -140,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search.protocol import AGNOSTIC, AWARE
     from polykv_search.scoring.checkpoint import check_partial_protocol
     from polykv_search.scoring.checkpoint_schema import read_partial
-    from polykv_search.scoring.engine import check_task_protocol, protocol_notes
+    from polykv_search.scoring.task_protocol import check_task_protocol, protocol_notes
     from strategies import Strategy
 
     if args.list_tasks:
@@ -249,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 work=costs,
                 fan_out=_fan_out(args),
                 protocol=protocol,
+                decode_batch=args.decode_batch,
             )
     except KeyboardInterrupt:  # one line: where the finished samples are
         raise Interrupted(

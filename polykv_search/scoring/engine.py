@@ -19,7 +19,7 @@ from polykv_search.evaluation.runner import (
 )
 from polykv_search.evaluation.samples import encode_prompt
 from polykv_search.heap import release_free_memory
-from polykv_search.protocol import AGNOSTIC, AWARE, check_protocol, split_prompt
+from polykv_search.protocol import AGNOSTIC, check_protocol, split_prompt
 from polykv_search.runtime import apply_strategy, model_spec, strategy_plans
 from polykv_search.runtime.runtime import strategy_head_groups
 from polykv_search.scoring import per_entry
@@ -28,6 +28,7 @@ from polykv_search.scoring.document import entry_record
 from polykv_search.scoring.entries import Entry, ScoreError
 from polykv_search.scoring.job import SampleJob
 from polykv_search.scoring.shared import SharedScorer
+from polykv_search.scoring.task_protocol import check_task_protocol
 from strategies import Strategy
 
 ENGINES = ("shared", "per-entry")
@@ -51,6 +52,7 @@ def score_entries(
     work: dict[tuple[str, int], float] | None = None,
     fan_out: Callable | None = None,
     protocol: str = AGNOSTIC,
+    decode_batch: int = 8,
 ) -> list[dict[str, Any]]:
     """Run every task's samples for every entry; returns the entries' records for the results file.
 
@@ -85,6 +87,9 @@ def score_entries(
         ``question-aware`` (context and question in one compressed call): :mod:`polykv_search.protocol`.
         Teacher-forced tasks have no question (the same under both); trajectory tasks are refused under
         ``question-aware`` (their question follows the generated tokens: :func:`check_task_protocol`).
+    decode_batch
+        Shared engine, trajectory tasks: samples of one prompt length decoded as one batch at most
+        (:mod:`~polykv_search.scoring.trajectories`; the same results as one at a time).
     """
     if engine not in ENGINES:
         raise ScoreError(f"unknown scoring engine {engine!r}; expected one of {', '.join(ENGINES)}")
@@ -100,7 +105,9 @@ def score_entries(
         raise ScoreError(str(err)) from None
     for task, _ in task_samples.values():
         check_task_protocol(task, protocol)
-    settings = RunnerSettings(engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity, protocol)
+    settings = RunnerSettings(
+        engine, batch_entries, decode_interval, interval_mode, max_new_tokens, fidelity, protocol, decode_batch
+    )
     start = time.perf_counter()
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     pending = []
@@ -125,9 +132,12 @@ def score_entries(
         fan_out(entries, settings, longest_first(pending, work), record)
     elif pending:
         with SampleRunner(model, tokenizer, entries, settings) as runner:
-            for task, index, sample in pending:
+            for chunk in runner.chunks(pending):
                 t0 = time.perf_counter()
-                record(task, index, sample, {"rows": runner.run(task, sample), "wall": time.perf_counter() - t0})
+                done = runner.run_many(chunk[0][0], [sample for _, _, sample in chunk])
+                wall = (time.perf_counter() - t0) / len(chunk)  # a batch of samples: each its share
+                for (task, index, sample), sample_rows in zip(chunk, done):
+                    record(task, index, sample, {"rows": sample_rows, "wall": wall})
     results: list[list] = [[] for _ in entries]
     kv: list[list[float]] = [[] for _ in entries]
     full_kv: list[list[float]] = [[] for _ in entries]
@@ -175,32 +185,10 @@ class RunnerSettings:
     max_new_tokens: int | None = None
     fidelity: bool = True
     protocol: str = AGNOSTIC
-
-
-def check_task_protocol(task, protocol: str) -> None:
-    """Refuse (:class:`ScoreError`, one line) a task the protocol has no meaning for: under
-    ``question-aware``, a trajectory task (the decode suite), whose question is asked after the
-    generated tokens and so can never be prefilled with its prompt."""
-    if protocol == AWARE and task.kind == "trajectory":
-        raise ScoreError(
-            f"{task.name}: the decode suite has no question to compress with its prompt (its question follows "
-            "the generated tokens); score it without --question-aware"
-        )
-
-
-def protocol_notes(tasks, protocol: str) -> list[str]:
-    """What a reader of this run's scores should know about the protocol (one line each): under
-    ``question-aware`` a task whose score the first answer token decides (``Task.first_token_decides``)
-    gets that token from the prompt call, before any eviction, so every entry scores FullKV's there
-    (measured: studies/kvzip/study_kvzip.md, broad at B = 128)."""
-    if protocol != AWARE:
-        return []
-    return [
-        f"{task.name} under --question-aware: its score is decided by the first answer token, predicted by the "
-        "prompt call before any eviction, so every entry scores what FullKV scores there"
-        for task in tasks
-        if task.first_token_decides
-    ]
+    #: shared engine, trajectory tasks: samples of one prompt length decoded as one batch at most
+    decode_batch: int = 8
+    #: shared engine, trajectory tasks: FullKV generates alone before the entries (the reference path)
+    fullkv_apart: bool = False
 
 
 class SampleRunner:
@@ -227,7 +215,11 @@ class SampleRunner:
             )
             runtime = self._context.__enter__()
             self.scorer, self._runs = shared_scorer(
-                self.model, runtime, [e.strategy for e in self.entries], batch_entries=s.batch_entries
+                self.model,
+                runtime,
+                [e.strategy for e in self.entries],
+                batch_entries=s.batch_entries,
+                fullkv_apart=s.fullkv_apart,
             )
         return self
 
@@ -236,6 +228,33 @@ class SampleRunner:
             self._context.__exit__(*exc)
         finally:
             self.model.train(self._was_training)
+
+    def chunks(self, pending: Sequence[tuple]) -> list[list[tuple]]:
+        """``(task, index, sample)`` items cut into the calls of :meth:`run_many`: consecutive samples of one
+        trajectory task, ``decode_batch`` at most, under the shared engine; else one sample each."""
+        out: list[list[tuple]] = []
+        size = self.settings.decode_batch if self.scorer is not None else 1
+        for item in pending:
+            last = out[-1] if out else None
+            if last and last[0][0] is item[0] and item[0].kind == "trajectory" and len(last) < size:
+                last.append(item)
+            else:
+                out.append([item])
+        return out
+
+    def run_many(self, task, samples: Sequence) -> list[list[dict[str, Any]]]:
+        """The results rows of each of ``samples`` of ``task``: trajectory samples of one prompt length run
+        as one batch under the shared engine (:meth:`SharedScorer.run_many`); else as :meth:`run`."""
+        if self.scorer is None or task.kind != "trajectory" or len(samples) == 1:
+            return [self.run(task, sample) for sample in samples]
+        s, tok = self.settings, self.tokenizer
+        jobs = [sample_job(tok, task, sample, self.eos, s.max_new_tokens, s.protocol) for sample in samples]
+        out = []
+        for sample, job, ran in zip(samples, jobs, self.scorer.run_many(jobs, samples=len(jobs))):
+            outcomes = [ran[k] if first else copy.deepcopy(ran[k]) for k, first in self._runs]
+            out.append(sample_rows(tok, task, sample, job, outcomes, shared=True))
+        release_free_memory()
+        return out
 
     def run(self, task, sample) -> list[dict[str, Any]]:
         """The results rows of ``sample`` of ``task``, one per entry."""
@@ -260,7 +279,7 @@ class SampleRunner:
 
 
 def shared_scorer(
-    model, runtime, strategies: Sequence[Strategy], *, batch_entries: int = 16
+    model, runtime, strategies: Sequence[Strategy], *, batch_entries: int = 16, fullkv_apart: bool = False
 ) -> tuple[SharedScorer, list[tuple[int, bool]]]:
     """The shared engine for ``strategies`` under an applied (FullKV) ``runtime``, and which of its rows each
     strategy takes its outcome from (:func:`same_runs`): strategies that apply the same plans (e.g. two solvers
@@ -274,6 +293,7 @@ def shared_scorer(
         [plans[i] for i in distinct],
         batch_entries=batch_entries,
         head_groups=[groups[i] for i in distinct],
+        fullkv_apart=fullkv_apart,
     )
     return scorer, runs
 

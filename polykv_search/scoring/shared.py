@@ -34,6 +34,7 @@ from polykv_search.runtime import (
 from polykv_search.runtime.layouts import SPLIT_MIN_SAVING, HeadGroupPlan, cache_layer, layer_slots, row_parts
 from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.scoring.job import SampleJob, SampleOutcome
+from polykv_search.scoring.trajectories import batch_groups, run_trajectories
 
 Plans = Sequence[tuple[PhasePlan, PhasePlan]]
 
@@ -90,6 +91,10 @@ class SharedScorer:
         none by default). Such an entry shares the context call (each group of a row observes with its own
         query heads) and then decodes in the batch, each split layer a part of its own (its groups keep
         their own stores; :func:`~polykv_search.runtime.layouts.row_parts`).
+    fullkv_apart
+        Trajectory jobs: FullKV generates alone first, then the entries are forced along its tokens (the
+        reference path); False (default): FullKV decodes as a row of the entries' batch
+        (:mod:`~polykv_search.scoring.trajectories`), and :meth:`run_many` batches samples too.
     """
 
     def __init__(
@@ -101,8 +106,10 @@ class SharedScorer:
         batch_entries: int = 16,
         head_groups: Sequence[dict[int, list[HeadGroupPlan]]] | None = None,
         split: int | None = SPLIT_MIN_SAVING,
+        fullkv_apart: bool = False,
     ):
         self.model = model
+        self.fullkv_apart = fullkv_apart
         self.runtime = runtime
         self.plans = [list(p) for p in plans]
         self.head_groups = [dict(g) for g in head_groups] if head_groups is not None else [{} for _ in self.plans]
@@ -156,7 +163,7 @@ class SharedScorer:
     def run(self, job: SampleJob, *, fidelity: bool = True) -> list[SampleOutcome]:
         """Every entry's outcome on ``job`` (same order as ``plans``)."""
         if job.trajectory:
-            return self._run_trajectory(job)
+            return self._run_trajectory(job) if self.fullkv_apart else run_trajectories(self, [job])[0]
         plans = list(self.plans)
         ref = next((i for i, full in enumerate(self.full_rows) if full), None)
         if job.teacher_forced and fidelity and ref is None:  # a hidden FullKV row for the reference
@@ -190,6 +197,18 @@ class SharedScorer:
                 logits = None
             outcomes.append(SampleOutcome(pred, timings[i], report.kv_bytes, report.full_kv_bytes, list(new), logits))
         return outcomes
+
+    def run_many(self, jobs: Sequence[SampleJob], *, samples: int = 1) -> list[list[SampleOutcome]]:
+        """Every entry's outcome on each of ``jobs`` (in order): trajectory jobs whose prompts have one length
+        run ``samples`` at a time as one batch (unless ``fullkv_apart``), every other job alone."""
+        out: list = [None] * len(jobs)
+        batched = [i for i, job in enumerate(jobs) if job.trajectory and not self.fullkv_apart]
+        for i in sorted(set(range(len(jobs))) - set(batched)):
+            out[i] = self.run(jobs[i])
+        for group in batch_groups([jobs[i] for i in batched], samples):
+            for k, outcomes in zip(group, run_trajectories(self, [jobs[batched[k]] for k in group])):
+                out[batched[k]] = outcomes
+        return out
 
     def _context_call(self, context_ids: Sequence[int], rows) -> torch.Tensor:
         cache = PolyKVCache(
