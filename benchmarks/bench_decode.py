@@ -73,7 +73,7 @@ def mismatches(reference: list, got: list, names: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--samples", type=int, default=4, help="samples per task (default 4)")
     ap.add_argument("--generate-len", type=int, default=64, help="tokens FullKV generates (default 64)")
     ap.add_argument("--context-len", type=int, default=320, help="prompt tokens (default 320, the study's)")
