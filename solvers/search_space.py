@@ -248,10 +248,25 @@ class SearchSpace:
 
 
 def _within_the_pool(before: Slots, after) -> bool:
-    """True when only pooled slots changed budget: the pool ranks its tokens at the sum of its heads' budgets, so
-    tokens moved inside it change nothing the runtime does (:mod:`polykv_search.runtime.pooled`)."""
-    changed = [new for old_row, new_row in zip(before, after) for old, new in zip(old_row, new_row) if old != new]
-    return all(_alone(key[0], json.loads(key[1])) for key, _ in changed)
+    """True when only pooled slots changed budget and nothing per head depends on it: the pool ranks its tokens at
+    the sum of its heads' budgets, so tokens moved inside it change nothing the runtime does
+    (:mod:`polykv_search.runtime.pooled`), unless a head's own share does (kvzip's ``floor`` and ``evidence``
+    count ``min(floor, b)`` and ``floor(evidence * b)`` tokens; its sinks and boundary up to ``b``)."""
+    changed = [
+        (old, new) for old_row, new_row in zip(before, after) for old, new in zip(old_row, new_row) if old != new
+    ]
+    return all(_budget_free(new[0], old[1], new[1]) for old, new in changed)
+
+
+def _budget_free(key: Key, old: int, new: int) -> bool:
+    """Whether a pooled slot's heads keep the same per-head tokens at budget ``old`` and ``new``."""
+    name, params = key[0], json.loads(key[1])
+    if not _alone(name, params):
+        return False
+    pattern = make_pattern(name, **params)
+    protected = getattr(pattern, "n_sink", 0) + getattr(pattern, "boundary", 0)
+    shares = getattr(pattern, "floor", 0) or getattr(pattern, "evidence", 0)
+    return not shares and min(old, new) >= protected
 
 
 def _choice(key: Key, budget: int) -> tuple[str, int, dict[str, Any]]:

@@ -361,3 +361,13 @@ def test_budget_moved_inside_the_pool_is_no_move():
     to_tova = next(m for m in space.moves(pooled) if (m.replaces, m.pattern) == (PATTERNS[2], "tova"))
     mixed = space.apply(pooled, to_tova)
     assert any(space.apply(mixed, m) is not None for m in space.moves(mixed) if m.kind == "budget")
+
+
+@pytest.mark.parametrize("spec", ["kvzip[allocation=model,floor=8]", "kvzip[allocation=model,evidence=0.25]"])
+def test_budget_moved_inside_a_pool_with_per_head_shares_is_a_move(spec):
+    """A floor or an evidence share counts min(floor, b) or floor(evidence * b) tokens per head: moving budget
+    between such pooled layers changes what each head keeps, so the search measures it."""
+    p = problem()
+    pooled = uniform(p, spec)
+    space = SearchSpace(p, pooled, blocks=3, step=8, patterns=p.patterns)
+    assert any(space.apply(pooled, m) is not None for m in space.moves(pooled) if m.kind == "budget")
