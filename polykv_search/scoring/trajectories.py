@@ -66,10 +66,11 @@ def run_trajectories(scorer: SharedScorer, jobs: Sequence[SampleJob]) -> list[li
     t1 = time.perf_counter()
     trajectories = [Trajectory([0] * n, _logit_rows(firsts[j], n), [], None, {}) for j in range(len(jobs))]
     meters = [TrajectoryMeter(trajectories[j], width, job.eos) for j, job in enumerate(jobs)]
-    # the batch: every job's evicting rows, then the FullKV rows, so that one cut (RowSplitLayer) parts the
+    # the batch: every job's evicting rows, then the FullKV rows, so that one cut (layouts.row_parts) parts the
     # long rows from the short ones; ``at[j]``: job j's rows in the batch, in its own order
     order = [(j, r) for j in range(len(jobs)) for r in range(width - 1)] + [(j, width - 1) for j in range(len(jobs))]
-    at = [torch.tensor([order.index((j, r)) for r in range(width)]) for j in range(len(jobs))]
+    last = (width - 1) * len(jobs)  # where the FullKV rows start
+    at = [torch.tensor([*range(j * (width - 1), (j + 1) * (width - 1)), last + j]) for j in range(len(jobs))]
     cache = scorer._stacked([rows[j][r] for j, r in order])
     logits = torch.cat([firsts[j] for j, _ in order])  # [jobs * width, V]
     feed_last = any(job.limit > 0 for job in jobs)
