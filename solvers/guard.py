@@ -28,11 +28,13 @@ import numpy as np
 
 from polykv_search.data import load_corpus
 from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix
+from polykv_search.patterns.spec import parse_spec
 from polykv_search.stats import LEVEL, Interval, paired_difference_interval, stratified_mean_interval
 from signals.strategy_kl import strategies_kl
 from solvers.base import Problem, SolverError
 from solvers.uniform import UniformSettings, UniformSolver
 from strategies import PHASES, Strategy
+from strategies.pattern_spec import short_label
 
 #: Seed offset of the guard's samples from the table's calibration seed (fresh windows by default).
 SEED_OFFSET = 1
@@ -117,11 +119,27 @@ def decide(
     return GuardResult(list(names), kl, list(kinds), means, versus, chosen, level, test_level)
 
 
+def offered_patterns(problem: Problem, solved: Strategy) -> list[str]:
+    """The allowed patterns, then every pattern the solved strategy's head groups use that is not among them
+    (a head-level solve offers its head patterns too, e.g. KVzip's pool), ``full`` left out."""
+    out = [p for p in problem.patterns if p != "full"]
+    seen = {short_label(*parse_spec(p)) for p in out}
+    for phase in PHASES:
+        for choice in solved.phase(phase):
+            for group in choice.head_groups or ():
+                key = short_label(group.pattern, group.params)
+                if group.pattern != "full" and key not in seen:
+                    seen.add(key)
+                    out.append(key)
+    return out
+
+
 def uniform_candidates(problem: Problem, solved: Strategy) -> list[tuple[str, Strategy]]:
-    """``(uniform-SPEC, strategy)`` for every allowed pattern, as the ``uniform`` solver builds it on
-    ``problem`` (the phases not optimized keep their default); one identical to ``solved`` is left out."""
+    """``(uniform-SPEC, strategy)`` for every offered pattern (:func:`offered_patterns`), as the ``uniform``
+    solver builds it on ``problem`` (the phases not optimized keep their default); one identical to ``solved``
+    is left out."""
     out = []
-    for spec in (p for p in problem.patterns if p != "full"):
+    for spec in offered_patterns(problem, solved):
         strategy = UniformSolver(UniformSettings(pattern=spec)).solve(problem).strategy
         same = all(strategy.phase(p) == solved.phase(p) for p in PHASES)
         if not same:

@@ -61,7 +61,11 @@ class MeasureSettings(Settings):
 
     samples: int = setting(8, "calibration samples the strategies are measured on (drawn like the guard's)")
     sample_seed: int | None = setting(None, "seed of those samples (default: the table's calibration seed + 1)")
-    mix: str | None = setting(None, "evidence samples among them, a count or a fraction (default: the table's share)")
+    mix: str | None = setting(
+        None,
+        "evidence samples among them, a count or a fraction (default: the table's share, or half when the table "
+        "has none: prose alone cannot see a lost fact)",
+    )
     level: float = setting(0.95, "confidence level of the acceptance intervals (Bonferroni over the candidates)")
     seed: int = setting(0, "seed of the bootstrap (and of the search's move order)")
     journal: str | None = setting(None, "journal of measured strategies (solve: OUT.journal; none: in memory)")
@@ -106,6 +110,13 @@ class SearchSettings(MeasureSettings):
         if self.start in NOT_A_START:
             raise SolverError(f"start: {self.start!r} cannot be the start (it runs the model itself)")
         _start_settings(self.start_settings)
+
+
+def measure_mix(mix: str | None, table) -> str | None:
+    """``mix``, or when unset and the table was collected on prose alone, half evidence samples: the objective
+    must see facts lost (the guard keeps the table's share)."""
+    retrieval = table.provenance.get("retrieval") or {}
+    return "0.5" if mix is None and not retrieval.get("evidence_samples") else mix
 
 
 class WholeModelSolver(Solver):
@@ -191,7 +202,9 @@ class WholeModelSolver(Solver):
             return
         s = self.settings
         model, tokenizer = self._model(problem)
-        samples, described = guard_samples(tokenizer, problem.table, s.samples, seed=s.sample_seed, mix=s.mix)
+        samples, described = guard_samples(
+            tokenizer, problem.table, s.samples, seed=s.sample_seed, mix=measure_mix(s.mix, problem.table)
+        )
         described = {  # the journal's key: the samples' tokens and scored spans, not only how they were drawn
             **described,
             "fingerprint": samples_fingerprint(samples),

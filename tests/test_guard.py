@@ -16,7 +16,7 @@ from tiny import tiny_model
 from signals.naive import NaiveReference, naive_cell, single_layer_strategy
 from signals.strategy_kl import strategies_kl
 from solvers import Problem
-from solvers.guard import decide, uniform_candidates
+from solvers.guard import decide, offered_patterns, uniform_candidates
 from strategies import LayerChoice, Strategy
 
 
@@ -80,6 +80,27 @@ def test_the_candidates_are_the_uniform_solver_strategies_less_the_solved_one():
     assert [n for n, _ in cands] == ["uniform-snapkv", "uniform-kvzip[allocation=model]"]
     pooled = cands[1][1]
     assert all(c == LayerChoice("kvzip", 20, {"allocation": "model"}) for c in pooled.prefill)
+
+
+def test_a_head_level_solve_offers_the_uniforms_of_its_head_patterns_too():
+    """The table's layer patterns are snapkv only; the head-level solve gives heads to KVzip's pool and h2o, so
+    those uniforms are candidates too (once each, parameters at their defaults not told apart)."""
+    from strategies.head_groups import HeadGroup
+
+    problem = Problem(global_budget=16, num_layers=2, patterns=["snapkv"], phases=("prefill",))
+    groups = (
+        HeadGroup((0,), "full", 32),
+        HeadGroup((1,), "kvzip", 8, {"allocation": "model"}),
+        HeadGroup((2,), "h2o", 12),
+        HeadGroup((3,), "snapkv", 12, {}),
+    )
+    layer = LayerChoice.grouped(groups)
+    solved = Strategy([layer, layer], [LayerChoice("snapkv", 16)] * 2, 16, 1, context_len=32, num_kv_heads=4)
+    assert offered_patterns(problem, solved) == ["snapkv", "kvzip[allocation=model]", "h2o"]
+    names = [n for n, _ in uniform_candidates(problem, solved)]
+    assert names == ["uniform-snapkv", "uniform-kvzip[allocation=model]", "uniform-h2o"]
+    layer_level = Strategy([LayerChoice("snapkv", 16)] * 2, [LayerChoice("snapkv", 16)] * 2, 16, 1)
+    assert offered_patterns(problem, layer_level) == ["snapkv"]
 
 
 # ------------------------------------------------------------------------------ measurement

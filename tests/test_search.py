@@ -343,7 +343,8 @@ def test_the_solver_searches_from_a_head_level_start_file_and_keeps_its_followin
     solver = WholeModelSolver(start=str(path), evaluator=evaluator, kinds=KINDS, max_moves=2, max_evaluations=30)
     result = solver.solve(p)
     s, search = result.strategy, result.strategy.provenance["search"]
-    assert search["start"] == "start-head" and set(search["starts"]) == {"start-head", "uniform-snapkv", "uniform-tova"}
+    offered = {"start-head", "uniform-snapkv", "uniform-tova", "uniform-streaming_llm"}  # its heads' patterns too
+    assert search["start"] == "start-head" and set(search["starts"]) == offered
     assert s.has_head_groups and s.decoding == s.prefill and s.provenance["phases_following"] == {"decoding": "prefill"}
     assert len(search["moves"]) == 2 and all(m["versus_before"]["high"] < 0 for m in search["moves"])
     assert s.digest() == solver.trace.result.digest()
@@ -371,3 +372,19 @@ def test_budget_moved_inside_a_pool_with_per_head_shares_is_a_move(spec):
     pooled = uniform(p, spec)
     space = SearchSpace(p, pooled, blocks=3, step=8, patterns=p.patterns)
     assert any(space.apply(pooled, m) is not None for m in space.moves(pooled) if m.kind == "budget")
+
+
+def test_the_search_measures_half_evidence_samples_when_the_table_has_none():
+    """A prose-only objective cannot see a lost fact: a table collected on prose alone gets half evidence
+    samples unless ``mix`` says otherwise; a table with evidence keeps its own share (the guard's rule)."""
+    import types
+
+    from solvers.whole_model import measure_mix
+
+    def table(retrieval):
+        return types.SimpleNamespace(provenance={"retrieval": retrieval} if retrieval is not None else {})
+
+    assert measure_mix(None, table({"evidence_samples": 0, "prose_samples": 4})) == "0.5"
+    assert measure_mix(None, table(None)) == "0.5"
+    assert measure_mix("0", table({"evidence_samples": 0, "prose_samples": 4})) == "0"
+    assert measure_mix(None, table({"evidence_samples": 2, "prose_samples": 2})) is None

@@ -6,8 +6,8 @@ set -eu
 OUT=${1:?OUT folder}
 mkdir -p "$OUT"
 [ -f "$OUT/h24-signals.json" ] || xz -dc studies/kvzip/h24-signals.json.xz > "$OUT/h24-signals.json"
-[ -f "$OUT/search-B128.json" ] || polykv-search solve --method search --start studies/kvzip/h24-ilp-head-pooled-B128.json \
-    --signals "$OUT/h24-signals.json" --budget 128 --phases prefill --max-evaluations 40 --out "$OUT/search-B128.json"
+[ -f "$OUT/search-fixed-B128.json" ] || polykv-search solve --method search --start studies/kvzip/h24-ilp-head-pooled-B128.json \
+    --signals "$OUT/h24-signals.json" --budget 128 --phases prefill --max-evaluations 40 --out "$OUT/search-fixed-B128.json"
 polykv-search score --suite ruler --context-len 1024 --budget 128 --samples 50 --seed 40 \
-    --baseline 'uniform:kvzip[allocation=model,plus=true]' --strategy "$OUT/search-B128.json" \
+    --baseline 'uniform:kvzip[allocation=model,plus=true]' --strategy "$OUT/search-fixed-B128.json" \
     --no-table --out "$OUT/ruler-agnostic-B128.json"
