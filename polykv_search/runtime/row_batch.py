@@ -26,8 +26,8 @@ from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import DECODING, eviction_target
 from polykv_search.runtime.layer import EvictingLayer
-from polykv_search.runtime.row_view import GroupView, RowsMask
 from polykv_search.runtime.storage import TokenStore, capacity_for
+from polykv_search.runtime.view import GroupView, RowsMask
 
 
 @dataclass
