@@ -9,12 +9,13 @@ phase are evaluated together:
    the statistics do not depend on the budget. Each budget then gets a fork (``EvictingLayer.forked``:
    tensors shared, pattern state copied) whose ``end_call`` compresses it (prefill cells) or that keeps
    it whole with the decoding pattern's state primed (decoding cells).
-2. **Layer l on the continuation, cells batched.** :class:`StackedLayer` presents the cells' layers
-   (different lengths, patterns, budgets) to the attention function as one right-padded batch (padding
-   is invalid, so masked exactly); every row's own hooks and evictions run on its own, unpadded layer,
-   so each row keeps exactly the tokens it would keep alone. Prefill cells: the m continuation tokens
-   in one call. Decoding cells: teacher-forced, one token per step, evicting as the runtime does.
-   Layers below l are FullKV, so their continuation outputs are the recorded ones.
+2. **Layer l on the continuation, cells batched.** The cells' layers (different lengths, patterns,
+   budgets) become one decoding batch (:func:`~polykv_search.runtime.layouts.row_parts`, as the scorer's):
+   one right-padded store (padding is invalid, so masked exactly) whose rows that share a decoding pattern
+   score and evict together, each to its own budget, so each row keeps exactly the tokens it would keep
+   alone; a pooled allocation's row (heads of different lengths) is a group of its own. Prefill cells:
+   the m continuation tokens in one call. Decoding cells: teacher-forced, one token per step, evicting as
+   the runtime does. Layers below l are FullKV, so their continuation outputs are the recorded ones.
 3. **Layers l+1..L once for all cells**, in one call of m tokens with the FullKV prompt caches
    expanded to the batch (layers above l do not evict, so step-by-step and one-call decoding agree);
    then the final norm and head give the continuation's per-token NLL and KL(FullKV ‖ cell) against
@@ -33,8 +34,9 @@ import numpy as np
 import torch
 
 from polykv_search.patterns import Pattern
-from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan, PolyKVCache, StackedLayer
+from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan, PolyKVCache, RuntimeLayer
 from polykv_search.runtime.eviction import DECODING, PREFILL
+from polykv_search.runtime.layouts import row_parts
 from polykv_search.runtime.pooled import allocate
 from signals import model_parts
 from signals.cosine import cosine_per_token
@@ -166,9 +168,8 @@ def _continue(model, runtime, record: FullKVRecord, layer_idx: int, phase: str, 
     device = record.hidden[0].device
     num_layers = len(record.keys)
     m, c = record.continuation_len, len(rows)
-    layers: list[EvictingLayer] = [_detached(runtime, j, FULL_PLAN, FULL_PLAN) for j in range(num_layers)]
-    stacked = StackedLayer(layer_idx, rows, **runtime.layer_kwargs(layer_idx))
-    layers[layer_idx] = stacked
+    layers: list[RuntimeLayer] = [_detached(runtime, j, FULL_PLAN, FULL_PLAN) for j in range(num_layers)]
+    layers[layer_idx] = row_parts(layer_idx, rows, None, **runtime.layer_kwargs(layer_idx))
     cache = PolyKVCache(layers)
     pos = record.position_ids(device)
     hidden = record.hidden[layer_idx].expand(c, -1, -1)

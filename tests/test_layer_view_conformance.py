@@ -1,7 +1,7 @@
 """The pattern–layer boundary is checked, not prose: every registered pattern runs against a view that raises on
 anything outside :class:`~polykv_search.patterns.base.LayerView` (tests/strict_view.py), in every layout the
 runtime builds — one layer per model layer, head groups, a pooled allocation's per-head groups, the scorer's
-shared context call (fan-out) and its row batches (whole and split), and the signal replay's stacked rows —
+shared context call (fan-out) and its row batches (whole and split), and the signal replay's row batch —
 through prefill, a reconstruction pass (kvzip) and decoding."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_every_pattern_stays_inside_the_view_in_the_scorer_layouts(monkeypatch):
 
 
 def test_every_pattern_stays_inside_the_view_in_the_signal_replay(monkeypatch):
-    """The collector's replay: forked rows, stacked rows, and kvzip's reconstruction states."""
+    """The collector's replay: forked rows, its row batch, and kvzip's reconstruction states."""
     names = checked_patterns(monkeypatch)
     model = tiny_model("llama", layers=L, seed=7)
     samples = make_samples(1, n=24, m=4, seed=8)

@@ -22,11 +22,11 @@ from polykv_search.runtime import (
     PhasePlan,
     PolyKVRuntime,
     RowBatchLayer,
-    StackedLayer,
     apply_strategy,
     cache_report,
     eviction_target,
 )
+from polykv_search.runtime.layouts import row_parts
 from signals.collect import collect_signals
 from strategies import Strategy
 from tests.test_collect import assert_tables_close, make_samples
@@ -177,15 +177,16 @@ def test_an_attention_call_that_cannot_find_its_cache_layer_raises():
     torch.testing.assert_close(plain, model(ids, use_cache=False).logits)
 
 
-def test_stacked_rows_may_have_value_heads_of_another_size():
+def test_batched_rows_may_have_value_heads_of_another_size():
     gen = torch.Generator().manual_seed(1)
     rows = []
-    for n in (5, 9):
-        row = EvictingLayer(0, FULL_PLAN, PhasePlan(PATTERNS["knorm"](), 6), **KW)
+    n = 9
+    for prefill in (PhasePlan(PATTERNS["knorm"](), 5), FULL_PLAN):  # rows of 5 and 9 tokens
+        row = EvictingLayer(0, prefill, PhasePlan(PATTERNS["knorm"](), 6), **KW)
         row.update(torch.randn(1, H, n, D, generator=gen), torch.randn(1, H, n, D + 3, generator=gen))
         row.attention_call(torch.randn(1, H * G, n, D, generator=gen), None)
         rows.append(row)
-    stacked = StackedLayer(0, rows, **KW)
+    stacked = row_parts(0, rows, None, **KW)  # the decoding batch's layout
     stacked.update(torch.randn(2, H, 1, D, generator=gen), torch.randn(2, H, 1, D + 3, generator=gen))
     assert stacked.values.shape[-1] == D + 3 and stacked.keys.shape[-1] == D
     for i, row in enumerate(rows):

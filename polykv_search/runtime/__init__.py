@@ -3,12 +3,12 @@
 from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan, eviction_target
+from polykv_search.runtime.fanout import FanoutLayer
 from polykv_search.runtime.layer import EvictingLayer
 from polykv_search.runtime.layouts import GroupedLayer, HeadGroupPlan, KernelGroup
 from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
 from polykv_search.runtime.row_batch import RowBatchLayer
 from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy, strategy_plans
-from polykv_search.runtime.stacked import FanoutLayer, StackedLayer
 
 __all__ = [
     "SUPPORTED",
@@ -25,7 +25,6 @@ __all__ = [
     "PolyKVRuntime",
     "RowBatchLayer",
     "RuntimeLayer",
-    "StackedLayer",
     "UnsupportedModelError",
     "apply_strategy",
     "cache_report",

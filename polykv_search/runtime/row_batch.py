@@ -1,10 +1,11 @@
 """`RowBatchLayer`: single-sequence cache layers decoded as one batch, evicting row groups at once.
 
-The scorer decodes many entries together. Each row keeps its own tokens, decoding pattern and budget,
-but rows live in one padded store (row ``r``'s ``counts[r]`` tokens in slots ``0..counts[r]-1``,
-the rest invalid), and the rows that share a decoding pattern form a *group* whose hooks, scores and
-evictions run as one batched call with per-row budgets. Patterns whose batched scores are not the
-per-row scores (``Pattern.batch_exact = False``, e.g. seeded random draws) get a group per row.
+The scorer decodes many entries together, and the signal replay continues its cells together. Each row
+keeps its own tokens, decoding pattern and budget, but rows live in one padded store (row ``r``'s
+``counts[r]`` tokens in slots ``0..counts[r]-1``, the rest invalid), and the rows that share a decoding
+pattern form a *group* whose hooks, scores and evictions run as one batched call with per-row budgets.
+Patterns whose batched scores are not the per-row scores (``Pattern.batch_exact = False``, e.g. seeded
+random draws) get a group per row.
 
 Every row keeps exactly the tokens it would keep alone (:class:`~polykv_search.runtime.EvictingLayer`
 with the same plans): scores of valid tokens do not depend on the padding, padding is never kept,
@@ -26,8 +27,8 @@ from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.eviction import DECODING, eviction_target
 from polykv_search.runtime.layer import EvictingLayer
-from polykv_search.runtime.row_view import GroupView, RowsMask
 from polykv_search.runtime.storage import TokenStore, capacity_for
+from polykv_search.runtime.view import GroupView, RowsMask
 
 
 @dataclass

@@ -1,11 +1,8 @@
-"""Cache layers that present several per-row layers to one attention call.
+"""`FanoutLayer`: the scorer's shared context call.
 
-:class:`StackedLayer` shows rows of different lengths, plans and evictions as one right-padded batch
-(the signal replay's cells; the scorer's entries during the question call and decoding).
-:class:`FanoutLayer` is the scorer's shared context call: one FullKV prompt for the kernel, and one
-row per entry that receives the same keys/values and is compressed by its own prefill plan.
-Both keep every row's kept set exactly what the row would keep alone: the rows' hooks and evictions
-run on the rows themselves.
+One FullKV prompt for the kernel, and one row per entry that receives the same keys/values and is
+compressed by its own prefill plan. Every row's kept set is exactly what the row would keep alone: the
+rows' hooks and evictions run on the rows themselves.
 """
 
 from __future__ import annotations
@@ -20,114 +17,6 @@ from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.kernels import small_ops
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer
 from polykv_search.runtime.layouts import query_heads
-from polykv_search.runtime.storage import TokenStore
-
-
-class _RowDispatch:
-    """The one observer a :class:`StackedLayer` shows the runtime: runs every row's own observers on
-    the row's layer with the row's slice of the queries."""
-
-    def __init__(self, stacked: StackedLayer):
-        self.stacked = stacked
-
-    def pre_kernel(self, layer, state, query) -> None:
-        with small_ops():
-            for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
-                for pattern, st in observers:
-                    pattern.pre_kernel(row, st, query[i : i + 1])
-
-    def post_kernel(self, layer, state, query) -> None:
-        with small_ops():
-            for i, (row, observers) in enumerate(zip(self.stacked.rows, self.stacked.row_observers)):
-                for pattern, st in observers:
-                    pattern.post_kernel(row, st, query[i : i + 1])
-
-
-class StackedLayer(RuntimeLayer):
-    """Several single-row cache layers (own plans, lengths, evictions) shown as one batch.
-
-    The attention function sees right-padded ``keys``/``values``/``positions``/``valid`` (padding:
-    invalid, position -1, so the per-layer mask excludes it exactly) and runs one kernel for all rows;
-    ``update``/``begin_call``/hooks/``end_call`` are delegated to each row's own layer.
-    """
-
-    def __init__(self, layer_idx: int, rows: Sequence[EvictingLayer], **kwargs):
-        super().__init__(layer_idx, **kwargs)
-        if not rows:
-            raise ValueError("StackedLayer needs at least one row")
-        self.rows = list(rows)
-        self.row_observers: list[list] = [[] for _ in self.rows]
-        self._dispatch = _RowDispatch(self)
-        first = self.rows[0]
-        self.device = first.device
-        self.is_initialized = True
-        self.seen = first.seen
-        self.calls = first.calls
-        self._batch: TokenStore | None = None
-        self._restack()
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        with small_ops():
-            for i, row in enumerate(self.rows):
-                row.update(key_states[i : i + 1], value_states[i : i + 1])
-            self.seen += key_states.shape[-2]
-            self._restack()
-        self._notify_update(kwargs.get("kwargs"))
-        return self.keys, self.values
-
-    def begin_call(self, q_len: int, padding_mask) -> None:
-        if padding_mask is not None:
-            raise ValueError("StackedLayer does not support padding")
-        self.query_range = range(self.seen - q_len, self.seen)
-        for row in self.rows:
-            row.begin_call(q_len, None)
-        self.row_observers = [row.observers() for row in self.rows]
-
-    def observers(self):
-        return [(self._dispatch, None)] if any(self.row_observers) else []
-
-    def end_call(self) -> None:
-        # the stacked tensors are rebuilt on the next ``update``, the only point that reads them next
-        with small_ops():
-            for row in self.rows:
-                row.end_call()
-        self.calls += 1
-
-    def _restack(self) -> None:
-        """Bring the padded batch tensors up to date with the rows.
-
-        The batch lives in buffers with headroom (``[R, H, capacity, ...]``; the exposed tensors are
-        views of the first ``max length`` slots). A row that only grew since the last call gets its new
-        tokens written; a row that evicted (or shrank) is rewritten and its stale tail marked invalid.
-        So a decoding step costs the new tokens plus the rows that evicted, not the whole batch.
-        """
-        rows = self.rows
-        self.num_evictions = max(row.num_evictions for row in rows)
-        if len(rows) == 1:  # no copy: the row's own tensors
-            row = rows[0]
-            self.keys, self.values, self.positions, self.valid = row.keys, row.values, row.positions, row.valid
-            return
-        n_max = max(row.length for row in rows)
-        store = self._batch
-        if store is None or n_max > store.capacity:
-            # zeros, not empty: padded slots are masked out, but must be finite (0 * NaN is NaN)
-            store = self._batch = TokenStore.padded(len(rows), n_max + self.HEADROOM, rows[0].keys, rows[0].values)
-            self._lengths = [0] * len(rows)
-            self._evictions = [-1] * len(rows)  # forces a full write of every row
-        for i, row in enumerate(rows):
-            n, old = row.length, self._lengths[i]
-            start = 0 if (row.num_evictions != self._evictions[i] or n < old) else old
-            if start < n:
-                tail = (t[0, :, start:] for t in (row.keys, row.values, row.positions, row.valid))
-                store.write(i, start, *tail)
-            if n < old:  # the evicted tail: padding again
-                store.pad(i, n, old)
-            self._lengths[i], self._evictions[i] = n, row.num_evictions
-        self._expose(store, n_max)
-        self._all_valid = None
-
-    #: Slots allocated beyond the longest row, so that decoding steps write in place.
-    HEADROOM = 64
 
 
 class _SharedDispatch:
