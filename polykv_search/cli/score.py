@@ -28,6 +28,9 @@ from polykv_search.cli.score_checks import check_entries, check_fan_out, check_h
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
 
+#: ``--decode-batch``'s default; a run at it keeps the checkpoint key it had before the setting was recorded
+DECODE_BATCH = 8
+
 
 def add_parser(sub) -> None:
     from polykv_search.cli.baselines import BASELINE_SPECS
@@ -93,7 +96,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--decode-batch",
         type=positive_int,
-        default=8,
+        default=DECODE_BATCH,
         metavar="N",
         help="decode suite: samples of one prompt length decoded together at most, FullKV a row beside the "
         "entries (memory: N x (entries + 1) rows and N trajectories' logits; same results; default 8)",
@@ -223,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "attn": args.attn,
         "batch_entries": args.batch_entries,
+        "decode_batch": args.decode_batch,
     }
     fingerprint = model_fingerprint(model)
     checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape, protocol)
@@ -319,6 +323,8 @@ def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_s
     from polykv_search.scoring import ScoreError
     from polykv_search.scoring.checkpoint import Checkpoint, run_key
 
+    if settings.get("decode_batch") == DECODE_BATCH:  # a checkpoint of an earlier release still resumes
+        settings = {k: v for k, v in settings.items() if k != "decode_batch"}
     key = run_key(
         versions=_versions(),
         settings=settings,
