@@ -1,0 +1,50 @@
+"""Bad input refused before any work (reliability fixes): counts with no sane bound, and checks that need no model
+run before the model loads.
+
+Each row runs as the corpus of ``test_bad_inputs_cases.py`` does (exit code 2, one ``error:`` line, no traceback,
+nothing written); no model is loaded (``ModelLoaded``), and a hang fails the test (``time_limit``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bad_inputs_support import (
+    SIG,
+    no_model_no_network,  # noqa: F401  (autouse: no model, no network)
+    row,
+    run_case,
+    time_limit,  # noqa: F401  (autouse: a hang fails the test)
+)
+
+SOLVE = "solve --method uniform --budget 64 --out o.json"
+
+CASES = [
+    # ---- solve --num-layers: a strategy of 10**8 layers would run for hours and fill the memory
+    row(f"{SOLVE} --num-layers 100000000", "expected at most 10,000 layers, got 100,000,000", id="solve-layers-1e8"),
+    row(f"{SOLVE} --num-layers 10001", "at most 10,000 layers", id="solve-layers-over-the-cap"),
+    row(f"{SOLVE} --num-layers 0", "expected a positive integer, got 0", id="solve-layers-0"),
+    row(f"{SOLVE} --num-layers inf", "expected a positive integer, got 'inf'", id="solve-layers-inf"),
+    row(
+        "solve --budget 64 --signals sig.json --num-layers 100000000 --out o.json",
+        "at most 10,000 layers",
+        SIG,
+        id="solve-layers-1e8-with-signals",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv,match,files", CASES)
+def test_bad_input_is_refused_before_any_work(argv, match, files, tmp_path, monkeypatch, capsys):
+    run_case(argv, match, files, tmp_path, monkeypatch, capsys)
+
+
+def test_the_largest_layer_count_is_solved(tmp_path, monkeypatch, capsys):
+    """The cap refuses nothing real: 10,000 layers are solved and written."""
+    import json
+
+    from polykv_search.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(SOLVE.split() + ["--num-layers", "10000"]) == 0
+    assert len(json.loads((tmp_path / "o.json").read_text())["layers"]) == 10_000
