@@ -263,6 +263,7 @@ def check(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from polykv_search.data import DEFAULT_CORPUS, describe_samples, load_corpus
     from polykv_search.data.evidence import describe_evidence, make_calibration_samples
+    from polykv_search.models import load_tokenizer
     from polykv_search.protocol import AGNOSTIC, AWARE
     from signals.collect import CollectError, ModelLoader, collect_signals
     from signals.journal import journal_path
@@ -273,10 +274,9 @@ def run(args: argparse.Namespace) -> int:
     with console.status(f"reading the calibration corpus {spec} ..."):
         corpus = load_corpus(spec)  # a bad --calib is refused before the (slow) model load
 
-    model, tokenizer = load_model_from_args(args)
     with console.status(f"preparing {args.samples} calibration samples from {spec} ..."):
-        samples = make_calibration_samples(
-            tokenizer,
+        samples = make_calibration_samples(  # tokens only: a corpus too short for them, before the model
+            load_tokenizer(args.model),
             corpus,
             n_samples=args.samples,
             context_len=args.context_len,
@@ -285,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
             mix=mix,
             protocol=AWARE if args.question_aware else AGNOSTIC,
         )
+    model, tokenizer = load_model_from_args(args)
     calibration = describe_samples(
         samples,
         corpus,

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search import scoring
     from polykv_search.cli.baselines import baseline, check_baseline
     from polykv_search.io import write_json
-    from polykv_search.models import model_fingerprint
+    from polykv_search.models import load_tokenizer, model_fingerprint
     from polykv_search.protocol import AGNOSTIC, AWARE
     from polykv_search.scoring.checkpoint import check_partial_protocol
     from polykv_search.scoring.checkpoint_schema import read_partial
@@ -198,6 +198,11 @@ def run(args: argparse.Namespace) -> int:
     check_limits(args, tasks)
     with console.status(f"reading the corpus {args.corpus} ..."):
         texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})  # a bad --corpus: before the model
+    with console.status("generating samples ..."):  # tokens only: a --context-len too short, before the model
+        tok = load_tokenizer(args.model)
+        task_samples = scoring.make_task_samples(
+            tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
+        )
     model, tok = load_model_from_args(args)
     check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
@@ -205,11 +210,6 @@ def run(args: argparse.Namespace) -> int:
     for s in entries:
         s.strategy.check_model(L, model_spec(model).num_kv_heads)
     entries += [baseline(spec, L, args.budget) for spec in args.baseline]  # their names: check_entries
-
-    with console.status("generating samples ..."):
-        task_samples = scoring.make_task_samples(
-            tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
-        )
     engine = "per-entry" if args.no_shared_prefill else "shared"
     settings = {
         "suite": args.suite,
