@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 
 from tests.bad_inputs_support import (
+    RES,
     SIG,
+    S,
     no_model_no_network,  # noqa: F401  (autouse: no model, no network)
     row,
     run_case,
@@ -30,6 +32,23 @@ CASES = [
         "at most 10,000 layers",
         SIG,
         id="solve-layers-1e8-with-signals",
+    ),
+    # ---- compare --resamples: scipy holds every resample's indices at once
+    row("compare r.json --resamples 1000000000000", "at most 1,000,000 resamples", RES, id="compare-resamples-1e12"),
+    row("compare r.json --resamples 0", "expected a positive integer, got 0", RES, id="compare-resamples-0"),
+    # ---- export: an output (or the kvpress module's JSON sidecar) that would replace the strategy it reads
+    # (canonical JSON in place keeps the strategy: test_bad_inputs_outputs.py)
+    row(
+        "export s.json --format vllm --approximate --out s.json",
+        "--out s.json is the strategy file",
+        S,
+        id="export-vllm-over-its-input",
+    ),
+    row(
+        "export s.json --format kvpress --out s.py",
+        "--out s.py's sidecar s.json is the strategy file",
+        S,
+        id="export-sidecar-over-its-input",
     ),
 ]
 
