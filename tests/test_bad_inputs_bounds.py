@@ -33,6 +33,16 @@ CASES = [
         SIG,
         id="solve-layers-1e8-with-signals",
     ),
+    # ---- score --samples (quickstart --eval-samples): generated and held before the first is scored
+    row("score --baseline full --samples 100000000000 --out o.json", "at most 10,000 samples", id="score-samples-1e11"),
+    row("quickstart --eval-samples 10001 --out q", "at most 10,000 samples per task", id="quickstart-eval-samples"),
+    # ---- inputs read before any model or tokenizer loads
+    row("collect --calib '' --out o.json", "--calib: empty", id="collect-calib-empty"),
+    row(
+        "score --baseline full --suite longbench --longbench-source nosuch --out o.json",
+        "nosuch: no such file or directory",
+        id="score-longbench-source-missing",
+    ),
     # ---- compare --resamples: scipy holds every resample's indices at once
     row("compare r.json --resamples 1000000000000", "at most 1,000,000 resamples", RES, id="compare-resamples-1e12"),
     row("compare r.json --resamples 0", "expected a positive integer, got 0", RES, id="compare-resamples-0"),

@@ -53,6 +53,7 @@ from polykv_search.cli.common import (
     resolve_jobs,
 )
 from polykv_search.cli.quickstart_report import write_report
+from polykv_search.cli.score_checks import sample_count
 from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
 
 #: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
@@ -101,7 +102,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--eval-samples",
-        type=positive_int,
+        type=sample_count,
         default=None,
         help=f"evaluation samples per task (default {EVAL_SAMPLES}; with --full {FULL_EVAL_SAMPLES})",
     )

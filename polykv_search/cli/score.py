@@ -24,7 +24,15 @@ from polykv_search.cli.common import (
     positive_int,
 )
 from polykv_search.cli.outputs import check_not_an_input
-from polykv_search.cli.score_checks import check_entries, check_fan_out, check_held_budgets, check_limits
+from polykv_search.cli.score_checks import (
+    MAX_SAMPLES,
+    check_entries,
+    check_fan_out,
+    check_held_budgets,
+    check_limits,
+    check_longbench_sources,
+    sample_count,
+)
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
 
@@ -64,7 +72,9 @@ def add_parser(sub) -> None:
         help="suites and/or task names, comma separated (default broad,ruler; also decode, longbench); "
         "none: lm-eval tasks only",
     )
-    p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
+    p.add_argument(
+        "--samples", type=sample_count, default=4, help=f"samples per task (default 4; at most {MAX_SAMPLES:,})"
+    )
     p.add_argument(
         "--context-len",
         type=positive_int,
@@ -183,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
     protocol = AWARE if args.question_aware else AGNOSTIC
     for task in tasks:
         check_task_protocol(task, protocol)
+    check_longbench_sources(tasks)
     for note in protocol_notes(tasks, protocol):
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for spec in args.baseline:
