@@ -7,6 +7,8 @@ nothing written); no model is loaded (``ModelLoaded``), and a hang fails the tes
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from tests.bad_inputs_support import (
@@ -36,6 +38,7 @@ CASES = [
     # ---- score --samples (quickstart --eval-samples): generated and held before the first is scored
     row("score --baseline full --samples 100000000000 --out o.json", "at most 10,000 samples", id="score-samples-1e11"),
     row("quickstart --eval-samples 10001 --out q", "at most 10,000 samples per task", id="quickstart-eval-samples"),
+    row("score --baseline full --seed -1 --out o.json", "expected a non-negative integer, got -1", id="score-seed-neg"),
     # ---- inputs read before any model or tokenizer loads
     row("collect --calib '' --out o.json", "--calib: empty", id="collect-calib-empty"),
     row(
@@ -77,3 +80,14 @@ def test_the_largest_layer_count_is_solved(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(SOLVE.split() + ["--num-layers", "10000"]) == 0
     assert len(json.loads((tmp_path / "o.json").read_text())["layers"]) == 10_000
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    from polykv_search.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = {
+        name: [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+        for name, parser in commands.choices.items()
+    }
+    assert not {name: flags for name, flags in silent.items() if flags}

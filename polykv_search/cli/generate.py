@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt-file", help="read the prompt from this file")
     src.add_argument("--prompt", help=f"the prompt text (default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument(

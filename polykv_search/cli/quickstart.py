@@ -73,14 +73,14 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="polykv-quickstart", help="output folder (default ./polykv-quickstart)")
     p.add_argument("--model", default=None, help="model (default smollm2-135m, offline)")
     p.add_argument("--budget", type=positive_float, default=D.BUDGET, help=f"global budget B (default {D.BUDGET})")
-    p.add_argument("--calib-samples", type=positive_int, default=D.CALIB_SAMPLES)
+    p.add_argument("--calib-samples", type=positive_int, default=D.CALIB_SAMPLES, help="collect's --samples")
     p.add_argument(
         "--context-len",
         type=positive_int,
         default=D.CONTEXT_LEN,
         help=f"calibration and evaluation context (default {D.CONTEXT_LEN})",
     )
-    p.add_argument("--continuation-len", type=positive_int, default=D.CONTINUATION_LEN)
+    p.add_argument("--continuation-len", type=positive_int, default=D.CONTINUATION_LEN, help="collect's")
     p.add_argument(
         "--retrieval-mix",
         default="0",
@@ -109,7 +109,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--eval-context-len", type=positive_int, default=None, help="evaluation context (default: --context-len)"
     )
-    p.add_argument("--suite", default="broad,ruler")
+    p.add_argument("--suite", default="broad,ruler", help="score's --suite (default broad,ruler)")
     p.add_argument(
         "--baselines",
         type=comma_list(str, "baseline", split=split_specs),
@@ -136,8 +136,8 @@ def add_parser(sub) -> None:
         "(the defaults of --methods, --baselines and --eval-samples above; docs/quickstart.md says what each adds)",
     )
     H.add_args(p)
-    p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS, help="optuna's --trials")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     p.add_argument(
         "--jobs",
         type=jobs_count,

@@ -19,6 +19,7 @@ from polykv_search.cli.common import (
     console,
     jobs_count,
     load_model_from_args,
+    non_negative_int,
     out,
     positive_float,
     positive_int,
@@ -83,7 +84,7 @@ def add_parser(sub) -> None:
         "the budget it states (a 'full' layer or head, keep-all heads built for a shorter context) is refused, not "
         "scored with a B that misstates its memory (one that holds less, at a shorter context, is scored)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sample generation seed (default 0)")
     p.add_argument(
         "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
     )
