@@ -315,13 +315,14 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_e
     if name == "expected_attention":  # the mean RoPE matrix of the next n_future_positions positions
         n, seen, d = params["n_future_positions"], key.shape[2], key.shape[-1]
         ahead = sum(rotation(p, rope, d) for p in range(seen, seen + n)) / n
-    tova_shared = {}
-    if name == "tova":
+    tova_shared, aligned = {}, {}
+    if name == "tova":  # a token's score: each query head's attention over its own tokens (0 if not held), mean
         ((qvec, qp),) = L.queries[_key(plan)]
         for b in range(B):
-            cands = [j for j in range(L.kept.shape[-1]) if L.kept[b, heads[0], j]]
-            per_head = [_probs_over(L, key, b, hq, groups, qvec[b, hq], qp, cands, scaling) for hq in qheads]
-            tova_shared[b] = {j: sum(ph[j] for ph in per_head) / len(qheads) for j in cands}
+            aligned[b] = all(torch.equal(L.kept[b, heads[0]], L.kept[b, hh]) for hh in heads)
+            held = [[j for j in range(L.kept.shape[-1]) if L.kept[b, hq // groups, j]] for hq in qheads]
+            per_head = [_probs_over(L, key, b, hq, groups, qvec[b, hq], qp, c, scaling) for hq, c in zip(qheads, held)]
+            tova_shared[b] = {j: sum(ph.get(j, 0.0) for ph in per_head) / len(qheads) for c in held for j in c}
     for b in range(B):
         for h in heads:
             cands = [j for j in range(L.kept.shape[-1]) if L.kept[b, h, j]]
@@ -395,5 +396,5 @@ def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_e
             for j in cands:
                 if j not in keep:
                     L.kept[b, h, j] = False
-        if name == "tova" and share is None:  # the share is each head's own
+        if name == "tova" and share is None and aligned[b]:  # heads that held the same tokens keep the same
             assert all(torch.equal(L.kept[b, heads[0]], L.kept[b, hh]) for hh in heads)

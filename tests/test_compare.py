@@ -173,6 +173,15 @@ def test_rows_are_deduplicated_by_digest_and_budget_across_files():
     assert not c.warnings
 
 
+def test_files_without_a_newer_engine_setting_merge_with_files_that_record_it():
+    """decode_batch (recorded since it was added) changes no score: a file without it, or with another value,
+    merges without a runtime-settings warning."""
+    old, new, other = standard(), standard(decode_batch=8), standard(decode_batch=2)
+    c = cmp.compare([old, new, other], sources=["old.json", "new.json", "other.json"])
+    assert len(c.runs) == 1 and not c.warnings
+    assert row(c, "proportional").gap["ruler"] == pytest.approx(0.5)
+
+
 def test_same_strategy_under_two_names_is_one_row_named_by_the_baseline():
     same = entry("uniform-tova", TOVA)
     as_file = dict(same, name="my_tova", kind="strategy")

@@ -236,6 +236,7 @@ def test_score_and_compare_cli_on_the_decode_suite(tmp_path, capsys):
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["provenance"]["settings"]["generate_len"] == 12
+    assert doc["provenance"]["settings"]["decode_batch"] == 8  # --decode-batch's default, recorded as provenance
     record = doc["entries"][1]["tasks"]["decode/trajectory"]["per_sample"][0]
     assert record["prediction"]["total"] == 12 and set(record["kl_buckets"]) == {"0-12"}
     capsys.readouterr()

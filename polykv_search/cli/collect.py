@@ -198,6 +198,8 @@ def check(args: argparse.Namespace):
 
     out = check_output_path(args.out)
     check_not_an_input(out, "--out", [("the --calib corpus", args.calib)])
+    if args.calib is not None and not args.calib.strip():  # "" would read the default corpus
+        raise CLIError("--calib: empty; give a corpus spec, or leave it out for austen")
     if args.resume and args.fresh:
         raise CLIError("--resume and --fresh contradict each other")
     if args.continuation_len < 2:
@@ -263,6 +265,7 @@ def check(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from polykv_search.data import DEFAULT_CORPUS, describe_samples, load_corpus
     from polykv_search.data.evidence import describe_evidence, make_calibration_samples
+    from polykv_search.models import load_tokenizer
     from polykv_search.protocol import AGNOSTIC, AWARE
     from signals.collect import CollectError, ModelLoader, collect_signals
     from signals.journal import journal_path
@@ -273,9 +276,9 @@ def run(args: argparse.Namespace) -> int:
     with console.status(f"reading the calibration corpus {spec} ..."):
         corpus = load_corpus(spec)  # a bad --calib is refused before the (slow) model load
 
-    model, tokenizer = load_model_from_args(args)
     with console.status(f"preparing {args.samples} calibration samples from {spec} ..."):
-        samples = make_calibration_samples(
+        tokenizer = load_tokenizer(args.model)
+        samples = make_calibration_samples(  # tokens only: a corpus too short for them, before the model
             tokenizer,
             corpus,
             n_samples=args.samples,
@@ -285,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
             mix=mix,
             protocol=AWARE if args.question_aware else AGNOSTIC,
         )
+        evidence = collect_heads.evidence_samples(args, tokenizer, corpus) if collect_heads.head_samples(args) else None
+    model, tokenizer = load_model_from_args(args)
     calibration = describe_samples(
         samples,
         corpus,
@@ -328,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     if collect_heads.head_samples(args):
         try:
-            collect_heads.measure(args, table, model, tokenizer, corpus, out, samples)
+            collect_heads.measure(args, table, model, tokenizer, corpus, out, samples, evidence)
         except CollectError as err:  # a --backend that cannot start (a missing package, no cluster)
             raise CLIError(str(err)) from None
     cells = table.shape[0] * table.shape[1] * table.shape[2] * table.shape[3] - len(table.missing_cells())

@@ -126,11 +126,29 @@ def check(args: argparse.Namespace, mix) -> None:
             raise CLIError(message.replace("context_len ", "--context-len ", 1)) from None
 
 
-def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samples) -> None:
+def evidence_samples(args: argparse.Namespace, tokenizer, corpus) -> list:
+    """The :func:`head_samples` evidence samples the per-head signals are measured on (drawn before the model
+    loads, so that a corpus too short for them is refused before the collection runs)."""
+    from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix
+
+    n = head_samples(args)
+    return make_calibration_samples(
+        tokenizer,
+        corpus,
+        n_samples=n,
+        context_len=args.context_len,
+        continuation_len=args.continuation_len,
+        seed=args.seed,
+        mix=parse_retrieval_mix(str(n), records=args.evidence_records or 1),
+    )
+
+
+def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samples, evidence=None) -> None:
     """Retrieval scores (and with ``--head-cells`` the cells of every ``--head-patterns`` pattern) per KV head,
     stored in the table at ``out``; ``samples``: the collection's calibration samples (its prose ones give the
-    prose KL). What the table already holds with the same settings is kept, not measured again."""
-    from polykv_search.data.evidence import EvidenceSample, make_calibration_samples, parse_retrieval_mix
+    prose KL); ``evidence``: :func:`evidence_samples`, drawn here if not given. What the table already holds with
+    the same settings is kept, not measured again."""
+    from polykv_search.data.evidence import EvidenceSample
     from polykv_search.parallel import ModelLoader
     from polykv_search.progress import ProgressBar
     from signals.head_cells import measure_head_cells
@@ -175,15 +193,7 @@ def measure(args: argparse.Namespace, table, model, tokenizer, corpus, out, samp
             table.set_heads(heads)
             table.save(out)
         return
-    evidence = make_calibration_samples(
-        tokenizer,
-        corpus,
-        n_samples=n,
-        context_len=args.context_len,
-        continuation_len=args.continuation_len,
-        seed=args.seed,
-        mix=parse_retrieval_mix(str(n), records=records),
-    )
+    evidence = evidence if evidence is not None else evidence_samples(args, tokenizer, corpus)
     bar_console = None if args.no_progress else console
     # --jobs: the cells' samples fan out like the grid's units (a worker loads the model once)
     loader = ModelLoader(args.model, args.device, args.dtype, args.attn)

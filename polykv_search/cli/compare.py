@@ -96,11 +96,23 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--resamples",
-        type=positive_int,
+        type=_resamples,
         default=None,
-        help="bootstrap resamples per interval (default 9999, scipy's default)",
+        help=f"bootstrap resamples per interval (default 9999, scipy's default; at most {MAX_RESAMPLES:,})",
     )
     p.set_defaults(func=run)
+
+
+#: The most ``--resamples``: 100 times scipy's default, whose Monte Carlo error is already well inside an interval's
+#: width; scipy holds every resample's indices at once (10**12 would fail for memory after the files are read).
+MAX_RESAMPLES = 1_000_000
+
+
+def _resamples(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_RESAMPLES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_RESAMPLES:,} resamples, got {value:,}")
+    return value
 
 
 def _level(text: str) -> float:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.markup import escape
 
 from polykv_search.cli.common import CLIError, check_output_path, console, positive_int
+from polykv_search.cli.outputs import check_not_an_input
 
 
 def add_parser(sub) -> None:
@@ -53,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         export = render_export(strategy, args.format, args.out, options)
         for path in export.files:  # a kvpress sidecar too: nothing is written unless every file can be
-            check_output_path(path, "--out")
+            flag = "--out" if Path(path) == Path(args.out) else f"--out {args.out}'s sidecar"
+            check_output_path(path, flag)
+            if args.format != "json" or flag != "--out":  # canonical JSON in place keeps the strategy
+                check_not_an_input(path, flag, [("the strategy file", args.strategy)])
         written = write_export(export)
     except ExportError as err:
         raise CLIError(str(err)) from None

@@ -20,7 +20,7 @@ from polykv_search.cli.common import (
     print_json,
     read_text,
 )
-from polykv_search.cli.limits import check_fits_model
+from polykv_search.cli.limits import check_fits_model, check_lengths, model_shape
 
 DEFAULT_PROMPT = "Write two sentences about the sea."
 
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt-file", help="read the prompt from this file")
     src.add_argument("--prompt", help=f"the prompt text (default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument(
@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from polykv_search.generation import encode_prompt, generate
+    from polykv_search.models import load_tokenizer
     from strategies import Strategy
 
     if args.seed is not None and args.temperature == 0:
@@ -67,10 +68,20 @@ def run(args: argparse.Namespace) -> int:
     check_model_args(args)
     if strategy is not None:
         check_fits_model([(args.strategy, strategy)], args.model)  # before the model loads
+    ids = encode_prompt(load_tokenizer(args.model), prompt, chat=not args.no_chat)
+    check_lengths(  # a prompt or --max-new-tokens past the model's positions or this machine's memory
+        model_shape(args.model),
+        context_len=ids.shape[-1],
+        after=args.max_new_tokens,
+        after_flag="--max-new-tokens",
+        dtype=args.dtype,
+        attn=args.attn,
+        device=args.device,
+        context_flag="a prompt of {} tokens",
+    )
     model, tokenizer = load_model_from_args(args)
     if strategy is None:
         strategy = Strategy.full(model.config.num_hidden_layers, model=args.model)
-    ids = encode_prompt(tokenizer, prompt, chat=not args.no_chat)
     result = generate(
         model,
         tokenizer,

@@ -103,13 +103,15 @@ def check_lengths(
     attn: str = "sdpa",
     device: str = "cpu",
     workers: int = 1,
+    context_flag: str = "--context-len {}",
 ) -> None:
-    """Refuse a run whose longest sequence (``context_len`` + ``after`` tokens, ``after_flag`` naming them)
-    exceeds the model's positions, or needs more memory than is available here (one :class:`CLIError` line)."""
+    """Refuse a run whose longest sequence (``context_len`` + ``after`` tokens, ``context_flag`` and ``after_flag``
+    naming them) exceeds the model's positions, or needs more memory than is available here (one :class:`CLIError`
+    line)."""
     if shape is None:
         return
     total = context_len + after
-    parts = f"--context-len {context_len}" + (f" + {after} {after_flag}" if after else "")
+    parts = context_flag.format(context_len) + (f" + {after} {after_flag}" if after else "")
     if shape.max_positions is not None and total > shape.max_positions:
         raise CLIError(
             f"{parts} = {total} positions, over the {shape.max_positions} of {shape.name} "

@@ -53,6 +53,7 @@ from polykv_search.cli.common import (
     resolve_jobs,
 )
 from polykv_search.cli.quickstart_report import write_report
+from polykv_search.cli.score_checks import sample_count
 from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
 
 #: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
@@ -72,14 +73,14 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="polykv-quickstart", help="output folder (default ./polykv-quickstart)")
     p.add_argument("--model", default=None, help="model (default smollm2-135m, offline)")
     p.add_argument("--budget", type=positive_float, default=D.BUDGET, help=f"global budget B (default {D.BUDGET})")
-    p.add_argument("--calib-samples", type=positive_int, default=D.CALIB_SAMPLES)
+    p.add_argument("--calib-samples", type=positive_int, default=D.CALIB_SAMPLES, help="collect's --samples")
     p.add_argument(
         "--context-len",
         type=positive_int,
         default=D.CONTEXT_LEN,
         help=f"calibration and evaluation context (default {D.CONTEXT_LEN})",
     )
-    p.add_argument("--continuation-len", type=positive_int, default=D.CONTINUATION_LEN)
+    p.add_argument("--continuation-len", type=positive_int, default=D.CONTINUATION_LEN, help="collect's")
     p.add_argument(
         "--retrieval-mix",
         default="0",
@@ -101,14 +102,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--eval-samples",
-        type=positive_int,
+        type=sample_count,
         default=None,
         help=f"evaluation samples per task (default {EVAL_SAMPLES}; with --full {FULL_EVAL_SAMPLES})",
     )
     p.add_argument(
         "--eval-context-len", type=positive_int, default=None, help="evaluation context (default: --context-len)"
     )
-    p.add_argument("--suite", default="broad,ruler")
+    p.add_argument("--suite", default="broad,ruler", help="score's --suite (default broad,ruler)")
     p.add_argument(
         "--baselines",
         type=comma_list(str, "baseline", split=split_specs),
@@ -135,8 +136,8 @@ def add_parser(sub) -> None:
         "(the defaults of --methods, --baselines and --eval-samples above; docs/quickstart.md says what each adds)",
     )
     H.add_args(p)
-    p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS, help="optuna's --trials")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     p.add_argument(
         "--jobs",
         type=jobs_count,

@@ -19,14 +19,26 @@ from polykv_search.cli.common import (
     console,
     jobs_count,
     load_model_from_args,
+    non_negative_int,
     out,
     positive_float,
     positive_int,
 )
 from polykv_search.cli.outputs import check_not_an_input
-from polykv_search.cli.score_checks import check_entries, check_fan_out, check_held_budgets, check_limits
+from polykv_search.cli.score_checks import (
+    MAX_SAMPLES,
+    check_entries,
+    check_fan_out,
+    check_held_budgets,
+    check_limits,
+    check_longbench_sources,
+    sample_count,
+)
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
+
+#: ``--decode-batch``'s default; a run at it keeps the checkpoint key it had before the setting was recorded
+DECODE_BATCH = 8
 
 
 def add_parser(sub) -> None:
@@ -61,7 +73,9 @@ def add_parser(sub) -> None:
         help="suites and/or task names, comma separated (default broad,ruler; also decode, longbench); "
         "none: lm-eval tasks only",
     )
-    p.add_argument("--samples", type=positive_int, default=4, help="samples per task (default 4)")
+    p.add_argument(
+        "--samples", type=sample_count, default=4, help=f"samples per task (default 4; at most {MAX_SAMPLES:,})"
+    )
     p.add_argument(
         "--context-len",
         type=positive_int,
@@ -70,7 +84,7 @@ def add_parser(sub) -> None:
         "the budget it states (a 'full' layer or head, keep-all heads built for a shorter context) is refused, not "
         "scored with a B that misstates its memory (one that holds less, at a shorter context, is scored)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sample generation seed (default 0)")
     p.add_argument(
         "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
     )
@@ -93,7 +107,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--decode-batch",
         type=positive_int,
-        default=8,
+        default=DECODE_BATCH,
         metavar="N",
         help="decode suite: samples of one prompt length decoded together at most, FullKV a row beside the "
         "entries (memory: N x (entries + 1) rows and N trajectories' logits; same results; default 8)",
@@ -144,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from polykv_search import scoring
     from polykv_search.cli.baselines import baseline, check_baseline
     from polykv_search.io import write_json
-    from polykv_search.models import model_fingerprint
+    from polykv_search.models import load_tokenizer, model_fingerprint
     from polykv_search.protocol import AGNOSTIC, AWARE
     from polykv_search.scoring.checkpoint import check_partial_protocol
     from polykv_search.scoring.checkpoint_schema import read_partial
@@ -180,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     protocol = AWARE if args.question_aware else AGNOSTIC
     for task in tasks:
         check_task_protocol(task, protocol)
+    check_longbench_sources(tasks)
     for note in protocol_notes(tasks, protocol):
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for spec in args.baseline:
@@ -195,6 +210,11 @@ def run(args: argparse.Namespace) -> int:
     check_limits(args, tasks)
     with console.status(f"reading the corpus {args.corpus} ..."):
         texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})  # a bad --corpus: before the model
+    with console.status("generating samples ..."):  # tokens only: a --context-len too short, before the model
+        tok = load_tokenizer(args.model)
+        task_samples = scoring.make_task_samples(
+            tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
+        )
     model, tok = load_model_from_args(args)
     check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
@@ -202,11 +222,6 @@ def run(args: argparse.Namespace) -> int:
     for s in entries:
         s.strategy.check_model(L, model_spec(model).num_kv_heads)
     entries += [baseline(spec, L, args.budget) for spec in args.baseline]  # their names: check_entries
-
-    with console.status("generating samples ..."):
-        task_samples = scoring.make_task_samples(
-            tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
-        )
     engine = "per-entry" if args.no_shared_prefill else "shared"
     settings = {
         "suite": args.suite,
@@ -223,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "attn": args.attn,
         "batch_entries": args.batch_entries,
+        "decode_batch": args.decode_batch,
     }
     fingerprint = model_fingerprint(model)
     checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape, protocol)
@@ -319,6 +335,8 @@ def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_s
     from polykv_search.scoring import ScoreError
     from polykv_search.scoring.checkpoint import Checkpoint, run_key
 
+    if settings.get("decode_batch") == DECODE_BATCH:  # a checkpoint of an earlier release still resumes
+        settings = {k: v for k, v in settings.items() if k != "decode_batch"}
     key = run_key(
         versions=_versions(),
         settings=settings,

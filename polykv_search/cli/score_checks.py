@@ -6,8 +6,31 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError
+from polykv_search.cli.common import CLIError, positive_int
 from polykv_search.cli.limits import check_backend, check_fan_out_flags
+
+#: The most ``--samples`` per task: they are generated (each fitted to ``--context-len`` by tokenizing) and held
+#: before the first is scored; RULER and LongBench have at most 500 per task.
+MAX_SAMPLES = 10_000
+
+
+def sample_count(text: str) -> int:
+    """``--samples`` (``quickstart --eval-samples``): a positive integer of at most :data:`MAX_SAMPLES`."""
+    value = positive_int(text)
+    if value > MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_SAMPLES:,} samples per task, got {value:,}")
+    return value
+
+
+def check_longbench_sources(tasks: list) -> None:
+    """Read a local LongBench source of each longbench task (a missing file or dataset is one line before any
+    model or tokenizer loads); a hub source (``hf:``) is read where the samples are made."""
+    from polykv_search.evaluation.longbench import load_longbench
+
+    for task in tasks:
+        source = task.resolved_source() if task.suite == "longbench" else "hf:"
+        if not source.startswith("hf:"):
+            load_longbench(source, task.dataset)
 
 
 def check_fan_out(args: argparse.Namespace) -> None:

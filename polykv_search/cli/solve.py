@@ -19,6 +19,10 @@ from polykv_search.cli.common import (
 from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.cli.solve_guard import GUARD_DESTS, add_guard_args, apply_guard, check_guard_args
 
+#: The most layers ``--num-layers`` takes: the deepest transformer LMs have a few hundred; a strategy of 10,000
+#: takes seconds to solve and write, one of 10**8 would run for hours and fill the memory.
+MAX_LAYERS = 10_000
+
 #: Flags that belong to the problem, not to a solver's settings.
 _PROBLEM_DESTS = {
     "method",
@@ -61,7 +65,11 @@ def add_parser(sub) -> None:
         default=None,
         help="model whose layer count to use when no signal table is given (default smollm2-135m)",
     )
-    p.add_argument("--num-layers", type=positive_int, help="layer count, instead of reading it from --model")
+    p.add_argument(
+        "--num-layers",
+        type=layer_count,
+        help=f"layer count, instead of reading it from --model (at most {MAX_LAYERS:,})",
+    )
     p.add_argument(
         "--phases",
         type=comma_list(str, "phase"),
@@ -99,6 +107,14 @@ def add_parser(sub) -> None:
     add_guard_args(p)
     _add_solver_settings(p)
     p.set_defaults(func=run)
+
+
+def layer_count(text: str) -> int:
+    """``--num-layers``: a positive integer of at most :data:`MAX_LAYERS`."""
+    value = positive_int(text)
+    if value > MAX_LAYERS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_LAYERS:,} layers, got {value:,}")
+    return value
 
 
 def _add_solver_settings(p: argparse.ArgumentParser) -> None:

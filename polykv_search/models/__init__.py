@@ -59,6 +59,7 @@ __all__ = [
     "checkpoint_dir",
     "ModelSource",
     "load_model",
+    "load_tokenizer",
     "model_fingerprint",
     "model_path",
     "parse_device",
@@ -139,8 +140,10 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     attn_implementation: str = "sdpa",
+    tokenizer_only: bool = False,
 ):
-    """Load a causal LM and its tokenizer, in eval mode, on ``device`` in ``dtype``.
+    """Load a causal LM and its tokenizer, in eval mode, on ``device`` in ``dtype`` (``tokenizer_only``:
+    ``(None, tokenizer)``, the weights left unread; :func:`load_tokenizer`).
 
     ``name``: ``smollm2-135m`` (the default; see the module docstring), a local checkpoint directory,
     a local ``.gguf`` file, or a Hugging Face hub id. The tokenizer pads on the left (for batched
@@ -156,6 +159,8 @@ def load_model(
 
     def load(local_files_only: bool):
         tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=local_files_only)
+        if tokenizer_only:
+            return tokenizer, None
         model = AutoModelForCausalLM.from_pretrained(
             location,
             dtype=torch_dtype,
@@ -182,6 +187,8 @@ def load_model(
         )
         raise ModelError(f"cannot load model {source.location!r}{hint}: {_first_line(exc)}") from exc
 
+    if model is None:
+        return None, _set_up_tokenizer(tokenizer)
     model.to(dev)
     model.eval()
     if source.kind == "builtin":  # not the machine-specific cache path
@@ -191,13 +198,25 @@ def load_model(
     # kvzip's repeat prompts as token ids: the runtime holds no tokenizer
     model.polykv_reconstruction = ReconstructionInputs.from_tokenizer(tokenizer)
 
+    _set_up_tokenizer(tokenizer)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None and gen.pad_token_id is None and tokenizer.pad_token_id is not None:
+        gen.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def load_tokenizer(name: str | os.PathLike = DEFAULT_MODEL):
+    """The tokenizer :func:`load_model` returns for ``name``, loaded without the weights (seconds sooner), so that
+    what needs only tokens (a task's samples, a corpus's capacity) is checked before the model loads."""
+    return load_model(name, tokenizer_only=True)[1]
+
+
+def _set_up_tokenizer(tokenizer):
+    """Pad on the left (batched generation), with a pad token (its EOS token, else UNK, if it had none)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is not None:
             tokenizer.pad_token = tokenizer.eos_token
         elif tokenizer.unk_token is not None:
             tokenizer.pad_token = tokenizer.unk_token
-    gen = getattr(model, "generation_config", None)
-    if gen is not None and gen.pad_token_id is None and tokenizer.pad_token_id is not None:
-        gen.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
+    return tokenizer
