@@ -171,25 +171,3 @@ def test_solve_pool_prior_per_head_floors_end_to_end_on_the_model(head_table_pat
     assert all(len(row) == 2 for row in record["floors"]["floor=1"]["prefill"])  # one floor per KV head
     printed = " ".join(capsys.readouterr().out.split())
     assert "floors per KV head" in printed and "pool-prior:" in printed
-
-
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--prior", "floor", "--levels", "2"], "levels: each must be a number in (0, 1], got '2'"),
-        (["--prior", "cap", "--levels", "0.5"], "levels: each must be a number in [1, 64], got '0.5'"),
-        (["--prior", "weight", "--levels", "0.5"], "levels: weights take their exponents from alphas"),
-        (["--prior", "size"], "prior"),
-        (["--granularity", "head"], "granularity head: the signal table has no head cells of kvzip[allocation=model]"),
-    ],
-)
-def test_bad_pool_prior_head_input_is_one_line_and_exit_2(table_path, tmp_path, capsys, extra, message):  # noqa: F811
-    from polykv_search.cli import main
-
-    _, table = table_path
-    out = tmp_path / "p.json"
-    argv = ["solve", "--method", "pool-prior", "--signals", str(table), "--budget", "24", "--out", str(out), *extra]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
-    assert not out.exists() and not (tmp_path / "p.json.journal").exists()
