@@ -90,12 +90,11 @@ class PoolPriorSettings(MeasureSettings):
 
     def grid(self) -> list[float]:
         """The levels of the prior other than 0 (``alphas`` for weights, ``levels`` else), in order, each once."""
+        if self.prior == "weight" and self.levels != "auto":
+            raise SolverError("levels: weights take their exponents from alphas; levels are for floor and cap")
         name = "alphas" if self.prior == "weight" else "levels"
         text = getattr(self, name)
-        if text == "auto":
-            text = DEFAULT_LEVELS[self.prior]
-        elif self.prior == "weight" and self.levels != "auto":
-            raise SolverError("levels: weights take their exponents from alphas; levels are for floor and cap")
+        text = DEFAULT_LEVELS[self.prior] if text == "auto" else text
         low, high = {"weight": (-8, 8), "floor": (0, 1), "cap": (1, 64)}[self.prior]
         out: list[float] = []
         for part in filter(None, (p.strip() for p in text.split(","))):
