@@ -1,50 +1,59 @@
-"""``pool-prior``: static per-layer weights over KVzip's model-wide pool, chosen on calibration samples.
+"""``pool-prior``: static priors over KVzip's model-wide pool, per layer or per KV head, chosen on calibration samples.
 
 KVzip's pool (``kvzip[allocation=model]``) adapts per prompt: every layer's tokens are ranked together at the sum
-of the layers' budgets. The signal table knows which layers hurt most when they lose tokens. This solver lets that
-knowledge steer the pool without replacing it (issue 59, "static priors over the dynamic pool"): every layer keeps
-the pool's pattern at ``floor(B)``, with a pool prior ``weight`` (:class:`~polykv_search.patterns.kvzip.KVzip`: its
-scores enter the ranking multiplied by it)
+of the layers' budgets. The signal table knows which layers (and, with head cells, which KV heads) hurt most when
+they lose tokens. This solver lets that knowledge steer the pool without replacing it (issue 59, "static priors
+over the dynamic pool"): every layer keeps the pool's pattern at ``floor(B)``, with a pool prior
+(:class:`~polykv_search.patterns.kvzip.KVzip`'s ``weight``, ``floor`` or ``cap``; ``prior``) set per layer
+(``granularity=layer``) or per KV head (``granularity=head``: one value per KV head, ``weight=2/0.5/1``) from each
+cell's *importance* (:mod:`solvers.pool_prior_shape`: the table's cost of compressing that layer, or that KV
+head, alone with the pool's own per-head pattern, mean over the grid budgets up to the reference budget, noise
+rule ``clip``). One level of the prior gives every cell its value:
 
-    ``w_l(alpha) = ((s_l + eps) / mean(s + eps)) ** alpha``,  ``eps = smoothing * mean(s)``,
+    ``weight`` at ``alpha``: ``w(alpha) = ((s + eps) / mean(s + eps)) ** alpha``, ``eps = smoothing * mean(s)``;
+    ``floor`` at ``f``: ``min(b, floor(f * b * w(1)))``;  ``cap`` at ``c``: ``max(1, ceil(c * b * w(1)))``.
 
-where ``s_l`` is the layer's *importance*: the table's cost of compressing layer ``l`` alone with the pool's own
-per-head pattern (its ``alone()`` variant, the cells ``collect`` measures for it), averaged over the grid budgets
-up to the reference budget (default: the grid value closest to B, so the tight ones), with the noise rule
-``clip`` (a cell never counts below FullKV). Without such cells, the worst case over the table's patterns is used
-(recorded in ``importance_from``). Weights are rounded to 3 significant digits (the spec written is the one
-measured).
+Weights are rounded to 3 significant digits (the spec written is the one measured). Without the pool's own cells
+in the layer table, the worst pattern's cost is used (recorded in ``importance_from``); per KV head, the head
+cells of the pool's pattern are required.
 
-Choice of ``alpha``: the plain pool (``alpha = 0``, weights 1) is the start. It and every ``alpha`` of the grid
-are measured with the whole-model search's objective (:mod:`solvers.search_objective`: KL(FullKV ‖ strategy) on
-each calibration sample's scored span, whole model, both phases; samples drawn like the guard's from the table's
-calibration split, never evaluation data), and an ``alpha`` replaces the plain pool only by the guard's rule
-(:func:`solvers.guard.decide`: its paired difference to the plain pool, BCa stratified by sample kind, lies
-entirely below 0 at the Bonferroni level over the grid; among those, the lowest mean KL). So the result is the
-plain pool or resolved better than it on the calibration samples. Every value is journaled (``solve``: ``OUT.
-journal``): a killed solve rerun with the same command measures nothing twice.
+Choice of the level: the plain pool (level 0: weights 1, no floor, no cap) is the start. It and every level of
+the grid (``alphas`` for weights, ``levels`` for floors and caps) are measured with the whole-model search's
+objective (:mod:`solvers.search_objective`: KL(FullKV ‖ strategy) on each calibration sample's scored span, whole
+model, both phases; samples drawn like the guard's from the table's calibration split, never evaluation data), and
+a level replaces the plain pool only by the guard's rule (:func:`solvers.guard.decide`: its paired difference to
+the plain pool, BCa stratified by sample kind, lies entirely below 0 at the Bonferroni level over the grid; among
+those, the lowest mean KL). So the result is the plain pool or resolved better than it on the calibration
+samples. Every value is journaled (``solve``: ``OUT.journal``): a killed solve rerun with the same command
+measures nothing twice.
 
-The default grid stays at or below 1: a layer's importance can be ten times the mean (layer 23 of SmolLM2 in
+The default exponents stay at or below 1: a layer's importance can be ten times the mean (layer 23 of SmolLM2 in
 ``studies/kvzip/h19-signals.json.xz``), so ``alpha = 1`` already spans weights 0.11 to 11.2 there.
 
-Cost: ``len(alphas) + 1`` strategies (fewer when two alphas give the same weights) on ``samples`` samples, each
-sample's FullKV reference once; batched, one call of the scoring engine per sample.
+Cost: one strategy per level plus the plain pool (fewer when two levels give the same priors) on ``samples``
+samples, each sample's FullKV reference once; batched, one call of the scoring engine per sample.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from polykv_search.patterns import make_pattern, pattern_spec, spec_label
-from signals.predict import cell_costs
-from signals.table import SignalTableError
+from polykv_search.patterns import canonical_spec, make_pattern, pattern_spec, spec_label
 from solvers.base import Plan, Problem, SolverError, setting
 from solvers.guard import decide
+from solvers.pool_prior_shape import (
+    DEFAULT_LEVELS,
+    HEAD_SIGNALS,
+    PRIORS,
+    head_importance,
+    layer_importance,
+    prior_values,
+    prior_weights,
+)
 from solvers.problem import layer_choice
 from solvers.whole_model import MeasureSettings, WholeModelSolver
 from strategies import PHASES, Strategy
@@ -53,8 +62,14 @@ from strategies import PHASES, Strategy
 @dataclass(frozen=True)
 class PoolPriorSettings(MeasureSettings):
     pattern: str = setting("kvzip[allocation=model]", "the pooled pattern every layer uses (allocation=model)")
-    alphas: str = setting("0.25,0.5,1", "exponents tried, comma separated: w_l = (importance_l / mean)^alpha")
+    prior: str = setting("weight", "the prior set from the importance: weight, floor or cap", PRIORS)
+    granularity: str = setting("layer", "one value per layer, or per KV head (from the head cells)", ("layer", "head"))
+    alphas: str = setting("0.25,0.5,1", "weight: exponents tried, comma separated: w = (importance / mean)^alpha")
+    levels: str = setting(
+        "auto", "floor: shares f in (0, 1]; cap: multiples c >= 1 of b * w(1) (auto: 0.25,0.5,1 and 1,2,4)"
+    )
     signal: str = setting("auto", "importance: the table's kl (auto, when it has it) or dppl", ("auto", "kl", "dppl"))
+    head_signal: str = setting("sum", "granularity head: the cells' KL on answers, prose or their sum", HEAD_SIGNALS)
     reference_budget: int | None = setting(
         None, "importance: mean over the grid budgets up to this one (default: the grid value closest to B)"
     )
@@ -74,64 +89,34 @@ class PoolPriorSettings(MeasureSettings):
             raise SolverError(f"pattern: a model-wide pool without a prior (allocation=model), got {self.pattern!r}")
 
     def grid(self) -> list[float]:
-        """The exponents of ``alphas`` other than 0, in order, each once."""
+        """The levels of the prior other than 0 (``alphas`` for weights, ``levels`` else), in order, each once."""
+        if self.prior == "weight" and self.levels != "auto":
+            raise SolverError("levels: weights take their exponents from alphas; levels are for floor and cap")
+        name = "alphas" if self.prior == "weight" else "levels"
+        text = getattr(self, name)
+        text = DEFAULT_LEVELS[self.prior] if text == "auto" else text
+        low, high = {"weight": (-8, 8), "floor": (0, 1), "cap": (1, 64)}[self.prior]
         out: list[float] = []
-        for part in filter(None, (p.strip() for p in self.alphas.split(","))):
+        for part in filter(None, (p.strip() for p in text.split(","))):
             try:
                 value = float(part)
             except ValueError:
-                raise SolverError(f"alphas: {part!r} is not a number") from None
-            if not np.isfinite(value) or abs(value) > 8:
-                raise SolverError(f"alphas: each must be a number in [-8, 8], got {part!r}")
+                raise SolverError(f"{name}: {part!r} is not a number") from None
+            if not np.isfinite(value) or not low <= value <= high or (self.prior == "floor" and value == 0):
+                what = "(0, 1]" if self.prior == "floor" else f"[{low}, {high}]"
+                raise SolverError(f"{name}: each must be a number in {what}, got {part!r}")
             if value != 0 and value not in out:
                 out.append(value)
         if not out:
-            raise SolverError(f"alphas: give at least one exponent other than 0, got {self.alphas!r}")
+            raise SolverError(f"{name}: give at least one {_level_word(self.prior)} other than 0, got {text!r}")
         return out
-
-
-def layer_importance(problem: Problem, pool, signal: str, reference: int | None) -> tuple[dict[str, list], str]:
-    """Per optimized phase, each layer's importance (module docstring), and what it was read from."""
-    table = problem.table
-    assert table is not None
-    if signal == "auto":
-        signal = "kl" if "kl" in table.signals else "dppl"
-    try:
-        costs = cell_costs(table, signal, "clip")
-    except SignalTableError as err:
-        raise SolverError(str(err)) from None
-    ref = problem.reference_budget(reference)
-    budgets = [g for g, b in enumerate(table.budgets) if b <= ref]
-    own = [i for i, p in enumerate(table.patterns) if _alone(p) == pool.alone()]
-    out = {}
-    for phase in problem.phases:  # type: ignore[union-attr]
-        sub = costs[:, table.phase_index(phase)][:, :, budgets]  # (L, P, G)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN layer is reported below instead
-            values = np.nanmean(sub[:, own], axis=(1, 2)) if own else np.nanmax(np.nanmean(sub, axis=2), axis=1)
-        missing = [layer for layer, v in enumerate(values) if not np.isfinite(v)]
-        if missing:
-            raise SolverError(f"signals: no {signal} cells up to budget {ref} for {phase} layers {missing}")
-        out[phase] = [float(v) for v in values]
-    what = f"{signal} of {', '.join(table.patterns[i] for i in own)}" if own else f"{signal}, worst pattern"
-    return out, f"{what}, mean over budgets {[table.budgets[g] for g in budgets]} (noise rule clip)"
-
-
-def prior_weights(importance, alpha: float, smoothing: float) -> list[float]:
-    """``w_l = ((s_l + eps) / mean(s + eps)) ** alpha`` with ``eps = smoothing * mean(s)``, 3 significant digits
-    (all 1 when every importance is 0)."""
-    s = np.asarray(importance, dtype=np.float64)
-    x = s + smoothing * s.mean()
-    if not x.mean() > 0:
-        return [1.0] * len(s)
-    return [float(f"{w:.3g}") for w in (x / x.mean()) ** alpha]
 
 
 class PoolPriorSolver(WholeModelSolver):
     name = "pool-prior"
     description = (
-        "per-layer weights on KVzip's model-wide pool from the table's importance, the exponent chosen on "
-        "calibration samples; kept only when resolved better than the plain pool"
+        "per-layer or per-head weights, floors or caps on KVzip's model-wide pool from the table's importance, "
+        "the level chosen on calibration samples; kept only when resolved better than the plain pool"
     )
     needs_table = True
     Settings = PoolPriorSettings
@@ -143,25 +128,32 @@ class PoolPriorSolver(WholeModelSolver):
         s = self.settings
         begin = time.perf_counter()
         name, params = pattern_spec(s.pattern)
-        importance, source = layer_importance(problem, make_pattern(name, **params), s.signal, s.reference_budget)
+        pool = make_pattern(name, **params)
+        if s.granularity == "head":
+            importance, source = head_importance(problem, pool, s.head_signal, s.reference_budget)
+        else:
+            importance, source = layer_importance(problem, pool, s.signal, s.reference_budget)
         b = problem.uniform_budget
         if problem.num_layers * b > problem.total or b < problem.b_min:
             raise SolverError(f"infeasible: floor(B) = {b} in every layer breaks b_min={problem.b_min}")
         specs: dict[str, dict[str, list[str]]] = {}
-        for alpha in [0.0, *s.grid()]:
+        values: dict[str, dict[str, list]] = {}
+        for level in [0.0, *s.grid()]:
             per_phase = {
-                phase: [_spec(name, params, w) for w in prior_weights(values, alpha, s.smoothing)]
-                for phase, values in importance.items()
+                phase: prior_values(s.prior, v, level, s.smoothing, b).tolist() for phase, v in importance.items()
             }
-            if per_phase not in specs.values():  # two exponents with the same weights are measured once
-                specs[_label(alpha)] = per_phase
+            spec = {phase: [_spec(name, params, s.prior, x) for x in v] for phase, v in per_phase.items()}
+            if spec not in specs.values():  # two levels with the same priors are measured once
+                specs[_label(s.prior, level)] = spec
+                values[_label(s.prior, level)] = per_phase
         names = list(specs)
         strategies = [_strategy(problem, specs[n], b) for n in names]
         if len(strategies) == 1:  # before the model is loaded
-            raise SolverError("pool-prior: every exponent gives the plain pool (the importances are all equal)")
+            word = _level_word(s.prior)
+            raise SolverError(f"pool-prior: every {word} gives the plain pool (the importances are all equal)")
         with self._objective(problem) as (objective, kinds, described):
-            values = objective(strategies)
-        g = decide(values, names, kinds, level=s.level, seed=s.seed)
+            measured = objective(strategies)
+        g = decide(measured, names, kinds, level=s.level, seed=s.seed)
         chosen = g.chosen
         self.trace = _Chosen(strategies[names.index(chosen)])
         cost = objective.cost() if hasattr(objective, "cost") else {}
@@ -169,9 +161,11 @@ class PoolPriorSolver(WholeModelSolver):
         record = {
             **g.to_json(),
             "start": names[0],
+            "prior": s.prior,
+            "granularity": s.granularity,
             "importance": importance,
             "importance_from": source,
-            "weights": {n: {p: [_weight(x) for x in v] for p, v in specs[n].items()} for n in names},
+            s.prior + "s": values,
             "samples": described,
             "cost": cost,
             "settings": s.to_json(),
@@ -192,24 +186,18 @@ class _Chosen:
     result: Strategy
 
 
-def _alone(spec: str):
-    try:
-        name, params = pattern_spec(spec)
-        return make_pattern(name, **params).alone()
-    except (ValueError, TypeError, KeyError):
-        return None
+def _spec(name: str, params: dict[str, Any], prior: str, value) -> str:
+    """The pool's spec with ``prior`` = ``value`` (a list: one per KV head), canonical (defaults dropped)."""
+    value = tuple(value) if isinstance(value, list) else value
+    return canonical_spec(spec_label(name, {**params, prior: value}))
 
 
-def _spec(name: str, params: dict[str, Any], weight: float) -> str:
-    return spec_label(name, params if weight == 1.0 else {**params, "weight": weight})
+def _level_word(prior: str) -> str:
+    return "exponent" if prior == "weight" else "level"
 
 
-def _weight(spec: str) -> float:
-    return float(pattern_spec(spec)[1].get("weight", 1.0))
-
-
-def _label(alpha: float) -> str:
-    return "plain-pool" if alpha == 0 else f"alpha={alpha:g}"
+def _label(prior: str, level: float) -> str:
+    return "plain-pool" if level == 0 else f"{'alpha' if prior == 'weight' else prior}={level:g}"
 
 
 def _strategy(problem: Problem, specs: dict[str, list[str]], budget: int) -> Strategy:
@@ -226,11 +214,11 @@ def _message(g, start: str, cost: dict[str, Any]) -> str:
         iv = g.versus[g.chosen]
         line = f"{g.chosen} kept: KL − {start} {iv.estimate:+.4g} [{iv.low:+.4g}, {iv.high:+.4g}]"
     else:
-        line = f"the {start} kept (no exponent resolved better)"
+        line = f"the {start} kept (no level resolved better)"
     runs = ""
     if "strategy_runs" in cost:
         runs = f"; {cost['strategy_runs']} strategy runs, {cost['forward_calls']} model calls"
     return f"{line}, {len(g.names)} strategies measured{runs}, {cost['wall_s'] / 60:.1f} min"
 
 
-__all__ = ["PoolPriorSettings", "PoolPriorSolver", "layer_importance", "prior_weights"]
+__all__ = ["PoolPriorSettings", "PoolPriorSolver", "head_importance", "layer_importance", "prior_weights"]

@@ -16,6 +16,11 @@ Moves (EvolKV-style, over ``blocks`` contiguous groups of layers: a low-dimensio
     * ``fill``: budget left unused (``floor(L·B)`` minus the phase's sum) is shared by block B's slots;
     * ``pattern``: block A's movable slots with pattern X take pattern P, budgets unchanged (in a layer-level
       phase, the layers of A that use X; in a head-level one, those heads, so a block's other heads keep theirs).
+    * ``weight`` / ``floor`` (only with ``priors``; pool priors, issue 59): block A's slots in a model-wide pool
+      (``kvzip[allocation=model]``) multiply their ``weight`` by 2 or 1/2 (3 significant digits, within [1/64, 64];
+      a per-head tuple, each value), or move their ``floor`` by ``step`` tokens up or down (within [0, b], at most
+      a cap). The slots keep the pool (:meth:`~polykv_search.patterns.base.Pattern.pool_identity`) and their
+      budgets; a slot whose prior moved is no longer matched by ``pattern`` moves (its spec is another).
 
 Every move keeps ``Σ_l b_l <= floor(L·B)`` and ``b_l >= b_min`` by construction; :func:`check_budgets` checks
 it on every strategy the search builds. Phases that follow another phase (head-level plans,
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from polykv_search.patterns import PATTERNS, canonical_spec, make_pattern, pattern_spec
+from polykv_search.patterns import PATTERNS, canonical_spec, checked_params, make_pattern, pattern_spec
 from solvers.problem import Problem
 from solvers.settings import SolverError
 from strategies.head_groups import group_heads, mean_budget
@@ -41,6 +46,8 @@ from strategies.pattern_spec import spec_label
 from strategies.strategy import PHASES, LayerChoice, Strategy
 
 Key = tuple[str, str]  #: (pattern name, its params as sorted JSON)
+#: The pool priors the search may move (``priors``).
+PRIOR_MOVES = ("weight", "floor")
 Slot = tuple[Key, int]  #: (pattern, budget)
 Slots = tuple[tuple[Slot, ...], ...]  #: per layer, one slot (layer level) or one per KV head
 
@@ -49,12 +56,13 @@ Slots = tuple[tuple[Slot, ...], ...]  #: per layer, one slot (layer level) or on
 class Move:
     """One change of the searched strategy (module docstring)."""
 
-    kind: str  #: "budget", "fill" or "pattern"
+    kind: str  #: "budget", "fill", "pattern", "weight" or "floor"
     phase: str
     target: int  #: block that receives budget, or takes the pattern
     source: int | None = None  #: block that gives budget ("budget")
     pattern: str | None = None  #: the pattern taken ("pattern")
     replaces: str | None = None  #: the pattern it replaces ("pattern")
+    amount: float | None = None  #: the weight's factor ("weight") or the floor's change in tokens ("floor")
 
     def label(self, blocks: Sequence[range]) -> str:
         def name(b: int) -> str:
@@ -65,6 +73,10 @@ class Move:
             return f"{self.phase}: budget {name(self.source)} -> {name(self.target)}"  # type: ignore[arg-type]
         if self.kind == "fill":
             return f"{self.phase}: unused budget -> {name(self.target)}"
+        if self.kind == "weight":
+            return f"{self.phase}: {name(self.target)} pool weight x{self.amount:g}"
+        if self.kind == "floor":
+            return f"{self.phase}: {name(self.target)} pool floor {self.amount:+g}"
         return f"{self.phase}: {name(self.target)} {self.replaces} -> {self.pattern}"
 
     def to_json(self) -> dict[str, Any]:
@@ -100,9 +112,21 @@ def _alone(name: str, params: Mapping[str, Any]) -> bool:
 class SearchSpace:
     """Slots and moves of the searched phases of strategies sharing ``start``'s shape (module docstring)."""
 
-    def __init__(self, problem: Problem, start: Strategy, *, blocks: int, step: int, patterns: Sequence[str]):
+    def __init__(
+        self,
+        problem: Problem,
+        start: Strategy,
+        *,
+        blocks: int,
+        step: int,
+        patterns: Sequence[str],
+        priors: Sequence[str] = (),
+    ):
         if step < 1:
             raise SolverError(f"step: moves at least 1 token, got {step}")
+        if set(priors) - set(PRIOR_MOVES):
+            raise SolverError(f"priors: moves of {', '.join(PRIOR_MOVES)} only, got {', '.join(priors)}")
+        self.priors = tuple(priors)
         self.problem = problem
         self.start = start
         self.follows = dict(start.provenance.get("phases_following") or {})
@@ -173,13 +197,16 @@ class SearchSpace:
             out += [Move("fill", phase, b) for b in k]
             pairs = [(x, p) for x in self.patterns for p in self.patterns if x != p]
             out += [Move("pattern", phase, b, pattern=p, replaces=x) for b in k for x, p in pairs]
+            steps = {"weight": (2.0, 0.5), "floor": (self.step, -self.step)}
+            out += [Move(kind, phase, b, amount=a) for kind in self.priors for b in k for a in steps[kind]]
         return out
 
     def apply(self, strategy: Strategy, move: Move) -> Strategy | None:
         """``strategy`` after ``move``, or None when the move changes nothing there."""
         state = self.state(strategy)
         rows = [list(r) for r in state[move.phase]]
-        changed = {"budget": self._shift, "fill": self._fill, "pattern": self._swap}[move.kind](move, rows)
+        moves = {"budget": self._shift, "fill": self._fill, "pattern": self._swap}
+        changed = moves.get(move.kind, self._prior)(move, rows)
         if not changed or (move.kind == "budget" and _within_the_pool(state[move.phase], rows)):
             return None
         state[move.phase] = tuple(tuple(r) for r in rows)
@@ -242,9 +269,39 @@ class SearchSpace:
                 changed = True
         return changed
 
+    def _prior(self, move: Move, rows) -> bool:
+        """Move the weight or the floor of the target block's slots in a model-wide pool (module docstring)."""
+        changed = False
+        for l, i in self._movable(move.target, rows):
+            (name, text), b = rows[l][i]
+            params = json.loads(text)
+            if name not in PATTERNS or make_pattern(name, **params).pooled != "model":
+                continue
+            moved = _moved_prior(make_pattern(name, **params), move, b)
+            if moved is not None:
+                rows[l][i] = (_key(name, checked_params(name, {**params, move.kind: moved})), b)
+                changed = True
+        return changed
+
     def _count_cap(self, phase: str, b: int) -> int:
         ctx = self.start.context_len if self.headwise[phase] else None
         return min(b, ctx) if ctx else b
+
+
+def _moved_prior(pattern, move: Move, budget: int):
+    """The pattern's ``weight`` or ``floor`` after ``move`` (per head when it or the cap is), or None if unchanged."""
+    value = getattr(pattern, move.kind)
+    values = value if isinstance(value, tuple) else (value,)
+    if move.kind == "weight":
+        new = tuple(min(64.0, max(1 / 64, float(f"{w * move.amount:.3g}"))) for w in values)  # type: ignore[operator]
+    else:
+        caps = pattern.cap if isinstance(pattern.cap, tuple) else (pattern.cap,)
+        n = max(len(values), len(caps))
+        values, caps = (values * n if len(values) == 1 else values), (caps * n if len(caps) == 1 else caps)
+        new = tuple(max(0, min(f + int(move.amount), budget, c or budget)) for f, c in zip(values, caps))  # type: ignore[operator]
+    if new == values:
+        return None
+    return new if len(new) > 1 else new[0]
 
 
 def _within_the_pool(before: Slots, after) -> bool:

@@ -9,7 +9,8 @@ fails as a whole and the sum misleads (issue 59: the head-level ilp resolved bel
    (:func:`solvers.guard.uniform_candidates`, as the guard builds them) are measured; the lowest mean KL is
    the start.
 2. **Moves** (:mod:`solvers.search_space`): budget moved between blocks of layers (and the heads inside
-   them, for head-level strategies), unused budget spent, patterns swapped per block; feasible by
+   them, for head-level strategies), unused budget spent, patterns swapped per block, and with ``priors`` the
+   weight or floor of a block's slots in a model-wide pool (KVzip's) doubled / halved or moved by ``step``; feasible by
    construction (``Σ_l b_l <= floor(L·B)``, ``b_l >= b_min``), checked on every strategy built.
 3. **Acceptance** (:mod:`solvers.search_loop`): a move is kept only when its per-sample KL is *resolved*
    below the current strategy's (the guard's rule, :func:`solvers.guard.decide`: paired BCa interval,
@@ -47,7 +48,7 @@ from solvers.guard import guard_samples, uniform_candidates
 from solvers.problem import layer_choice
 from solvers.search_loop import local_search
 from solvers.search_objective import DEFINITION, SearchJournal, WholeModelObjective
-from solvers.search_space import SearchSpace, check_budgets, layer_blocks
+from solvers.search_space import PRIOR_MOVES, SearchSpace, check_budgets, layer_blocks
 from strategies import PHASES, Strategy, StrategyError
 
 #: Solvers that cannot be the start (they run the model themselves).
@@ -97,6 +98,9 @@ class SearchSettings(MeasureSettings):
     neighbors: int = setting(4, "moves measured per round; the best resolved one is accepted")
     max_moves: int = setting(10, "stop after this many accepted moves")
     max_evaluations: int = setting(40, "stop after this many strategies measured (starts included)")
+    priors: str = setting(
+        "none", "pool priors the moves may change too, in model-wide pools: none, weight, floor or weight,floor"
+    )
 
     def check(self) -> None:
         super().check()
@@ -110,6 +114,14 @@ class SearchSettings(MeasureSettings):
         if self.start in NOT_A_START:
             raise SolverError(f"start: {self.start!r} cannot be the start (it runs the model itself)")
         _start_settings(self.start_settings)
+        self.prior_moves()
+
+    def prior_moves(self) -> tuple[str, ...]:
+        """The pool priors of ``priors`` (empty for none)."""
+        given = tuple(p.strip() for p in self.priors.split(",") if p.strip() and p.strip() != "none")
+        if set(given) - set(PRIOR_MOVES) or len(set(given)) != len(given):
+            raise SolverError(f"priors: none, or {' and/or '.join(PRIOR_MOVES)} comma separated, got {self.priors!r}")
+        return given
 
 
 def measure_mix(mix: str | None, table) -> str | None:
@@ -159,7 +171,9 @@ class WholeModelSolver(Solver):
         with self._objective(problem) as (objective, kinds, described):
             trace = local_search(
                 starts,
-                lambda start: SearchSpace(problem, start, blocks=s.blocks, step=step, patterns=problem.patterns),
+                lambda start: SearchSpace(
+                    problem, start, blocks=s.blocks, step=step, patterns=problem.patterns, priors=s.prior_moves()
+                ),
                 objective,
                 kinds,
                 neighbors=s.neighbors,

@@ -11,6 +11,7 @@ from typing import Any
 
 from strategies.catalog import make_pattern
 from strategies.exporters import ExportError
+from strategies.pattern_spec import param_text
 from strategies.strategy import LayerChoice
 
 KVPRESS_REQUIREMENT = "kvpress>=0.5,<0.6"
@@ -128,9 +129,10 @@ def prefill_press(choice: LayerChoice) -> Press | None:
             )
         prior = {k: p[k] for k, plain in (("weight", 1.0), ("floor", 0), ("cap", 0)) if p.get(k, plain) != plain}
         if prior:
+            text = ", ".join(f"{k}={param_text(v)}" for k, v in prior.items())
             diffs.append(
-                f"the pool prior {', '.join(f'{k}={v}' for k, v in prior.items())} is not applied: KVzipPress "
-                "ranks every layer's scores as they are, with no per-layer weight, floor or cap"
+                f"the pool prior {text} is not applied: KVzipPress "
+                "ranks every layer's scores as they are, with no per-layer or per-head weight, floor or cap"
             )
         params = {"layerwise": True, "n_sink": p["n_sink"]}  # kvpress's n_sink: the first tokens always kept
         if p.get("plus"):

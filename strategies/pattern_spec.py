@@ -13,8 +13,15 @@ def spec_label(name: str, params: Mapping[str, Any]) -> str:
     """``name`` alone, or ``name[k=v,...]`` (a pattern spec, :mod:`polykv_search.patterns.spec`)."""
     if not params:
         return name
-    text = (str(v).lower() if isinstance(v, bool) else str(v) for v in params.values())
+    text = (param_text(v) for v in params.values())
     return f"{name}[{','.join(f'{k}={v}' for k, v in zip(params, text))}]"
+
+
+def param_text(value: Any) -> str:
+    """A parameter as spec text: ``true``, ``64``, or one value per KV head joined by ``/`` (``2/0.5/1``)."""
+    if isinstance(value, (list, tuple)):
+        return "/".join(param_text(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def short_label(name: str, params: Mapping[str, Any]) -> str:
@@ -27,4 +34,4 @@ def short_label(name: str, params: Mapping[str, Any]) -> str:
     return spec_label(name, {k: v for k, v in params.items() if k not in defaults or defaults[k] != v})
 
 
-__all__ = ["short_label", "spec_label"]
+__all__ = ["param_text", "short_label", "spec_label"]

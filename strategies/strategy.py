@@ -209,6 +209,8 @@ class Strategy:
         not pass it, i.e. that cannot apply head groups, refuses them)."""
         if num_layers != self.num_layers:
             raise StrategyError(f"layers: strategy has {self.num_layers} layers but the model has {num_layers}")
+        if num_kv_heads is not None:
+            self._check_per_head_params(num_kv_heads)
         where = self.first_head_groups()
         if where is None:
             return
@@ -222,6 +224,21 @@ class Strategy:
                 f"num_kv_heads: strategy has head groups over {self.num_kv_heads} KV heads but the model has "
                 f"{num_kv_heads}"
             )
+
+    def _check_per_head_params(self, num_kv_heads: int) -> None:
+        """A parameter given as a list (kvzip's pool prior per KV head) has one value per KV head of the layer,
+        in a head group too (the group's heads pick theirs)."""
+        for phase in PHASES:
+            for layer, choice in enumerate(self.phase(phase)):
+                parts = [(choice.params, "")] if choice.head_groups is None else []
+                parts += [(g.params, f".head_groups[{i}]") for i, g in enumerate(choice.head_groups or ())]
+                for params, where in parts:
+                    for key, value in params.items():
+                        if isinstance(value, (list, tuple)) and len(value) != num_kv_heads:
+                            raise StrategyError(
+                                f"layers[{layer}].{phase}{where}.params.{key}: {len(value)} values, one per KV head, "
+                                f"but the model has {num_kv_heads} KV heads"
+                            )
 
     # --------------------------------------------------------------- builders
     @classmethod

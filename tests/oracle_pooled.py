@@ -10,7 +10,8 @@ tokens, as in ``tests/oracle_evidence.py``), else the newest ``(C - S) // P`` pe
 remaining prompt tokens of the whole pool, ``C - S - P * a`` of them, best pass score first, ties to the
 lower layer, then the lower head, then the older token.
 
-A pool prior (kvzip's ``weight``, ``floor``, ``cap``, per layer): plans differing only in them share one pool.
+A pool prior (kvzip's ``weight``, ``floor``, ``cap``, per layer, or per KV head as a list with one value per KV head
+of the layer, ``h``-th for head ``h``): plans differing only in them share one pool.
 A cell's *order* is its sinks (and boundary), oldest first, then its other prompt tokens still held, best score
 first, older first on ties. Its first ``min(floor, budget)`` tokens in that order that are not sinks come before
 every other prompt token of the pool; its tokens past its first ``cap`` in that order that are not sinks are never
@@ -62,9 +63,9 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
             rest = sorted(held, key=lambda j: (-float(z[b, h, j]), j))
             order = sorted(protected) + rest
             sinks[M.idx, h] = protected
-            first |= {(M.idx, h, j) for j in order[: min(p.get("floor", 0), budget)] if j not in protected}
-            if p.get("cap", 0):
-                never |= {(M.idx, h, j) for j in order[p["cap"] :] if j not in protected}
+            first |= {(M.idx, h, j) for j in order[: min(at(p, "floor", h), budget)] if j not in protected}
+            if at(p, "cap", h):
+                never |= {(M.idx, h, j) for j in order[at(p, "cap", h) :] if j not in protected}
         n_sinks = sum(len(s) for s in sinks.values())
         if capacity - n_sinks >= cells * len(appended):
             kept_appended, rest = appended, capacity - n_sinks - cells * len(appended)
@@ -74,7 +75,7 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
         others = [
             (
                 (M.idx, h, j) not in first,
-                -float(M.zip[name + repr(sorted(p.items()))][b, h, j]) * float(p.get("weight", 1.0)),
+                -float(M.zip[name + repr(sorted(p.items()))][b, h, j]) * float(at(p, "weight", h)),
                 M.idx,
                 h,
                 j,
@@ -88,6 +89,12 @@ def pooled_evict(o, L, phase: str, plan, heads=None) -> None:
             for j in range(N):
                 keep = j in sinks[L.idx, h] or j in kept_appended or (L.idx, h, j) in best
                 L.kept[b, h, j] = bool(L.kept[b, h, j]) and keep
+
+
+def at(params, key: str, head: int):
+    """The prior ``key`` of KV ``head``: the plan's value, or its ``head``-th entry when it is a list (per head)."""
+    value = params.get(key, PRIOR[key])
+    return value[head] if isinstance(value, (list, tuple)) else value
 
 
 def _identity(params) -> dict:

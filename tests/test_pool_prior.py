@@ -124,6 +124,11 @@ def test_solve_pool_prior_end_to_end_and_a_rerun_measures_nothing(table_path, tm
         (["--pattern", "kvzip[allocation=model,weight=2]"], "pattern: a model-wide pool without a prior"),
         (["--smoothing", "0"], "smoothing: must be in (0, 10]"),
         (["--guard", "4"], "--guard does not apply to pool-prior"),
+        (["--prior", "floor", "--levels", "2"], "levels: each must be a number in (0, 1], got '2'"),
+        (["--prior", "cap", "--levels", "0.5"], "levels: each must be a number in [1, 64], got '0.5'"),
+        (["--prior", "weight", "--levels", "0.5"], "levels: weights take their exponents from alphas"),
+        (["--prior", "size"], "prior"),
+        (["--granularity", "head"], "granularity head: the signal table has no head cells of kvzip[allocation=model]"),
     ],
 )
 def test_bad_pool_prior_input_is_one_line_and_exit_2(table_path, tmp_path, capsys, extra, message):  # noqa: F811

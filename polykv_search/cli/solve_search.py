@@ -44,22 +44,34 @@ def print_search(record: dict[str, Any]) -> None:
 
 
 def print_pool_prior(record: dict[str, Any]) -> None:
-    """Every exponent measured (the plain pool first, the chosen one starred) with its KL, its difference to the
-    plain pool and its weights' range; the last line says which was kept."""
+    """Every level measured (the plain pool first, the chosen one starred) with its KL, its difference to the
+    plain pool and the range of its priors (per layer or per KV head); the last line says which was kept."""
     from rich.table import Table
     from rich.text import Text
 
+    prior = record.get("prior", "weight")
+    per = "KV head" if record.get("granularity") == "head" else "layer"
     table = Table(title=_title("pool-prior", record["kinds"]), title_justify="left")
-    table.add_column("weights", overflow="fold")
+    table.add_column(f"{prior}s per {per}", overflow="fold")
     table.add_column(f"KL [{record['level']:.0%}]", justify="right")
     table.add_column("KL − plain pool", justify="right")
-    table.add_column("w min–max", justify="right")
+    table.add_column("min–max", justify="right")
     for name, iv in record["means"].items():
-        weights = [w for ws in record["weights"][name].values() for w in ws]
+        values = list(_flat(record[prior + "s"][name].values()))
         star = " *" if name == record["chosen"] else ""
         versus = _iv(record["versus_solved"].get(name), "+")
-        table.add_row(Text(name + star), _iv(iv), versus, f"{min(weights):.3g}–{max(weights):.3g}")
+        table.add_row(Text(name + star), _iv(iv), versus, f"{min(values):.3g}–{max(values):.3g}")
     out.print(table)
     chosen = record["chosen"]
-    line = f"pool-prior: {chosen} kept" + ("" if record["replaced"] else " (no exponent resolved better)")
+    word = "exponent" if prior == "weight" else "level"
+    line = f"pool-prior: {chosen} kept" + ("" if record["replaced"] else f" (no {word} resolved better)")
     out.print(line, markup=False, highlight=False)
+
+
+def _flat(values):
+    """The numbers of nested lists (per phase, per layer, per KV head)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v

@@ -163,15 +163,46 @@ class PoolPrior:
     """A static prior on one layer's cells in a pool's ranking (:mod:`polykv_search.runtime.pooled`): its
     scores enter the ranking multiplied by ``weight``; each of its KV heads' top ``min(floor, budget)`` tokens rank
     above the pool's other unprotected tokens (so they are kept after prefill), and it keeps at most its top ``cap``
-    prompt tokens (0: no cap; protected tokens whatever the cap). The default changes nothing."""
+    prompt tokens (0: no cap; protected tokens whatever the cap). Each is one value for the layer or a tuple with one
+    value per KV head (:meth:`per_head`). The default changes nothing."""
 
-    weight: float = 1.0
-    floor: int = 0
-    cap: int = 0
+    weight: float | tuple[float, ...] = 1.0
+    floor: int | tuple[int, ...] = 0
+    cap: int | tuple[int, ...] = 0
 
     @property
     def plain(self) -> bool:
-        return self.weight == 1.0 and self.floor == 0 and self.cap == 0
+        weights, floors, caps = self.per_head(None)
+        return not self.weighted and not any(floors) and not any(caps)
+
+    @property
+    def weighted(self) -> bool:
+        """True when some KV head's scores are multiplied by a weight other than 1."""
+        return any(w != 1.0 for w in _values(self.weight))
+
+    def per_head(self, heads: int | Sequence[int] | None) -> tuple[tuple, tuple, tuple]:
+        """``(weights, floors, caps)``, one value per KV head: of a layer of ``heads`` KV heads (an int), or of the
+        layer's KV heads ``heads`` (a sequence: a head group's, each value picked by its index); ``ValueError``, one
+        line, when a per-head tuple does not hold them. With ``heads`` None, each as given (a scalar as a 1-tuple)."""
+        out = []
+        for name in ("weight", "floor", "cap"):
+            values = _values(getattr(self, name))
+            picked = range(heads) if isinstance(heads, int) else heads
+            if picked is not None and len(values) == 1:
+                values = values * len(picked)
+            elif picked is not None:
+                if (isinstance(heads, int) and len(values) != heads) or max(picked, default=0) >= len(values):
+                    raise ValueError(
+                        f"the pool prior's {name} has {len(values)} values, one per KV head, but the layer has "
+                        f"KV heads {list(picked)}"
+                    )
+                values = tuple(values[h] for h in picked)
+            out.append(values)
+        return tuple(out)  # type: ignore[return-value]
+
+
+def _values(value) -> tuple:
+    return tuple(value) if isinstance(value, tuple) else (value,)
 
 
 @dataclass(frozen=True)

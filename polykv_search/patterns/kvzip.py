@@ -75,22 +75,27 @@ class KVzip(Pattern):
         ``"model"`` (kvpress's default): the ``sum(Hkv * budget_l)`` best over every layer using this same
         pattern in this phase. With ``"layer"`` and ``"model"`` the heads hold different numbers of tokens
         (:mod:`polykv_search.runtime.pooled`: the pool's total holds through the question and decoding).
-    weight : float
+    weight : float or tuple of float
         A static prior on this layer's place in a ``"model"`` pool (> 0; 1.0, the default, changes nothing): its
         tokens enter the pool's ranking with ``score * weight``. A product, not ``score + log(weight)``: the
         scores are probabilities (or, with ``plus``, positive and unitless), so a product is the same comparison
         as ``log(score) + log(weight)``, scale-free, and never reorders a KV head's own tokens (only how many
         each head keeps changes). Layers whose patterns differ only in ``weight``, ``floor`` and ``cap`` share one
         pool (:meth:`pool_identity`), so a solver can steer each layer while the pool still adapts per prompt.
-        With ``"layer"`` one weight scales every cell of the pool alike, so it is refused there.
-    floor : int
+        With ``"layer"`` one weight scales every cell of the pool alike, so it is refused there, unless given per KV
+        head.
+    floor : int or tuple of int
         Each KV head of this layer keeps at least its top ``min(floor, budget)`` tokens in the pool (0: none): they
         rank above every unprotected token of the pool, so they always fit after prefill; once the appended tokens
         outgrow the pool they go before them, like the pool's other prompt tokens (the sinks and the boundary stay).
-    cap : int
+    cap : int or tuple of int
         Each KV head of this layer keeps at most its top ``cap`` prompt tokens in the pool (0: no cap; its protected
         tokens are kept whatever the cap). The pool may then hold fewer than its total. ``floor <= cap`` when both
         are set. kvpress's ``KVzipPress`` has no counterpart of ``weight``, ``floor`` or ``cap``.
+
+        *Per KV head*: each of the three may be a tuple with one value per KV head of the layer (spec text
+        ``weight=2/0.5/1``, JSON a list), the ``h``-th for KV head ``h``; the runtime refuses one of another length
+        (:meth:`~polykv_search.patterns.base.PoolPrior.per_head`). A tuple repeating one value is that value.
     evidence : float
         Share of the budget, in [0, 1), that stays with the prompt's best-reconstructed tokens for good (0: none,
         the default, today's rule). At budget ``b`` a KV head protects, beside its sinks and boundary, its
@@ -151,17 +156,17 @@ class KVzip(Pattern):
     allocation: str = "head"
     boundary: int = 0
     plus: bool = False
-    weight: float = 1.0
-    floor: int = 0
-    cap: int = 0
+    weight: float | tuple[float, ...] = 1.0
+    floor: int | tuple[int, ...] = 0
+    cap: int | tuple[int, ...] = 0
     evidence: float = 0.0
 
     ALLOCATIONS: ClassVar[tuple[str, ...]] = ("head", "layer", "model")
 
     def __post_init__(self) -> None:
-        for field_name in ("n_sink", "chunk_size", "query_chunk", "boundary", "floor", "cap"):
+        for field_name in ("n_sink", "chunk_size", "query_chunk", "boundary"):
             value = getattr(self, field_name)
-            low = 0 if field_name in ("n_sink", "boundary", "floor", "cap") else 1
+            low = 0 if field_name in ("n_sink", "boundary") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{field_name} must be an integer >= {low}, got {value!r}")
         if self.allocation not in self.ALLOCATIONS:
@@ -173,18 +178,38 @@ class KVzip(Pattern):
         self._check_prior()
 
     def _check_prior(self) -> None:
+        for name in ("weight", "floor", "cap"):  # a per-head list as a tuple; one that repeats one value as it
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                value = tuple(value)
+                if not value:
+                    raise ValueError(f"{name} must be one value or one per KV head, got an empty list")
+                object.__setattr__(self, name, value[0] if len(set(value)) == 1 else value)
+        for w in _each(self.weight):
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w <= 0:
+                raise ValueError(f"weight must be a finite number > 0, got {w!r}")
+        for name in ("floor", "cap"):
+            for v in _each(getattr(self, name)):
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        floors, caps = _each(self.floor), _each(self.cap)
+        if len(floors) > 1 and len(caps) > 1 and len(floors) != len(caps):
+            raise ValueError(f"floor and cap give {len(floors)} and {len(caps)} per-head values; give as many of each")
+        n = max(len(floors), len(caps))
+        for f, c in zip(floors * n if len(floors) == 1 else floors, caps * n if len(caps) == 1 else caps):
+            if c and f > c:
+                raise ValueError(f"floor must be at most cap, got floor={f} and cap={c}")
         w = self.weight
-        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"weight must be a finite number > 0, got {w!r}")
-        if self.cap and self.floor > self.cap:
-            raise ValueError(f"floor must be at most cap, got floor={self.floor} and cap={self.cap}")
         if self.allocation == "head" and not self.prior.plain:
             raise ValueError(
                 f"weight, floor and cap steer a pool's ranking; they need allocation='layer' or 'model', got "
-                f"weight={w!r}, floor={self.floor}, cap={self.cap} with allocation='head'"
+                f"weight={_text(w)}, floor={_text(self.floor)}, cap={_text(self.cap)} with allocation='head'"
             )
-        if self.allocation == "layer" and w != 1.0:
-            raise ValueError(f"weight needs allocation='model' (one layer's pool ranks all its heads alike), got {w!r}")
+        if self.allocation == "layer" and not isinstance(w, tuple) and w != 1.0:
+            raise ValueError(
+                f"weight needs allocation='model' or one value per KV head (one layer's pool ranks all its heads "
+                f"alike), got {w!r}"
+            )
 
     @property
     def needs_pass_inputs(self) -> bool:
@@ -197,7 +222,8 @@ class KVzip(Pattern):
 
     @property
     def prior(self) -> PoolPrior:
-        return PoolPrior(float(self.weight), self.floor, self.cap)
+        w = self.weight
+        return PoolPrior(tuple(map(float, w)) if isinstance(w, tuple) else float(w), self.floor, self.cap)
 
     def pool_identity(self) -> KVzip:
         return self if self.prior.plain else replace(self, weight=1.0, floor=0, cap=0)
@@ -330,6 +356,15 @@ class KVzip(Pattern):
         if self.evidence and "kvzip" in state.token:
             key = protect_top_share(key, take("kvzip"), take("scored") > 0, self.evidence, budgets)
         return key
+
+
+def _each(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _text(value) -> str:
+    """A prior as a spec writes it: ``1.5`` or, per KV head, ``1.5/0.5``."""
+    return "/".join(f"{v!r}" for v in value) if isinstance(value, tuple) else repr(value)
 
 
 @dataclass(frozen=True)

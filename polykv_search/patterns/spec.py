@@ -7,6 +7,8 @@ parameters that differ from the defaults, in the order given.
 
 >>> parse_spec("kvzip[allocation=model]")
 ('kvzip', {'allocation': 'model'})
+>>> parse_spec("kvzip[allocation=model,weight=2/0.5/1]")
+('kvzip', {'allocation': 'model', 'weight': (2, 0.5, 1)})
 >>> split_specs("snapkv,kvzip[allocation=model,chunk_size=256]")
 ['snapkv', 'kvzip[allocation=model,chunk_size=256]']
 """
@@ -22,7 +24,12 @@ _SPEC = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?:\[(.*)\])?")
 
 
 def parse_value(text: str) -> Any:
-    """A parameter from text: an integer, a number, true/false, or the text itself."""
+    """A parameter from text: an integer, a number, true/false, numbers joined by ``/`` (a tuple: one value per KV
+    head, ``weight=2/0.5/1``), or the text itself."""
+    if "/" in text:
+        parts = [parse_value(p.strip()) for p in text.split("/")]
+        numeric = all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts)
+        return tuple(parts) if numeric else text
     for kind in (int, float):
         try:
             return kind(text)

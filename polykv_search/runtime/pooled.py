@@ -18,13 +18,13 @@ those ranks of its own cells, and evicts from them alone, in its own attention c
   ``(C - S) // P`` appended ones (the pool then holds at most ``C``).
 
 A *pool prior* (the layer's pattern's :attr:`~polykv_search.patterns.base.Pattern.prior`: kvzip's ``weight``,
-``floor``, ``cap``) steers the ranking, each layer's cells on their own: a cell's scores are multiplied by the
-weight (in float64, so the order inside a cell is kept); its top ``min(floor, b)`` tokens rank above every
-other unprotected token of the pool (among themselves by weighted score), so they stay while the pool holds any
-prompt token beyond its protected ones (always in prefill) and go before the appended tokens once these outgrow
-the pool, as other prompt tokens do; its tokens past its top ``cap`` (protected ones aside) are never kept.
-Layers whose patterns differ only by their priors share one pool (``pool_identity``). The default prior leaves
-every rank as it was.
+``floor``, ``cap``, one value for the layer or one per KV head) steers the ranking, each cell by its own value: a
+cell's scores are multiplied by its weight (in float64, so the order inside a cell is kept); its top
+``min(floor, b)`` tokens rank above every other unprotected token of the pool (among themselves by weighted score), so
+they stay while the pool holds any prompt token beyond its protected ones (always in prefill) and go before the appended
+tokens once these outgrow the pool, as other prompt tokens do; its tokens past its top ``cap`` (protected ones
+aside) are never kept. Layers whose patterns differ only by their priors share one pool (``pool_identity``). The
+default prior leaves every rank as it was.
 
 The prompt tokens' ranks are fixed after the pass and ``K`` only falls, so every layer finds its counts
 without the others. Unlike kvpress, which keeps the question and answer on top of its budget, the pool's
@@ -134,51 +134,66 @@ def check_plans(plans, groups, decode_interval: int) -> None:
 
 def pool_entries(layers: Sequence) -> list[list]:
     """Per entry, its cells' layers in model order (a layer of head groups: its groups' layers, in head
-    order): a cache's own layers are one entry; the scorer's shared context layers (``rows``) give one
+    order), each as ``(cell, the layer's KV heads it holds)`` (None: all of them; a per-head prior picks its
+    values by them): a cache's own layers are one entry; the scorer's shared context layers (``rows``) give one
     entry per row."""
-    return [[cell for cells in entry for cell in cells] for entry in zip(*(layer.entries() for layer in layers))]
+    heads = {id(cell): kv for layer in layers for cell, kv in layer.cells()}
+    entries = zip(*(layer.entries() for layer in layers))
+    return [[(cell, heads.get(id(cell))) for cells in entry for cell in cells] for entry in entries]
 
 
 def allocate(entries: Sequence[Sequence], phase: str) -> None:
-    """Give every layer whose ``phase`` plan uses a pooled pattern its :class:`PoolShare` of that phase."""
-    for layers in entries:
+    """Give every layer whose ``phase`` plan uses a pooled pattern its :class:`PoolShare` of that phase. An
+    entry's items: :func:`pool_entries`'s ``(cell, KV heads)`` or a cell holding all its layer's KV heads."""
+    for items in entries:
         pools: dict = {}
-        for layer in layers:
+        for item in items:
+            layer, heads = item if isinstance(item, tuple) else (item, None)
             plan = layer.plans[phase]
             if not plan.evicts or plan.pattern.pooled is None:
                 continue
             identity = plan.pattern.pool_identity()
             key = identity if plan.pattern.pooled == "model" else (identity, layer.layer_idx)
-            pools.setdefault(key, []).append(layer)
+            pools.setdefault(key, []).append((layer, heads))
         for members in pools.values():
             _share(members, phase)
 
 
-def steered(key: torch.Tensor, prior, budget: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One layer's selection keys ``[B, Hkv, n]`` with its pool prior applied, and its floor's tokens (a bool
-    mask; None without a floor), which the pool ranks above every other unprotected token (module docstring)."""
-    if prior.weight != 1.0:
-        key = key * prior.weight
+def steered(key: torch.Tensor, prior, budget: int, heads=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One cell's selection keys ``[B, h, n]`` with its pool prior applied, each KV head its own value of it (the
+    cell holds its layer's KV ``heads``; None: all of them), and its floor's tokens (a bool mask; None without a
+    floor), which the pool ranks above every other unprotected token (module docstring)."""
+    weights, floors, caps = prior.per_head(key.shape[1] if heads is None else heads)
+    if prior.weighted:
+        key = key * (weights[0] if len(set(weights)) == 1 else _column(weights, key))
     first = None
-    if prior.floor or prior.cap:
+    if any(floors) or any(caps):
         order = torch.sort(key, dim=-1, descending=True, stable=True).indices
         slots = torch.arange(key.shape[-1], device=key.device).expand_as(order)
         place = torch.empty_like(order).scatter_(-1, order, slots)  # each token's place in its KV head's order
-        if prior.floor:
-            first = (place < min(prior.floor, budget)) & (key != NEG_INF) & (key != POS_INF)
-        if prior.cap:
-            key = key.masked_fill((place >= prior.cap) & (key != POS_INF), NEG_INF)
+        if any(floors):
+            limit = _column([min(f, budget) for f in floors], place)
+            first = (place < limit) & (key != NEG_INF) & (key != POS_INF)
+        if any(caps):
+            limit = _column([c or key.shape[-1] for c in caps], place)  # cap 0: that head keeps any number
+            key = key.masked_fill((place >= limit) & (key != POS_INF), NEG_INF)
     return key, first
 
 
-def _share(members: Sequence, phase: str) -> None:
+def _column(values, like: torch.Tensor) -> torch.Tensor:
+    """Per-KV-head values as ``[1, Hkv, 1]`` in ``like``'s dtype and device."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device).view(1, -1, 1)
+
+
+def _share(cells: Sequence, phase: str) -> None:
+    members = [layer for layer, _ in cells]
     plans = [layer.plans[phase] for layer in members]
-    weighted = any(plan.pattern.prior.weight != 1.0 for plan in plans)
+    weighted = any(plan.pattern.prior.weighted for plan in plans)
     keys, firsts = [], []
-    for layer, plan in zip(members, plans):
+    for (layer, heads), plan in zip(cells, plans):
         key = plan.pattern.selection_key(layer, layer._state(plan.pattern), [plan.budget])
         key = key.double() if weighted else key.float()  # float64: a weight never merges a cell's distinct scores
-        key, first = steered(key, plan.pattern.prior, plan.budget)
+        key, first = steered(key, plan.pattern.prior, plan.budget, heads)
         keys.append(key)
         firsts.append(first)
     rows = keys[0].shape[0]
