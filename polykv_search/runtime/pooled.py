@@ -210,15 +210,15 @@ def _share(cells: Sequence, phase: str) -> None:
     ranks = torch.empty_like(order).scatter_(1, order, place).masked_fill_(flat == NEG_INF, _NEVER)
     protected = (flat == POS_INF).sum(1)
     capacity = sum(layer.num_kv_heads * layer.plans[phase].budget for layer in members)
-    cells = sum(layer.num_kv_heads for layer in members)
+    n_cells = sum(layer.num_kv_heads for layer in members)
     longest = max(key.shape[-1] for key in keys)
-    padded = ranks.new_full((rows, cells, longest), _NEVER)
+    padded = ranks.new_full((rows, n_cells, longest), _NEVER)
     pool = Pool(padded, capacity, protected, members[0].seen)
     start = cell = 0
     for layer, key in zip(members, keys):
         size = key[0].numel()
         part = ranks[:, start : start + size].reshape(key.shape)
         padded[:, cell : cell + key.shape[1], : key.shape[-1]] = part
-        layer.shares[phase] = PoolShare(part, capacity, cells, protected, layer.seen, pool, cell)
+        layer.shares[phase] = PoolShare(part, capacity, n_cells, protected, layer.seen, pool, cell)
         start += size
         cell += key.shape[1]
