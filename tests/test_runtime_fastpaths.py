@@ -1,6 +1,6 @@
 """The decoding fast paths equal the straightforward computations bit for bit: SnapKV's sliding query
 buffer, the attention probabilities masked only on the columns a query may not see, SnapKV's in-place
-window zeroing and protection, and the one-plan ``observers()``. SnapKV's window logits kept between calls
+window zeroing and protection, and the one-plan ``observers()``. SnapKV's window attention kept between calls
 (``SnapKV.incremental``) give the same scores within float rounding and keep the same tokens."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def test_snapkv_decoding_keeps_exactly_what_the_plain_computation_keeps(case, se
         assert f_state.shared["query_pos"] == r_state.shared["query_pos"]
         assert torch.equal(fast.positions, ref.positions) and torch.equal(fast.valid, ref.valid)
         assert torch.equal(fast.keys, ref.keys)
-        # the scores themselves, bit for bit (kept logits: within rounding), on the current (possibly evicted,
+        # the scores themselves, bit for bit (kept attention: within rounding), on the current (possibly evicted,
         # padded, sliding) cache
         pattern = fast.plans["decoding"].pattern
         got, want = pattern.score(fast, f_state), _ref_score(pattern, ref, r_state)

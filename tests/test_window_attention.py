@@ -1,7 +1,7 @@
-"""SnapKV's window logits kept between calls (``SnapKV.incremental``, :mod:`polykv_search.patterns.window_logits`)
+"""SnapKV's window attention kept between calls (``SnapKV.incremental``, :mod:`polykv_search.patterns.window_attention`)
 keep exactly the tokens the window recomputed at every call keeps, with scores within float rounding: rows
 alone and row-batched (rows of different lengths, per-row budgets, both interval modes, rows leaving the
-batch), and the decode suite's engine on the tiny families. Each test also checks that the kept logits served
+batch), and the decode suite's engine on the tiny families. Each test also checks that the kept weights served
 (a decoding step computes one query row, not the window), so that it tests the fast path and not its fallback."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import zlib
 import pytest
 import torch
 
-from polykv_search.patterns import make_pattern, window_logits
+from polykv_search.patterns import make_pattern, window_attention
 from polykv_search.patterns.snapkv import SnapKV
 from polykv_search.runtime import EvictingLayer, PhasePlan
 from polykv_search.runtime.row_batch import RowBatchLayer
@@ -39,10 +39,10 @@ def recomputed():
 
 @pytest.fixture
 def served(monkeypatch) -> list[int]:
-    """One entry per call of the window's attention that the kept logits served: the query rows it computed."""
+    """One entry per call of the window's attention that the kept weights served: the query rows it computed."""
     calls: list[int] = []
     fresh: list[int] = []
-    advance, new_rows = window_logits._advance, window_logits._new_rows
+    advance, new_rows = window_attention._advance, window_attention._new_rows
 
     def rows(layer, query, qpos):
         fresh.append(query.shape[-2])
@@ -55,8 +55,8 @@ def served(monkeypatch) -> list[int]:
             calls.append(sum(fresh))
         return out
 
-    monkeypatch.setattr(window_logits, "_new_rows", rows)
-    monkeypatch.setattr(window_logits, "_advance", advancing)
+    monkeypatch.setattr(window_attention, "_new_rows", rows)
+    monkeypatch.setattr(window_attention, "_advance", advancing)
     return calls
 
 
@@ -110,7 +110,7 @@ def test_row_batched_snapkv_keeps_what_the_recomputed_window_keeps(interval, mod
             batch = RowBatchLayer(0, [rows[r] for r in active], **KW, **kw)
             ref_batch = RowBatchLayer(0, [reference[r] for r in active], **KW, **kw)
     assert all(row.num_evictions > 3 for row in reference)
-    # the kept logits served: most calls computed the new queries only (the interval's steps at most)
+    # the kept weights served: most calls computed the new queries only (the interval's steps at most)
     assert sum(c <= interval for c in served) > 24
 
 
@@ -130,7 +130,7 @@ def test_a_budget_below_the_window_falls_back_to_the_recomputed_window(served):
             ref.update(k, v)
             ref.attention_call(q, None)
         assert torch.equal(layer.positions, ref.positions)
-        assert window_logits.MEMO not in layer.states[snap].memo
+        assert window_attention.MEMO not in layer.states[snap].memo
     assert served == []
 
 
