@@ -111,7 +111,7 @@ def test_row_batched_snapkv_keeps_what_the_recomputed_window_keeps(interval, mod
             ref_batch = RowBatchLayer(0, [reference[r] for r in active], **KW, **kw)
     assert all(row.num_evictions > 3 for row in reference)
     # the kept weights served: most calls computed the new queries only (the interval's steps at most)
-    assert sum(c <= interval for c in served) > 24
+    assert sum(c <= interval for c in served) > 16
 
 
 def test_a_budget_below_the_window_falls_back_to_the_recomputed_window(served):

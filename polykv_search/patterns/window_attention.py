@@ -7,13 +7,15 @@ keys, the call appends new ones. So the state's ``memo`` keeps (:class:`WindowAt
 unnormalised weights ``exp(scaling * q . k - m)`` against the held keys (``m``: the query's largest logit when
 it was computed, so every weight is at most 1), and each call
 
-- keeps the weights of the queries still in the window against the keys still held (a gather, matched by
-  position: a key at a position never changes while a state follows its layer);
+- keeps the weights of the queries still in the window against the keys still held (whole rows of ``w``
+  weights per key, copied by one ``index_select``, matched by position: a key at a position never changes
+  while a state follows its layer);
 - gives those queries weight 0 on the new keys (they are older than every new key: causally hidden);
-- computes the new queries' weights against every key, masked as the layer masks them.
+- computes the new queries' weights against every key, masked as the layer masks them, into the slots of
+  the queries that left the window (the window's queries are a ring: their order does not matter to a sum).
 
 Each query's weights over the held keys, divided by their sum, are its softmax: the votes
-``sum_i p_i`` are one batched product ``(1 / Z) @ E``. The result equals the recomputed softmax within float
+``sum_i p_i`` are one batched product ``E @ (1 / Z)``. The result equals the recomputed softmax within float
 rounding (another stabiliser than the softmax's own maximum; a dot product computed in another matrix shape
 may differ in its last bits). Where the memo cannot serve, :func:`window_votes` returns None and SnapKV
 computes everything (the reference): padding that is not a per-row tail (left padding), a sliding window, a
@@ -36,8 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
 MEMO = "window_attention"
 #: The position of a padding slot in :attr:`WindowAttention.key_pos`: past every real one, so rows stay sorted.
 _PAST = 2**62
-
-
 #: A query whose weights sum below this (its best keys evicted, the rest far below them) is recomputed.
 _TINY = 1e-30
 
@@ -48,21 +48,28 @@ class WindowAttention:
 
     Attributes
     ----------
-    weights : torch.Tensor
-        ``[B, Hkv, g, w, n + 1]`` fp32: query ``i`` of the window (query head ``h * g + j``) against slot ``s``,
-        ``exp(logit - m_i)``; 0 where masked, on padding and in the extra last column (the gather's "no key").
+    flat : torch.Tensor
+        ``[B * Hkv * g * n + 1, w]`` fp32: row ``((b * Hkv + h) * g + j) * n + s`` holds the weights
+        ``exp(logit - m_i)`` of query head ``h * g + j`` of row ``b``, window query in ring slot ``i``, on key slot
+        ``s`` (0 where masked or padding); the last row is zeros (what a new key or padding starts from).
     key_pos : torch.Tensor
         ``[B, Hkv, n]`` long: the position each slot held, padding at ``_PAST`` (ascending in every row).
     query_pos : range
-        Positions of the window's ``w`` queries.
+        Positions of the window's ``w`` queries; the query at ``query_pos[k]`` is in ring slot ``(first + k) % w``.
+    first : int
     seen : int
         Tokens the layer had seen: keys at positions ``>= seen`` are new to the memo.
     """
 
-    weights: torch.Tensor
+    flat: torch.Tensor
     key_pos: torch.Tensor
     query_pos: range
+    first: int
     seen: int
+
+    def weights(self, b: int, h: int, g: int) -> torch.Tensor:
+        """``[B, Hkv, g, n, w]``: the weights without the zero row."""
+        return self.flat[:-1].view(b, h, g, -1, self.flat.shape[-1])
 
 
 def window_votes(layer: LayerView, state: PatternState) -> torch.Tensor | None:
@@ -82,21 +89,23 @@ def window_votes(layer: LayerView, state: PatternState) -> torch.Tensor | None:
         return None
     b, hq, w, d = query.shape
     h = layer.num_kv_heads
+    g = hq // h
+    slot = torch.arange(n, device=pos.device)
+    key_pos = pos.masked_fill(slot >= counts[:, None, None], _PAST)
     memo = state.memo.get(MEMO)
-    weights = None if memo is None else _advance(memo, layer, query, qpos, counts)
-    if weights is None:
-        weights = query.new_empty(b, h, hq // h, w, n + 1, dtype=torch.float32)
-        weights[..., :n] = _new_rows(layer, query, qpos)
-        weights[..., n] = 0.0
-    total = weights.sum(dim=-1, keepdim=True)  # [B, Hkv, g, w, 1]
+    moved = None if memo is None else _advance(memo, layer, query, qpos, counts, key_pos)
+    if moved is None:
+        flat = query.new_empty(b * h * g * n + 1, w, dtype=torch.float32)
+        flat[:-1].view(b, h, g, n, w).copy_(_new_rows(layer, query, qpos).transpose(-1, -2))
+        flat[-1] = 0.0
+        moved = WindowAttention(flat, key_pos, qpos, 0, layer.seen)
+    weights = moved.weights(b, h, g)  # [B, Hkv, g, n, w]
+    total = weights.sum(dim=-2, keepdim=True)  # [B, Hkv, g, 1, w]
     if float(total.min()) < _TINY:
         state.memo.pop(MEMO, None)
         return None
-    slot = torch.arange(n, device=pos.device)
-    key_pos = pos.masked_fill(slot >= counts[:, None, None], _PAST)
-    state.memo[MEMO] = WindowAttention(weights, key_pos, qpos, layer.seen)
-    votes = torch.matmul(total.reciprocal().transpose(-1, -2), weights)  # [B, Hkv, g, 1, n + 1]
-    return votes[..., 0, :n].reshape(b, hq, n)
+    state.memo[MEMO] = moved
+    return torch.matmul(weights, total.reciprocal_().transpose(-1, -2)).view(b, hq, n)
 
 
 def _compact_counts(layer: LayerView) -> torch.Tensor | None:
@@ -121,40 +130,40 @@ def _new_rows(layer: LayerView, query: torch.Tensor, qpos: range) -> torch.Tenso
 
 
 def _advance(
-    memo: WindowAttention, layer: LayerView, query: torch.Tensor, qpos: range, counts: torch.Tensor
-) -> torch.Tensor | None:
-    """The memo's weights moved to this call (``[B, Hkv, g, w, n + 1]``), or None when it does not match it."""
+    memo: WindowAttention, layer: LayerView, query: torch.Tensor, qpos: range, counts: torch.Tensor, key_pos
+) -> WindowAttention | None:
+    """The memo moved to this call, or None when it does not match it."""
     b, hq, w, d = query.shape
     h = layer.num_kv_heads
     g = hq // h
-    old = memo.weights
-    drop = qpos.start - memo.query_pos.start  # window rows gone since the memo
-    kept_rows = len(memo.query_pos) - drop
-    fresh = w - kept_rows  # queries new since the memo
+    fresh = qpos.start - memo.query_pos.start  # queries new since the memo (the window keeps its length)
+    n_old = memo.key_pos.shape[-1]
     if (
-        old.shape[:3] != (b, h, g)
+        memo.flat.shape != (b * h * g * n_old + 1, w)
         or memo.key_pos.shape[:2] != (b, h)
+        or len(memo.query_pos) != w
+        or not 0 <= fresh < w
+        or qpos.stop - memo.query_pos.stop != fresh
         or layer.seen < memo.seen
-        or drop < 0
-        or kept_rows < 0
-        or fresh < 0
-        or qpos.stop - fresh != memo.query_pos.stop
     ):
         return None
     pos = layer.positions
-    n, n_old = pos.shape[-1], memo.key_pos.shape[-1]
+    n = pos.shape[-1]
     real = torch.arange(n, device=pos.device) < counts[:, None, None]
     held = real & (pos < memo.seen)  # keys the memo saw: each must be in the memo's row, at its position
-    at = torch.searchsorted(memo.key_pos, pos.contiguous())
+    at = torch.searchsorted(memo.key_pos, key_pos)
     found = memo.key_pos.gather(-1, at.clamp(max=max(n_old - 1, 0))) == pos if n_old else torch.zeros_like(held)
     if bool((held & ~found).any()):
         return None
-    column = torch.where(held, at, n_old)  # the memo's extra column is 0: new keys and padding
-    weights = old.new_empty(b, h, g, w, n + 1)
-    if kept_rows:
-        src = old[:, :, :, drop:, :]
-        weights[:, :, :, :kept_rows, :n] = src.gather(-1, column[:, :, None, None, :].expand(b, h, g, kept_rows, n))
+    # row of the memo's flat weights for each (row, head, group, slot): its own, or the zero row
+    base = (torch.arange(b * h * g, device=pos.device) * n_old).view(b, h, g, 1)
+    zero = b * h * g * n_old
+    index = torch.where(held[:, :, None, :], base + at[:, :, None, :], zero).reshape(-1)
+    flat = memo.flat.new_empty(b * h * g * n + 1, w)
+    torch.index_select(memo.flat, 0, index, out=flat[:-1])
+    flat[-1] = 0.0
     if fresh:
-        weights[:, :, :, kept_rows:, :n] = _new_rows(layer, query[..., kept_rows:, :], qpos[kept_rows:])
-    weights[..., n] = 0.0
-    return weights
+        ring = [(memo.first + k) % w for k in range(fresh)]  # the slots of the queries that left
+        rows = _new_rows(layer, query[..., w - fresh :, :], qpos[w - fresh :])  # [B, Hkv, g, fresh, n]
+        flat[:-1].view(b, h, g, n, w)[..., ring] = rows.transpose(-1, -2)
+    return WindowAttention(flat, key_pos, qpos, (memo.first + fresh) % w, layer.seen)
