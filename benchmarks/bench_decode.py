@@ -2,7 +2,10 @@
 
 Today's path (the reference, ``fullkv_apart``): per sample, FullKV greedy-decodes its N tokens alone, then the
 entries are teacher-forced along them as one batch. The batched path (:mod:`polykv_search.scoring.trajectories`):
-FullKV is a row of the entries' batch, and ``--decode-batch`` samples of one prompt length step together.
+FullKV is a row of the entries' batch, and ``--decode-batch`` samples of one prompt length step together, with
+SnapKV's window attention kept between steps (``SnapKV.incremental``; today's path recomputes it at every step,
+as the code before it did). ``--with-recomputed`` adds the batched path with the window recomputed, so the run
+also shows what the kept window saves.
 Entries as in the decode study (issue 27): FullKV, 4 uniform patterns and 3 seeded heterogeneous strategies
 (stand-ins for ilp and its ablations) at each budget, so 15 entries at two budgets. The two paths run one after
 the other (``--order`` picks which first) on the same samples; the run reports each one's wall seconds per
@@ -30,9 +33,15 @@ from polykv_search import scoring  # noqa: E402
 from polykv_search.cli.baselines import baseline  # noqa: E402
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.models import load_model  # noqa: E402
+from polykv_search.patterns.snapkv import SnapKV  # noqa: E402
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner  # noqa: E402
 
-PATHS = {"today": {"decode_batch": 1, "fullkv_apart": True}, "batched": {}}
+#: Each path: its runner settings and whether SnapKV keeps its window attention between steps.
+PATHS = {
+    "today": ({"decode_batch": 1, "fullkv_apart": True}, False),
+    "batched": ({}, True),
+    "batched-recomputed": ({}, False),
+}
 
 
 def study_entries(L: int, budgets: list[int]) -> list[scoring.Entry]:
@@ -44,15 +53,22 @@ def study_entries(L: int, budgets: list[int]) -> list[scoring.Entry]:
     return out
 
 
-def run_path(model, tok, entries, task_samples, settings: RunnerSettings) -> tuple[list, float, float]:
-    """Every sample's rows, wall and CPU seconds, through the runner ``score_entries`` uses."""
+def run_path(
+    model, tok, entries, task_samples, settings: RunnerSettings, incremental: bool = True
+) -> tuple[list, float, float]:
+    """Every sample's rows, wall and CPU seconds, through the runner ``score_entries`` uses (``incremental``:
+    SnapKV keeps its window attention between steps)."""
     rows = []
-    wall, cpu = time.perf_counter(), time.process_time()
-    with SampleRunner(model, tok, entries, settings) as runner:
-        for task, samples in task_samples.values():
-            for chunk in runner.chunks([(task, i, s) for i, s in enumerate(samples)]):
-                rows += runner.run_many(task, [s for _, _, s in chunk])
-    return rows, time.perf_counter() - wall, time.process_time() - cpu
+    SnapKV.incremental = incremental
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        with SampleRunner(model, tok, entries, settings) as runner:
+            for task, samples in task_samples.values():
+                for chunk in runner.chunks([(task, i, s) for i, s in enumerate(samples)]):
+                    rows += runner.run_many(task, [s for _, _, s in chunk])
+        return rows, time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        SnapKV.incremental = True
 
 
 def mismatches(reference: list, got: list, names: list[str]) -> list[str]:
@@ -81,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default="64,128", help="budgets of the entries (default 64,128)")
     ap.add_argument("--decode-batch", type=int, default=8, help="batched path: samples per batch (default 8)")
     ap.add_argument("--order", choices=["today-first", "batched-first"], default="today-first")
+    ap.add_argument(
+        "--with-recomputed", action="store_true", help="also run the batched path with SnapKV's window recomputed"
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", help="JSON report")
     args = ap.parse_args(argv)
@@ -98,13 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=0
     )
     count = sum(len(s) for _, s in task_samples.values())
-    order = list(PATHS) if args.order == "today-first" else list(reversed(PATHS))
+    paths = ["today", "batched"] + (["batched-recomputed"] if args.with_recomputed else [])
+    order = paths if args.order == "today-first" else list(reversed(paths))
     results = {}
     for name in order:
-        settings = RunnerSettings(**{"decode_batch": args.decode_batch, **PATHS[name]})
-        rows, wall, cpu = run_path(model, tok, entries, task_samples, settings)
+        extra, incremental = PATHS[name]
+        settings = RunnerSettings(**{"decode_batch": args.decode_batch, **extra})
+        rows, wall, cpu = run_path(model, tok, entries, task_samples, settings, incremental)
         results[name] = {"rows": rows, "wall_s": wall, "cpu_s": cpu, "wall_per_sample_s": wall / count}
-    bad = mismatches(results["today"]["rows"], results["batched"]["rows"], [e.name for e in entries])
+    names = [e.name for e in entries]
+    reference = results["today"]["rows"]
+    bad = [f"{name}: {m}" for name in paths[1:] for m in mismatches(reference, results[name]["rows"], names)]
     report = {
         "model": "smollm2-135m",
         "threads": torch.get_num_threads(),
@@ -118,14 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         **{name: {k: v for k, v in r.items() if k != "rows"} for name, r in results.items()},
         "ratio_wall": results["today"]["wall_s"] / results["batched"]["wall_s"],
         "ratio_cpu": results["today"]["cpu_s"] / results["batched"]["cpu_s"],
+        **(
+            {"ratio_cpu_recomputed": results["today"]["cpu_s"] / results["batched-recomputed"]["cpu_s"]}
+            if args.with_recomputed
+            else {}
+        ),
         "mismatches": bad,
     }
     print(f"{len(entries)} entries, {count} samples, N = {args.generate_len}, {report['threads']} thread(s)")
-    print(f"{'path':<10}{'wall s':>10}{'s/sample':>10}{'cpu s':>10}")
-    for name in PATHS:
+    print(f"{'path':<20}{'wall s':>10}{'s/sample':>10}{'cpu s':>10}")
+    for name in paths:
         r = results[name]
-        print(f"{name:<10}{r['wall_s']:>10.1f}{r['wall_per_sample_s']:>10.1f}{r['cpu_s']:>10.1f}")
+        print(f"{name:<20}{r['wall_s']:>10.1f}{r['wall_per_sample_s']:>10.1f}{r['cpu_s']:>10.1f}")
     print(f"ratio (today / batched): wall {report['ratio_wall']:.2f}x, cpu {report['ratio_cpu']:.2f}x")
+    if args.with_recomputed:
+        print(f"ratio (today / batched-recomputed): cpu {report['ratio_cpu_recomputed']:.2f}x")
     print("records: all equal" if not bad else f"records differ: {', '.join(bad[:8])}")
     if args.out:
         write_json(args.out, report)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from polykv_search.patterns.base import NEG_INF, POS_INF, LayerView, Pattern, protected_ends
 from polykv_search.patterns.state import PatternState
+from polykv_search.patterns.window_attention import window_votes
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,14 @@ class SnapKV(Pattern):
         Pooling kernel (odd), applied along the token axis.
     pooling : {"avgpool", "maxpool"}
 
-    In decoding the window is the last ``window`` queries seen (prompt tail, then decoded tokens).
+    In decoding the window is the last ``window`` queries seen (prompt tail, then decoded tokens). Its
+    attention is kept between calls (:mod:`~polykv_search.patterns.window_attention`): a decoding step
+    computes the new query's row, not the whole window again.
     """
 
     name: ClassVar[str] = "snapkv"
+    #: Keep the window's attention between calls (False: recompute them at every call, the reference path).
+    incremental: ClassVar[bool] = True
     window: int = 32
     kernel: int = 5
     pooling: str = "avgpool"
@@ -67,8 +72,10 @@ class SnapKV(Pattern):
         state.shared["query_pos"] = qpos[-self.window :]
 
     def score(self, layer: LayerView, state: PatternState) -> torch.Tensor:
-        probs = layer.attention_probs(state.row["query"], state.shared["query_pos"])  # [B, Hq, w, n]
-        votes = probs.sum(dim=-2)  # [B, Hq, n]
+        votes = window_votes(layer, state) if self.incremental else None  # [B, Hq, n]
+        if votes is None:
+            probs = layer.attention_probs(state.row["query"], state.shared["query_pos"])  # [B, Hq, w, n]
+            votes = probs.sum(dim=-2)
         if layer.all_valid:  # the window is the newest slots: zero them in place
             votes[..., votes.shape[-1] - min(self.window, votes.shape[-1]) :] = 0.0
         else:

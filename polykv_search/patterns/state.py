@@ -12,6 +12,11 @@ Three kinds, each moved by the runtime in one place (this module), never by the 
 ``shared``
     Anything that is the same for every row (e.g. the query positions of that window, a ``range``).
     Rows stacked together must agree on it.
+``memo``
+    What a pattern derived from the cache and can always recompute (e.g. SnapKV's window logits). The
+    runtime never moves it: an eviction (``gather``, ``gather_rows``) and ``fit`` leave it as it is, so the
+    pattern must check it against the layer (positions) before using it; every batch-axis move (``map_rows``,
+    ``stack``, ``take_row``, ``heads``) and ``thaw`` drop it. Copies copy it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class PatternState:
     token: dict[str, torch.Tensor] = field(default_factory=dict)
     row: dict[str, torch.Tensor] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict)
 
     def gather(self, keep: torch.Tensor) -> None:
         """Keep the token slots ``keep`` ``[B, Hkv, b]`` of every token tensor (an eviction)."""
@@ -47,7 +53,8 @@ class PatternState:
             self.token[name] = tensor.gather(-1, keep)
 
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Apply a batch-axis map (reorder, select, repeat) to every token and row tensor."""
+        """Apply a batch-axis map (reorder, select, repeat) to every token and row tensor (the memo is dropped)."""
+        self.memo.clear()
         for kind in (self.token, self.row):
             for name, tensor in kind.items():
                 kind[name] = fn(tensor)
@@ -63,7 +70,9 @@ class PatternState:
 
     def thaw(self) -> None:
         """Replace every tensor made inside ``torch.inference_mode`` by a normal copy, so that ops outside it
-        may update the state in place (see :meth:`~polykv_search.runtime.runtime.PolyKVCache.prepare_forward`)."""
+        may update the state in place (see :meth:`~polykv_search.runtime.runtime.PolyKVCache.prepare_forward`);
+        the memo is dropped."""
+        self.memo.clear()
         for kind in (self.token, self.row, self.shared):
             for name, value in kind.items():
                 if isinstance(value, torch.Tensor) and value.is_inference():
@@ -74,12 +83,13 @@ class PatternState:
         group's share); row and shared entries are copied whole."""
         out = self.copy()
         out.token = {name: t[:, kv_heads].clone() for name, t in self.token.items()}
+        out.memo.clear()
         return out
 
     def replace_with(self, other: PatternState) -> None:
         """Become a copy of ``other`` (in place, so holders of this object see it)."""
         fresh = other.copy()
-        self.token, self.row, self.shared = fresh.token, fresh.row, fresh.shared
+        self.token, self.row, self.shared, self.memo = fresh.token, fresh.row, fresh.shared, fresh.memo
 
     @classmethod
     def stack(cls, states: list[PatternState], counts: list[int]) -> PatternState:
