@@ -74,7 +74,7 @@ CASES = [
     ),
     row(
         "export s.json --format kvpress --out press.py",
-        "--out press.json: is a directory",
+        "--out press.py's sidecar press.json: is a directory",
         {**S, "press.json": "dir"},
         id="export-kvpress-sidecar-is-dir",
     ),
