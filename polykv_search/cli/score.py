@@ -74,6 +74,13 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
     )
+    p.add_argument(
+        "--split",
+        choices=["eval", "calib"],
+        default="eval",
+        help="the corpus split samples are drawn from (default eval; calib: calibration samples, to design and "
+        "diagnose on, never to report)",
+    )
     p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
     p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
     p.add_argument(
@@ -194,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     check_model_args(args)
     check_limits(args, tasks)
     with console.status(f"reading the corpus {args.corpus} ..."):
-        texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})  # a bad --corpus: before the model
+        texts, split = scoring.eval_texts(args.corpus, args.split) if tasks else ([], {})  # a bad --corpus: before the model
     model, tok = load_model_from_args(args)
     check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
