@@ -201,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_args(args)
     check_limits(args, tasks)
     with console.status(f"reading the corpus {args.corpus} ..."):
-        texts, split = scoring.eval_texts(args.corpus, args.split) if tasks else ([], {})  # a bad --corpus: before the model
+        # a bad --corpus: before the model
+        texts, split = scoring.eval_texts(args.corpus, args.split) if tasks else ([], {})
     model, tok = load_model_from_args(args)
     check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before
     L = model.config.get_text_config(decoder=True).num_hidden_layers
