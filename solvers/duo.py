@@ -19,16 +19,39 @@ so k is as large as B allows and the streaming heads get everything left (at mos
 from training gates at long contexts; here k follows from B, and B decides how many heads can be full.
 Both phases get the same heads (decoding follows prefill's: a full head keeps its generated tokens),
 also when the table has prefill only (:mod:`solvers.heads`, "Phases the table lacks").
+
+``keep="prompt"``: a retrieval head keeps the whole prompt for good and the newest ``recent`` tokens beside
+it, instead of everything: ``evidence[rule=streaming_llm]`` at budget ``n + recent`` whose share holds the
+``n - 4`` prompt tokens past streaming_llm's 4 sinks (``floor(share * (n + recent)) = n - 4``; the rule keeps
+the sinks and the newest ``recent``), so a long generation streams through its recent window and never pushes
+the prompt's facts out, and the head holds at most its budget however long the generation (a ``full`` head
+grows by every generated token). ``k`` and ``s`` are fitted as above with
+``n + recent`` in place of ``n``. Built for the decode suite's recall tasks (docs/decode.md).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from polykv_search.patterns.streaming_llm import StreamingLLM
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, setting
 from solvers.heads import context_length, grouped_plan, head_total, retrieval_scores
+
+#: What a retrieval head keeps (``DuoSettings.keep``).
+KEEP = ("all", "prompt")
+
+
+def prompt_share(n: int, recent: int) -> float:
+    """The smallest share, to 6 decimals, with ``floor(share * (n + recent)) == n - sinks`` (``sinks``: the inner
+    streaming_llm's, which it keeps itself): the share holds every other prompt token, the rule the sinks and
+    the newest ``recent`` tokens."""
+    held = n - StreamingLLM().n_sink
+    share = math.ceil(1e6 * held / (n + recent)) / 1e6
+    assert math.floor(share * (n + recent)) == held, (n, recent)
+    return share
 
 
 @dataclass(frozen=True)
@@ -36,6 +59,12 @@ class DuoSettings(Settings):
     n_sink: int = setting(4, "sink tokens of every streaming head (streaming_llm's n_sink)")
     min_recent: int = setting(60, "recent tokens a streaming head gets at least; with n_sink the floor k is fitted to")
     full_heads: int | None = setting(None, "number of KV heads that keep everything (default: the most B allows)")
+    keep: str = setting(
+        "all",
+        "what a retrieval head keeps: all (every token, DuoAttention) or prompt (the whole prompt for good and the "
+        "newest --recent tokens, a budget of n + recent that a long generation cannot outgrow)",
+    )
+    recent: int = setting(64, "keep=prompt: the newest tokens a retrieval head keeps beside the prompt")
     target_context_len: int | None = setting(
         None,
         "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
@@ -49,6 +78,10 @@ class DuoSettings(Settings):
             raise SolverError(f"min_recent: must be >= 1, got {self.min_recent}")
         if self.full_heads is not None and self.full_heads < 0:
             raise SolverError(f"full_heads: must be >= 0, got {self.full_heads}")
+        if self.keep not in KEEP:
+            raise SolverError(f"keep: must be one of {', '.join(KEEP)}, got {self.keep!r}")
+        if self.recent < 1:
+            raise SolverError(f"recent: must be >= 1, got {self.recent}")
         if self.target_context_len is not None and self.target_context_len < 1:
             raise SolverError(f"target_context_len: must be >= 1, got {self.target_context_len}")
 
@@ -90,18 +123,24 @@ class DuoSolver(Solver):
         n = context_length(problem, s.target_context_len, self.name)
         floor = max(problem.b_min, min(s.n_sink + s.min_recent, int(problem.global_budget)))
         total = head_total(problem, H)
-        k, budget = fit(L * H, total, n, floor, s.full_heads)
+        kept = ("full", n, {})
+        if s.keep == "prompt":
+            kept = ("evidence", n + s.recent, {"share": prompt_share(n, s.recent), "rule": "streaming_llm"})
+        k, budget = fit(L * H, total, kept[1], floor, s.full_heads)
         order = np.lexsort((np.arange(L * H), -scores.reshape(-1)))  # score descending, then (layer, head)
         full = np.zeros(L * H, dtype=bool)
         full[order[:k]] = True
         stream = ("streaming_llm", budget, {"n_sink": s.n_sink})
-        per_head = [[("full", n, {}) if full[l * H + h] else stream for h in range(H)] for l in range(L)]
-        spent = k * n + (L * H - k) * (budget or 0)
+        per_head = [[kept if full[l * H + h] else stream for h in range(H)] for l in range(L)]
+        spent = k * kept[1] + (L * H - k) * (budget or 0)
+        what = f"all {n} tokens" if s.keep == "all" else f"the {n}-token prompt and {s.recent} recent tokens"
         message = (
-            f"{k} of {L * H} KV heads keep all {n} tokens (top retrieval scores), the rest streaming_llm at "
+            f"{k} of {L * H} KV heads keep {what} (top retrieval scores), the rest streaming_llm at "
             f"{budget} (n_sink {s.n_sink}); mean budget {spent / (L * H):.4g} of B = {problem.global_budget:g}"
         )
         info = {"full_heads": k, "streaming_budget": budget, "floor": floor, "context_len": n, "heads_total": total}
-        rule = "k = max with k*n + (N-k)*f <= H*floor(L*B); s = floor((H*floor(L*B) - k*n)/(N-k))"
+        info |= {"keep": s.keep, "retrieval_head_budget": kept[1]}
+        rule = "k = max with k*b + (N-k)*f <= H*floor(L*B), b = n (keep=all) or n + recent (keep=prompt); "
+        rule += "s = floor((H*floor(L*B) - k*b)/(N-k))"
         provenance = {"granularity": "head", "context_len": n, "duo": {**info, "rule": rule}}
         return grouped_plan(problem, per_head, n, message=message, info=info, provenance=provenance)

@@ -85,3 +85,16 @@ def test_bad_baselines_and_outputs_are_refused_before_the_model_loads(checkpoint
         err = capsys.readouterr().err
         assert message in " ".join(err.split()) and "Traceback" not in err
         assert not (tmp_path / "r.json").exists()
+
+
+def test_split_calib_draws_the_samples_from_the_calibration_documents(checkpoint, tmp_path):
+    """``--split calib`` (for designing on calibration samples) draws other samples than the default evaluation
+    split, and the results file says which split it used."""
+    argv = ["--suite", "broad/continuation", "--samples", "2", "--no-table"]
+    default = score(checkpoint, tmp_path / "eval.json", *argv)
+    calib = score(checkpoint, tmp_path / "calib.json", *argv, "--split", "calib")
+    split = calib["provenance"]["eval_split"]
+    assert default["provenance"]["eval_split"]["role"] == "eval" and split["role"] == "calib"
+    assert split["documents"] == split["calib"] and not set(split["documents"]) & set(split["eval"])
+    tasks = "broad/continuation"
+    assert calib["provenance"]["tasks"][tasks]["samples"] != default["provenance"]["tasks"][tasks]["samples"]

@@ -121,11 +121,11 @@ def test_a_file_cut_inside_its_first_line_holds_nothing_and_is_started_again(tmp
 def test_decode_batch_is_in_the_checkpoint_key_and_the_default_keeps_the_key_of_earlier_releases(tmp_path):
     """A run stopped under another --decode-batch is not resumed (its decode floats may differ in the last digits);
     one stopped at the default before decode_batch was recorded still is."""
-    from polykv_search.cli.score import DECODE_BATCH, _checkpoint
+    from polykv_search.cli.score_resume import DECODE_BATCH, open_checkpoint
 
     def key(**extra) -> str:
         settings = {"samples": 3, "context_len": 300, "seed": 0, **extra}
-        return _checkpoint(str(tmp_path / "r.json"), settings, "shared", "fp", [], {}, {}, "question-agnostic").key
+        return open_checkpoint(str(tmp_path / "r.json"), settings, "shared", "fp", [], {}, {}, "question-agnostic").key
 
     assert key(decode_batch=DECODE_BATCH) == key()
     assert key(decode_batch=2) != key()

@@ -34,11 +34,9 @@ from polykv_search.cli.score_checks import (
     check_longbench_sources,
     sample_count,
 )
+from polykv_search.cli.score_resume import DECODE_BATCH, open_checkpoint
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
-
-#: ``--decode-batch``'s default; a run at it keeps the checkpoint key it had before the setting was recorded
-DECODE_BATCH = 8
 
 
 def add_parser(sub) -> None:
@@ -87,6 +85,13 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=non_negative_int, default=0, help="sample generation seed (default 0)")
     p.add_argument(
         "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
+    )
+    p.add_argument(
+        "--split",
+        choices=["eval", "calib"],
+        default="eval",
+        help="the corpus split samples are drawn from (default eval; calib: calibration samples, to design and "
+        "diagnose on, never to report)",
     )
     p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
     p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
@@ -209,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
     check_model_args(args)
     check_limits(args, tasks)
     with console.status(f"reading the corpus {args.corpus} ..."):
-        texts, split = scoring.eval_texts(args.corpus) if tasks else ([], {})  # a bad --corpus: before the model
+        texts, split = (
+            scoring.eval_texts(args.corpus, args.split) if tasks else ([], {})
+        )  # a bad --corpus: before the model
     with console.status("generating samples ..."):  # tokens only: a --context-len too short, before the model
         tok = load_tokenizer(args.model)
         task_samples = scoring.make_task_samples(
@@ -241,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         "decode_batch": args.decode_batch,
     }
     fingerprint = model_fingerprint(model)
-    checkpoint = _checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape, protocol)
+    checkpoint = open_checkpoint(args.out, settings, engine, fingerprint, entries, task_samples, shape, protocol)
     total = len(entries) * sum(len(s) for _, s in task_samples.values())
     costs = scoring.run_costs(task_samples, context_len=args.context_len, max_new_tokens=args.max_new_tokens)
     timing: dict[str, float] = {}
@@ -325,49 +332,6 @@ def _execution(args: argparse.Namespace) -> dict:
         return {"jobs": 1, "backend": "in-process", "threads": torch.get_num_threads()}
     threads = torch.get_num_threads() if args.backend == "sequential" else worker_threads(args.backend, args.jobs)
     return {"jobs": args.jobs, "backend": args.backend or "loky", "threads": threads}
-
-
-def _checkpoint(out: str, settings: dict, engine: str, model_fp, entries, task_samples, shape: dict, protocol: str):
-    """The run's checkpoint ``<out>.partial`` (:mod:`~polykv_search.scoring.checkpoint`): a stopped
-    run of the same command resumes from it; one of another run (or protocol) is a one-line error."""
-    from polykv_search.evaluation.samples import samples_fingerprint
-    from polykv_search.protocol import AWARE
-    from polykv_search.scoring import ScoreError
-    from polykv_search.scoring.checkpoint import Checkpoint, run_key
-
-    if settings.get("decode_batch") == DECODE_BATCH:  # a checkpoint of an earlier release still resumes
-        settings = {k: v for k, v in settings.items() if k != "decode_batch"}
-    key = run_key(
-        versions=_versions(),
-        settings=settings,
-        engine=engine,
-        model=model_fp,
-        entries=[[e.name, e.kind, e.strategy.to_json()] for e in entries],
-        samples={name: samples_fingerprint(samples) for name, (_, samples) in task_samples.items()},
-        **({"protocol": protocol} if protocol == AWARE else {}),  # question-agnostic runs keep their old keys
-    )
-    checkpoint = Checkpoint.open(f"{out}.partial", key, **shape, protocol=protocol)
-    for (task, index), row in checkpoint.done.items():  # every finished sample is one of this run's
-        samples = task_samples[task][1] if task in task_samples else []
-        if index >= len(samples) or row["sample"] != samples[index].id:
-            raise ScoreError(f"{checkpoint.path}: sample {index} of {task} is not one of this run's; delete it")
-    if checkpoint.done:
-        console.print(f"resuming: {len(checkpoint.done)} finished samples from {checkpoint.path}", soft_wrap=True)
-    return checkpoint
-
-
-def _versions() -> dict[str, str]:
-    """The code a run's numbers come from: a stopped run is not resumed by another release."""
-    import torch
-    import transformers
-
-    import polykv_search
-
-    return {
-        "polykv_search": polykv_search.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
 
 
 def print_results(doc: dict) -> None:

@@ -11,10 +11,13 @@ from polykv_search.evaluation import tasks_for
 from polykv_search.scoring.entries import ScoreError
 
 
-def eval_texts(corpus_spec: str) -> tuple[list[str], dict[str, Any]]:
-    """Haystack texts from the evaluation split (never the calibration documents)."""
+def eval_texts(corpus_spec: str, role: str = "eval") -> tuple[list[str], dict[str, Any]]:
+    """Haystack texts from the evaluation split (never the calibration documents), and its record.
+
+    ``role="calib"``: the calibration split instead, for designing and diagnosing on calibration samples
+    (the record's ``role`` says which split it was)."""
     corpus = load_corpus(corpus_spec)
-    return [d.text for d in split_corpus(corpus, "eval")], describe_split(corpus, "eval")
+    return [d.text for d in split_corpus(corpus, role)], describe_split(corpus, role)
 
 
 def make_task_samples(
