@@ -55,7 +55,7 @@ def candidate_scores(attn: torch.Tensor, surprisal: torch.Tensor, groups: int, w
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--context-len", type=int, default=512)
     p.add_argument("--top", type=int, default=64)

@@ -114,7 +114,7 @@ def survival(kept: list[list[set[int]]], spans: dict[str, list[int]], prompt_len
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--context-len", type=int, default=512)
     p.add_argument("--generate-len", type=int, default=256)
