@@ -280,6 +280,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def at_most(most: int, unit: str):
+    """An argparse type: a positive integer of at most ``most`` (``unit`` names what it counts in the error)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected at most {most:,} {unit}, got {value:,}")
+        return value
+
+    return parse
+
+
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (seeds, counts that may be zero)."""
     value = _number(text, int, "a non-negative integer")

@@ -10,11 +10,11 @@ from rich.markup import escape
 from polykv_search.cli.common import (
     CLIError,
     ParagraphHelpFormatter,
+    at_most,
     check_output_path,
     console,
     non_negative_int,
     out,
-    positive_int,
 )
 from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.compare.recommend import RULE
@@ -108,11 +108,7 @@ def add_parser(sub) -> None:
 MAX_RESAMPLES = 1_000_000
 
 
-def _resamples(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_RESAMPLES:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_RESAMPLES:,} resamples, got {value:,}")
-    return value
+_resamples = at_most(MAX_RESAMPLES, "resamples")
 
 
 def _level(text: str) -> float:

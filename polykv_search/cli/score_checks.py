@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, positive_int
+from polykv_search.cli.common import CLIError, at_most
 from polykv_search.cli.limits import check_backend, check_fan_out_flags
 
 #: The most ``--samples`` per task: they are generated (each fitted to ``--context-len`` by tokenizing) and held
@@ -14,12 +14,8 @@ from polykv_search.cli.limits import check_backend, check_fan_out_flags
 MAX_SAMPLES = 10_000
 
 
-def sample_count(text: str) -> int:
-    """``--samples`` (``quickstart --eval-samples``): a positive integer of at most :data:`MAX_SAMPLES`."""
-    value = positive_int(text)
-    if value > MAX_SAMPLES:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_SAMPLES:,} samples per task, got {value:,}")
-    return value
+#: ``--samples`` (``quickstart --eval-samples``): a positive integer of at most :data:`MAX_SAMPLES`.
+sample_count = at_most(MAX_SAMPLES, "samples per task")
 
 
 def check_longbench_sources(tasks: list) -> None:

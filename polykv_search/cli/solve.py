@@ -8,6 +8,7 @@ from pathlib import Path
 from polykv_search.cli.common import (
     CLIError,
     Interrupted,
+    at_most,
     check_output_path,
     comma_list,
     console,
@@ -109,12 +110,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def layer_count(text: str) -> int:
-    """``--num-layers``: a positive integer of at most :data:`MAX_LAYERS`."""
-    value = positive_int(text)
-    if value > MAX_LAYERS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_LAYERS:,} layers, got {value:,}")
-    return value
+#: ``--num-layers``: a positive integer of at most :data:`MAX_LAYERS`.
+layer_count = at_most(MAX_LAYERS, "layers")
 
 
 def _add_solver_settings(p: argparse.ArgumentParser) -> None:
