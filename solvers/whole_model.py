@@ -10,8 +10,8 @@ fails as a whole and the sum misleads (issue 59: the head-level ilp resolved bel
    the start.
 2. **Moves** (:mod:`solvers.search_space`): budget moved between blocks of layers (and the heads inside
    them, for head-level strategies), unused budget spent, patterns swapped per block, and with ``priors`` the
-   weight or floor of a block's slots in a model-wide pool (KVzip's) doubled / halved or moved by ``step``; feasible by
-   construction (``Σ_l b_l <= floor(L·B)``, ``b_l >= b_min``), checked on every strategy built.
+   weight, floor or cap of a block's slots in a model-wide pool (KVzip's) doubled / halved or moved by ``step``;
+   feasible by construction (``Σ_l b_l <= floor(L·B)``, ``b_l >= b_min``), checked on every strategy built.
 3. **Acceptance** (:mod:`solvers.search_loop`): a move is kept only when its per-sample KL is *resolved*
    below the current strategy's (the guard's rule, :func:`solvers.guard.decide`: paired BCa interval,
    stratified by prose / evidence samples, Bonferroni over the round's candidates), and the result is checked
@@ -99,7 +99,8 @@ class SearchSettings(MeasureSettings):
     max_moves: int = setting(10, "stop after this many accepted moves")
     max_evaluations: int = setting(40, "stop after this many strategies measured (starts included)")
     priors: str = setting(
-        "none", "pool priors the moves may change too, in model-wide pools: none, weight, floor or weight,floor"
+        "none",
+        "pool priors the moves may change too, in model-wide pools: none, or any of weight, floor, cap comma separated",
     )
 
     def check(self) -> None:
@@ -120,7 +121,7 @@ class SearchSettings(MeasureSettings):
         """The pool priors of ``priors`` (empty for none)."""
         given = tuple(p.strip() for p in self.priors.split(",") if p.strip() and p.strip() != "none")
         if set(given) - set(PRIOR_MOVES) or len(set(given)) != len(given):
-            raise SolverError(f"priors: none, or {' and/or '.join(PRIOR_MOVES)} comma separated, got {self.priors!r}")
+            raise SolverError(f"priors: none, or any of {', '.join(PRIOR_MOVES)} comma separated, got {self.priors!r}")
         return given
 
 
