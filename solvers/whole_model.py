@@ -44,7 +44,7 @@ from polykv_search.progress import ProgressBar
 from signals.journal import JournalError
 from solvers import get_solver_class
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, SolveResult, setting
-from solvers.guard import guard_samples, uniform_candidates
+from solvers.guard import MAX_SAMPLES, guard_samples, uniform_candidates
 from solvers.problem import layer_choice
 from solvers.search_loop import local_search
 from solvers.search_objective import DEFINITION, SearchJournal, WholeModelObjective
@@ -53,6 +53,8 @@ from strategies import PHASES, Strategy, StrategyError
 
 #: Solvers that cannot be the start (they run the model themselves).
 NOT_A_START = ("search", "optuna", "pool-prior")
+#: The most strategies one search measures (each on every sample: 10,000 x 8 samples is days of CPU time).
+MAX_EVALUATIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,11 @@ class MeasureSettings(Settings):
     """How a solver that measures whole strategies on the model draws its samples, journals and runs them
     (``search``, ``pool-prior``)."""
 
-    samples: int = setting(8, "calibration samples the strategies are measured on (drawn like the guard's)")
+    samples: int = setting(
+        8,
+        f"calibration samples the strategies are measured on (drawn like the guard's; at most {MAX_SAMPLES:,})",
+        most=MAX_SAMPLES,
+    )
     sample_seed: int | None = setting(None, "seed of those samples (default: the table's calibration seed + 1)")
     mix: str | None = setting(
         None,
@@ -97,7 +103,11 @@ class SearchSettings(MeasureSettings):
     step: float = setting(0.25, "tokens a budget move takes from each slot of a block, as a share of B (at least 1)")
     neighbors: int = setting(4, "moves measured per round; the best resolved one is accepted")
     max_moves: int = setting(10, "stop after this many accepted moves")
-    max_evaluations: int = setting(40, "stop after this many strategies measured (starts included)")
+    max_evaluations: int = setting(
+        40,
+        f"stop after this many strategies measured (starts included; at most {MAX_EVALUATIONS:,})",
+        most=MAX_EVALUATIONS,
+    )
     priors: str = setting(
         "none",
         "pool priors the moves may change too, in model-wide pools: none, or any of weight, floor, cap comma separated",
