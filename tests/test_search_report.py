@@ -1,0 +1,76 @@
+"""What `solve --method search` reports: the budget it leaves unused (exact, never "-0.0"), and its cost."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from polykv_search.cli import main
+from signals import random_signal_table
+from strategies import HeadGroup, LayerChoice, Strategy
+
+KINDS = ["prose", "prose", "evidence", "evidence"]
+
+
+def thirds_start() -> Strategy:
+    """A head-level strategy (3 KV heads) whose layer budgets are 100/3 and 92/3 tokens, summing exactly to L·B =
+    192; as floats, in this order, they sum to 192 + 2.8e-14."""
+    a = LayerChoice.grouped((HeadGroup((0, 1), "snapkv", 33), HeadGroup((2,), "tova", 34)))  # mean 100/3
+    b = LayerChoice.grouped((HeadGroup((0, 1), "snapkv", 31), HeadGroup((2,), "tova", 30)))  # mean 92/3
+    prefill = [a, b, b, b, a, a]
+    prov = {"phases_following": {"decoding": "prefill"}}
+    return Strategy(prefill, list(prefill), 32.0, 8, prov, context_len=64, num_kv_heads=3)
+
+
+@pytest.fixture
+def constant_objective(monkeypatch):
+    """The search's objective replaced by one that gives every strategy the same KL: no move is resolved better,
+    so the result is the start."""
+    from solvers.whole_model import WholeModelSolver
+
+    @contextmanager
+    def objective(self, problem):
+        yield (lambda strategies: np.ones((len(KINDS), len(strategies)))), KINDS, {"evaluator": "test"}
+
+    monkeypatch.setattr(WholeModelSolver, "_objective", objective)
+
+
+def test_the_unused_budget_is_exact_and_printed_as_0_never_minus_0(tmp_path, constant_objective, capsys):
+    assert sum(float(b) for b in thirds_start().budgets("prefill")) > 192  # the float sum the old count used
+    table = random_signal_table(6, budgets=(16, 32, 64), patterns=("snapkv", "tova"), seed=1)
+    signals, start, out = tmp_path / "sig.json", tmp_path / "start.json", tmp_path / "s.json"
+    table.save(signals)
+    thirds_start().save(start)
+    argv = ["solve", "--method", "search", "--signals", str(signals), "--budget", "32", "--b-min", "8", "--phases"]
+    argv += ["prefill"]
+    argv += ["--start", str(start), "--max-evaluations", "6", "--progress", "false", "--out", str(out)]
+    assert main(argv) == 0
+    written = Strategy.load(out)
+    assert written.digest() == thirds_start().digest()  # the result is the start
+    assert written.provenance["unused_budget"] == {"prefill": 0, "decoding": 0}
+    assert "-0.0" not in out.read_text()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unused budget (of 192 tokens per phase): prefill 0 (0.0%), decoding 0 (0.0%)" in err
+    assert "-0.0" not in err
+
+
+def test_a_fractional_unused_budget_is_kept_as_it_is():
+    from solvers import Problem
+    from solvers.whole_model import WholeModelSolver
+
+    start = thirds_start()
+    start.prefill[0] = LayerChoice.grouped((HeadGroup((0, 1), "snapkv", 32), HeadGroup((2,), "tova", 34)))  # 98/3
+    start = Strategy(start.prefill, list(start.prefill), 32.0, 8, start.provenance, context_len=64, num_kv_heads=3)
+    table = random_signal_table(6, budgets=(16, 32, 64), patterns=("snapkv", "tova"), seed=1)
+    p = Problem(global_budget=32, table=table, b_min=8, phases=["prefill"], patterns=["snapkv", "tova"])
+
+    def evaluator(strategies):
+        return np.ones((len(KINDS), len(strategies)))
+
+    solver = WholeModelSolver(start="x.json", evaluator=evaluator, kinds=KINDS, max_evaluations=4)
+    solver._calibrated_start = lambda problem: ("start-x", start)  # noqa: SLF001
+    result = solver.solve(p)
+    assert result.unused_budget["prefill"] == pytest.approx(2 / 3) and json.dumps(result.unused_budget)
