@@ -270,6 +270,11 @@ class WholeModelSolver(Solver):
                     f"start: {path} has {strategy.num_layers} layers at B={strategy.global_budget}, "
                     f"the problem {problem.num_layers} at B={problem.global_budget:g}"
                 )
+            if strategy.b_min != problem.b_min:  # else the strategy written would not be the one measured
+                raise SolverError(
+                    f"start: {path} has b_min={strategy.b_min}, the problem b_min={problem.b_min}; give --b-min "
+                    f"{strategy.b_min}"
+                )
             check_budgets(strategy, problem)
             _check_other_phases(path, strategy, problem)
             return f"start-{path.stem}", strategy

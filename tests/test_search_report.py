@@ -74,3 +74,18 @@ def test_a_fractional_unused_budget_is_kept_as_it_is():
     solver._calibrated_start = lambda problem: ("start-x", start)  # noqa: SLF001
     result = solver.solve(p)
     assert result.unused_budget["prefill"] == pytest.approx(2 / 3) and json.dumps(result.unused_budget)
+
+
+def test_a_start_file_of_another_b_min_is_refused_in_one_line(tmp_path, constant_objective, capsys):
+    """The search writes the strategies it measured; a start solved with another b_min would be written with the
+    problem's, so it is refused (it used to end in "internal error, the written strategy is not the searched one")."""
+    table = random_signal_table(6, budgets=(16, 32, 64), patterns=("snapkv", "tova"), seed=1)
+    signals, start, out = tmp_path / "sig.json", tmp_path / "start.json", tmp_path / "s.json"
+    table.save(signals)
+    thirds_start().save(start)  # b_min 8; the problem's default: min(16, B) = 16
+    argv = ["solve", "--method", "search", "--signals", str(signals), "--budget", "32", "--phases", "prefill"]
+    argv += ["--start", str(start), "--progress", "false", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"start: {start} has b_min=8, the problem b_min=16; give --b-min 8" in err and len(err.splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "s.json.journal").exists()
