@@ -107,7 +107,9 @@ def test_solve_pool_prior_end_to_end_and_a_rerun_measures_nothing(table_path, tm
     assert record["cost"]["strategy_runs"] == 12 and record["samples"]["n"] == 4
     assert "worst pattern" in record["importance_from"]
     captured = capsys.readouterr()
-    assert "pool-prior: KL to FullKV on 4 calibration samples" in " ".join(captured.out.split())
+    report = " ".join(captured.out.split())
+    assert "pool-prior: KL to FullKV on 4 calibration samples" in report
+    assert "pool-prior cost: 3 strategies measured, 12 strategy runs and 4 FullKV references in " in report
     assert "strategy runs" in captured.err and (tmp_path / "p.json.journal").exists()
     assert main(argv) == 0
     again = json.loads(out.read_text())["provenance"]["pool_prior"]

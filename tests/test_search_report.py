@@ -7,6 +7,8 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from test_retrieval_calibration import one_thread  # noqa: F401  (autouse: one intra-op thread)
+from test_search import table_path  # noqa: F401  (the tiny model and its signal table, module-scoped)
 
 from polykv_search.cli import main
 from signals import random_signal_table
@@ -89,3 +91,58 @@ def test_a_start_file_of_another_b_min_is_refused_in_one_line(tmp_path, constant
     err = capsys.readouterr().err.strip()
     assert f"start: {start} has b_min=8, the problem b_min=16; give --b-min 8" in err and len(err.splitlines()) == 1
     assert not out.exists() and not (tmp_path / "s.json.journal").exists()
+
+
+# ------------------------------------------------------------------------------ on the tiny model
+def search_argv(tiny, out) -> list[str]:
+    ckpt, table = tiny
+    argv = ["solve", "--method", "search", "--signals", str(table), "--budget", "24", "--model", str(ckpt)]
+    argv += ["--samples", "4", "--max-evaluations", "6", "--blocks", "2", "--progress", "false"]
+    return [*argv, "--out", str(out)]
+
+
+def test_a_search_killed_mid_run_resumes_from_its_journal_to_the_uninterrupted_result(
+    table_path,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    """Ctrl-C in the middle of a round: exit 130, nothing written but the journal; the same command again measures
+    only what the journal lacks and writes the strategy an uninterrupted search writes, with the same values."""
+    from solvers.search_objective import WholeModelObjective
+
+    whole = tmp_path / "whole" / "s.json"
+    assert main(search_argv(table_path, whole)) == 0
+    reference = Strategy.load(whole).provenance["search"]
+    report = " ".join(capsys.readouterr().out.split())
+    runs = reference["cost"]["strategy_runs"]
+    assert runs == 24 and reference["strategies_evaluated"] == 6  # 3 starts and 3 moves, on 4 samples
+    assert "search cost: 6 strategies measured, 24 strategy runs and 4 FullKV references in " in report
+    assert "(0 values from the journal)" in report and " min, " in report and " in the model" in report
+
+    batches = [0]
+    run_batch = WholeModelObjective._run_batch
+
+    def killed(self, *args, **kwargs):
+        batches[0] += 1
+        if batches[0] > 5:  # the starts' 4 batches (one per sample), then one of the first round's
+            raise KeyboardInterrupt
+        return run_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(WholeModelObjective, "_run_batch", killed)
+    out = tmp_path / "killed" / "s.json"
+    assert main(search_argv(table_path, out)) == 130
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"interrupted: measured strategies are kept in {out}.journal; rerun the same command to continue" in err
+    assert not out.exists() and out.with_name("s.json.journal").exists()
+    monkeypatch.setattr(WholeModelObjective, "_run_batch", run_batch)
+
+    assert main(search_argv(table_path, out)) == 0
+    resumed = Strategy.load(out)
+    record = resumed.provenance["search"]
+    kept = record["cost"]["values_from_journal"]
+    assert kept == 3 * 4 + 3  # the starts on every sample, the first round's moves on the first sample
+    assert record["cost"]["strategy_runs"] == runs - kept  # nothing measured twice
+    assert resumed.digest() == Strategy.load(whole).digest()
+    assert record["per_sample"] == reference["per_sample"] and record["moves"] == reference["moves"]
+    assert record["starts"] == reference["starts"] and record["start"] == reference["start"]
