@@ -281,8 +281,7 @@ def positive_int(text: str) -> int:
 
 
 def at_most(most: int, unit: str, *, zero: bool = False):
-    """An argparse type: a positive integer (``zero``: or 0) of at most ``most`` (``unit`` names what it counts in the
-    error)."""
+    """An argparse type: a positive integer (``zero``: or 0) of at most ``most`` (``unit``: what it counts)."""
 
     def parse(text: str) -> int:
         value = non_negative_int(text) if zero else positive_int(text)
