@@ -45,6 +45,7 @@ import dataclasses
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
@@ -57,6 +58,7 @@ from solvers.allocation import allocate, round_to_total
 from solvers.problem import UNOPTIMIZED_RULE, Problem, layer_choice
 from solvers.result import Choice, Plan, SolveResult, jsonable
 from solvers.settings import SettingInfo, Settings, SolverError, setting
+from strategies.head_groups import mean_budget
 from strategies.strategy import PHASES, LayerChoice, Strategy, StrategyError
 
 #: What the phases a head-level plan does not optimize get (``Plan.follows``; :mod:`solvers.heads`).
@@ -152,7 +154,7 @@ class Solver(ABC):
             )
         except StrategyError as err:  # a bug in a solver, not bad input
             raise SolverError(f"{self.name}: produced an invalid strategy ({err})") from None
-        unused = {phase: _unused(problem.total, strategy.budgets(phase)) for phase in PHASES}
+        unused = {phase: unused_tokens(problem.total, strategy, phase) for phase in PHASES}
         if any(u < -1e-9 for u in unused.values()):
             raise SolverError(f"{self.name}: internal error, budgets break the constraints ({unused})")
         strategy.provenance["unused_budget"] = dict(unused)
@@ -196,10 +198,16 @@ def _phase_choices(name: str, problem: Problem, plan: Plan, chosen: Sequence) ->
     return [layer_choice(p, int(b)) for p, b in chosen]
 
 
-def _unused(total: int, budgets: Sequence[int | float | None]) -> int | float:
-    """``total − Σ budgets``: an int for layer-level budgets; a float (rounded to 1e-9) with head groups."""
-    left = total - sum(b for b in budgets if b is not None)
-    return left if isinstance(left, int) else round(float(left), 9)
+def unused_tokens(total: int, strategy: Strategy, phase: str) -> int | float:
+    """``total − Σ_l b_l`` counted exactly (a head-level layer: the capped mean of its heads, a fraction; summing
+    the float means could give ``-0.0`` or ``-2.8e-14`` for nothing unused): an int when whole, else a float."""
+    left = Fraction(total)
+    for c in strategy.phase(phase):
+        if c.head_groups is not None:
+            left -= mean_budget(c.head_groups, strategy.context_len, strategy.num_kv_heads)  # type: ignore[arg-type]
+        elif c.budget is not None:
+            left -= Fraction(c.budget)
+    return left.numerator if left.denominator == 1 else round(float(left), 9)
 
 
 def _apply_ablation(problem: Problem, chosen: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -262,4 +270,5 @@ __all__ = [
     "predictions",
     "round_to_total",
     "setting",
+    "unused_tokens",
 ]

@@ -38,6 +38,10 @@ from strategies.pattern_spec import short_label
 
 #: Seed offset of the guard's samples from the table's calibration seed (fresh windows by default).
 SEED_OFFSET = 1
+#: The most calibration samples a measurement of whole strategies draws (the guard, ``search``, ``pool-prior``):
+#: all are generated before the first runs, each keeps its FullKV reference (``[span, vocabulary]`` floats, 6 MB
+#: for SmolLM2 at 32 tokens) and costs a model run per strategy (minutes at 1,024 tokens on a CPU).
+MAX_SAMPLES = 1_000
 
 
 @dataclass(frozen=True)
@@ -205,8 +209,8 @@ def run_guard(
     the strategy it keeps. ``on_start(total runs)`` may return a callback advanced after each run."""
     if problem.table is None:
         raise SolverError("guard: needs the signal table (its calibration settings)")
-    if n < 2:
-        raise SolverError(f"guard: needs at least 2 samples, got {n}")
+    if not 2 <= n <= MAX_SAMPLES:
+        raise SolverError(f"guard: needs at least 2 samples and at most {MAX_SAMPLES:,}, got {n:,}")
     candidates = uniform_candidates(problem, solved)
     if not candidates:
         raise SolverError("guard: the solved strategy is the only uniform of its patterns; nothing to compare")

@@ -78,7 +78,18 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from solvers.base import Choice, Plan, Problem, Settings, Solver, SolverError, SolveResult, jsonable, predictions
+from solvers.base import (
+    Choice,
+    Plan,
+    Problem,
+    Settings,
+    Solver,
+    SolverError,
+    SolveResult,
+    jsonable,
+    predictions,
+    unused_tokens,
+)
 from solvers.optuna_evaluate import CalibrationEvaluator, Evaluator, calibration_evaluator, values_of
 from solvers.optuna_plan import StudySetup, study_plan
 from solvers.optuna_settings import FAMILIES_LAYERS, FAMILIES_RULE, MAX_TRIALS_FACTOR, OptunaSettings
@@ -148,7 +159,7 @@ class OptunaSolver(Solver):
             table = problem.table
             result.predicted = predictions(table, strategy, problem.phases)
             total = int(problem.num_layers * strategy.global_budget + 1e-9)
-            result.unused_budget = {p: total - sum(strategy.budgets(p)) for p in PHASES}
+            result.unused_budget = {p: unused_tokens(total, strategy, p) for p in PHASES}
             strategy.provenance["budget_total"] = total
             strategy.provenance["unused_budget"] = dict(result.unused_budget)
             result.choices = [

@@ -20,11 +20,19 @@ FLOOR_SHARE_MAX = 0.9
 #: ``trials`` scored strategies.
 MAX_TRIALS_FACTOR = 4
 PROPORTIONAL_POINT = {"alpha": 1.0, "beta": 1.0, "gamma": 1.0, "floor_share": 0.0}
+#: The most trials a study scores (each runs the model on every calibration sample) and calibration samples per
+#: task (generated before the first trial, as ``score --samples``).
+MAX_TRIALS = 10_000
+MAX_SAMPLES = 10_000
 
 
 @dataclass(frozen=True)
 class OptunaSettings(Settings):
-    trials: int = setting(40, "strategies the study should score (anchors and earlier runs count; repeats are free)")
+    trials: int = setting(
+        40,
+        f"strategies the study should score (anchors and earlier runs count; repeats are free; at most {MAX_TRIALS:,})",
+        most=MAX_TRIALS,
+    )
     storage: str | None = setting(
         None, "optuna storage: journal file path, 'memory', or an RDB URL (default: <cache>/optuna/<study>.journal)"
     )
@@ -42,7 +50,7 @@ class OptunaSettings(Settings):
     model: str | None = setting(None, "model that scores trials (default: the signal table's model)")
     device: str = setting("cpu", "device of the scoring model")
     dtype: str = setting("float32", "dtype of the scoring model")
-    samples: int = setting(8, "calibration samples per task")
+    samples: int = setting(8, f"calibration samples per task (at most {MAX_SAMPLES:,})", most=MAX_SAMPLES)
     context_len: int = setting(1024, "prompt length in tokens of the calibration samples")
     corpus: str = setting("austen", "corpus spec; its calibration split is used")
     tasks: str = setting("broad/continuation", "tasks scored per trial, comma separated (suite or task names)")

@@ -64,7 +64,9 @@ class PoolPriorSettings(MeasureSettings):
     pattern: str = setting("kvzip[allocation=model]", "the pooled pattern every layer uses (allocation=model)")
     prior: str = setting("weight", "the prior set from the importance: weight, floor or cap", PRIORS)
     granularity: str = setting("layer", "one value per layer, or per KV head (from the head cells)", ("layer", "head"))
-    alphas: str = setting("0.25,0.5,1", "weight: exponents tried, comma separated: w = (importance / mean)^alpha")
+    alphas: str = setting(
+        "auto", "weight: exponents tried, comma separated: w = (importance / mean)^alpha (auto: 0.25,0.5,1)"
+    )
     levels: str = setting(
         "auto", "floor: shares f in (0, 1]; cap: multiples c >= 1 of b * w(1) (auto: 0.25,0.5,1 and 1,2,4)"
     )
@@ -92,6 +94,10 @@ class PoolPriorSettings(MeasureSettings):
         """The levels of the prior other than 0 (``alphas`` for weights, ``levels`` else), in order, each once."""
         if self.prior == "weight" and self.levels != "auto":
             raise SolverError("levels: weights take their exponents from alphas; levels are for floor and cap")
+        if self.prior != "weight" and self.alphas != "auto":
+            raise SolverError(
+                f"alphas: exponents of weights; a {self.prior} takes its levels from levels (its shape is w(1))"
+            )
         name = "alphas" if self.prior == "weight" else "levels"
         text = getattr(self, name)
         text = DEFAULT_LEVELS[self.prior] if text == "auto" else text

@@ -16,11 +16,14 @@ Moves (EvolKV-style, over ``blocks`` contiguous groups of layers: a low-dimensio
     * ``fill``: budget left unused (``floor(L·B)`` minus the phase's sum) is shared by block B's slots;
     * ``pattern``: block A's movable slots with pattern X take pattern P, budgets unchanged (in a layer-level
       phase, the layers of A that use X; in a head-level one, those heads, so a block's other heads keep theirs).
-    * ``weight`` / ``floor`` (only with ``priors``; pool priors, issue 59): block A's slots in a model-wide pool
-      (``kvzip[allocation=model]``) multiply their ``weight`` by 2 or 1/2 (3 significant digits, within [1/64, 64];
-      a per-head tuple, each value), or move their ``floor`` by ``step`` tokens up or down (within [0, b], at most
-      a cap). The slots keep the pool (:meth:`~polykv_search.patterns.base.Pattern.pool_identity`) and their
-      budgets; a slot whose prior moved is no longer matched by ``pattern`` moves (its spec is another).
+    * ``weight`` / ``floor`` / ``cap`` (only with ``priors``; pool priors, issue 59): block A's slots in a
+      model-wide pool (``kvzip[allocation=model]``) multiply their ``weight`` by 2 or 1/2 (3 significant digits,
+      within [1/64, 64]; a per-head tuple, each value), move their ``floor`` by ``step`` tokens up or down (within
+      [0, b], at most a cap), or tighten or loosen their ``cap`` (per KV head, along the ladder *none, b, b − step,
+      b − 2·step, ...*, never below the head's floor or 1: tightening sets a head with no cap to its budget ``b``,
+      then takes ``step`` tokens; loosening gives ``step`` back up to ``b``, and lifts a cap of ``b`` or more). The
+      slots keep the pool (:meth:`~polykv_search.patterns.base.Pattern.pool_identity`) and their budgets; a slot
+      whose prior moved is no longer matched by ``pattern`` moves (its spec is another).
 
 Every move keeps ``Σ_l b_l <= floor(L·B)`` and ``b_l >= b_min`` by construction; :func:`check_budgets` checks
 it on every strategy the search builds. Phases that follow another phase (head-level plans,
@@ -47,7 +50,7 @@ from strategies.strategy import PHASES, LayerChoice, Strategy
 
 Key = tuple[str, str]  #: (pattern name, its params as sorted JSON)
 #: The pool priors the search may move (``priors``).
-PRIOR_MOVES = ("weight", "floor")
+PRIOR_MOVES = ("weight", "floor", "cap")
 Slot = tuple[Key, int]  #: (pattern, budget)
 Slots = tuple[tuple[Slot, ...], ...]  #: per layer, one slot (layer level) or one per KV head
 
@@ -56,13 +59,14 @@ Slots = tuple[tuple[Slot, ...], ...]  #: per layer, one slot (layer level) or on
 class Move:
     """One change of the searched strategy (module docstring)."""
 
-    kind: str  #: "budget", "fill", "pattern", "weight" or "floor"
+    kind: str  #: "budget", "fill", "pattern", "weight", "floor" or "cap"
     phase: str
     target: int  #: block that receives budget, or takes the pattern
     source: int | None = None  #: block that gives budget ("budget")
     pattern: str | None = None  #: the pattern taken ("pattern")
     replaces: str | None = None  #: the pattern it replaces ("pattern")
-    amount: float | None = None  #: the weight's factor ("weight") or the floor's change in tokens ("floor")
+    #: the weight's factor ("weight"), the floor's change in tokens ("floor"), or the cap's (< 0: tighter; "cap")
+    amount: float | None = None
 
     def label(self, blocks: Sequence[range]) -> str:
         def name(b: int) -> str:
@@ -75,8 +79,8 @@ class Move:
             return f"{self.phase}: unused budget -> {name(self.target)}"
         if self.kind == "weight":
             return f"{self.phase}: {name(self.target)} pool weight x{self.amount:g}"
-        if self.kind == "floor":
-            return f"{self.phase}: {name(self.target)} pool floor {self.amount:+g}"
+        if self.kind in ("floor", "cap"):
+            return f"{self.phase}: {name(self.target)} pool {self.kind} {self.amount:+g}"
         return f"{self.phase}: {name(self.target)} {self.replaces} -> {self.pattern}"
 
     def to_json(self) -> dict[str, Any]:
@@ -197,7 +201,7 @@ class SearchSpace:
             out += [Move("fill", phase, b) for b in k]
             pairs = [(x, p) for x in self.patterns for p in self.patterns if x != p]
             out += [Move("pattern", phase, b, pattern=p, replaces=x) for b in k for x, p in pairs]
-            steps = {"weight": (2.0, 0.5), "floor": (self.step, -self.step)}
+            steps = {"weight": (2.0, 0.5), "floor": (self.step, -self.step), "cap": (-self.step, self.step)}
             out += [Move(kind, phase, b, amount=a) for kind in self.priors for b in k for a in steps[kind]]
         return out
 
@@ -289,19 +293,39 @@ class SearchSpace:
 
 
 def _moved_prior(pattern, move: Move, budget: int):
-    """The pattern's ``weight`` or ``floor`` after ``move`` (per head when it or the cap is), or None if unchanged."""
-    value = getattr(pattern, move.kind)
-    values = value if isinstance(value, tuple) else (value,)
+    """The pattern's ``weight``, ``floor`` or ``cap`` after ``move`` (per head when it, the floor or the cap is), or
+    None if unchanged."""
     if move.kind == "weight":
+        values = _each(pattern.weight)
         new = tuple(min(64.0, max(1 / 64, float(f"{w * move.amount:.3g}"))) for w in values)  # type: ignore[operator]
     else:
-        caps = pattern.cap if isinstance(pattern.cap, tuple) else (pattern.cap,)
-        n = max(len(values), len(caps))
-        values, caps = (values * n if len(values) == 1 else values), (caps * n if len(caps) == 1 else caps)
-        new = tuple(max(0, min(f + int(move.amount), budget, c or budget)) for f, c in zip(values, caps))  # type: ignore[operator]
+        floors, caps = _each(pattern.floor), _each(pattern.cap)
+        n = max(len(floors), len(caps))
+        floors, caps = (floors * n if len(floors) == 1 else floors), (caps * n if len(caps) == 1 else caps)
+        step = int(move.amount)  # type: ignore[arg-type]
+        if move.kind == "floor":
+            values = floors
+            new = tuple(max(0, min(f + step, budget, c or budget)) for f, c in zip(floors, caps))
+        else:
+            values = caps
+            new = tuple(_moved_cap(c, f, step, budget) for f, c in zip(floors, caps))
     if new == values:
         return None
     return new if len(new) > 1 else new[0]
+
+
+def _moved_cap(cap: int, floor: int, step: int, budget: int) -> int:
+    """One KV head's cap (0: none) after a ``step`` of tokens (< 0: tighter) along the ladder of the module
+    docstring: none, ``budget``, ``budget - |step|``, ... down to ``max(floor, 1)``."""
+    if step < 0:
+        return max(floor, 1, budget if cap == 0 else cap + step)
+    if cap == 0 or cap >= budget:
+        return 0
+    return min(cap + step, budget)
+
+
+def _each(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _within_the_pool(before: Slots, after) -> bool:

@@ -16,11 +16,14 @@ class SolverError(ValueError):
     """Bad or infeasible solver input; the message is one line and names the problem."""
 
 
-def setting(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
-    """A settings field with CLI metadata: ``help`` text and optional ``choices``."""
-    meta = {"help": help}
+def setting(default: Any, help: str, choices: Sequence[Any] | None = None, *, most: int | None = None) -> Any:
+    """A settings field with CLI metadata: ``help`` text, optional ``choices``, and for a count the ``most`` it takes
+    (a count with no sane bound would run for days or fill the memory before anything is written)."""
+    meta: dict[str, Any] = {"help": help}
     if choices is not None:
         meta["choices"] = tuple(choices)
+    if most is not None:
+        meta["most"] = most
     return field(default=default, metadata=meta)
 
 
@@ -33,6 +36,7 @@ class SettingInfo:
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    most: int | None = None  #: the largest value a count takes
 
     @property
     def flag(self) -> str:
@@ -63,6 +67,9 @@ class Settings:
             choices = f.metadata.get("choices")
             if choices is not None and value not in choices:
                 raise SolverError(f"{f.name}: {value!r} is not one of {list(choices)}")
+            most = f.metadata.get("most")
+            if most is not None and value > most:
+                raise SolverError(f"{f.name}: expected at most {most:,}, got {value:,}")
         self.check()
 
     def check(self) -> None:
@@ -84,6 +91,7 @@ class Settings:
                     f.default,
                     f.metadata.get("help", ""),
                     f.metadata.get("choices"),
+                    f.metadata.get("most"),
                 )
             )
         return out

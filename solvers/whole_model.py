@@ -10,8 +10,8 @@ fails as a whole and the sum misleads (issue 59: the head-level ilp resolved bel
    the start.
 2. **Moves** (:mod:`solvers.search_space`): budget moved between blocks of layers (and the heads inside
    them, for head-level strategies), unused budget spent, patterns swapped per block, and with ``priors`` the
-   weight or floor of a block's slots in a model-wide pool (KVzip's) doubled / halved or moved by ``step``; feasible by
-   construction (``Σ_l b_l <= floor(L·B)``, ``b_l >= b_min``), checked on every strategy built.
+   weight, floor or cap of a block's slots in a model-wide pool (KVzip's) doubled / halved or moved by ``step``;
+   feasible by construction (``Σ_l b_l <= floor(L·B)``, ``b_l >= b_min``), checked on every strategy built.
 3. **Acceptance** (:mod:`solvers.search_loop`): a move is kept only when its per-sample KL is *resolved*
    below the current strategy's (the guard's rule, :func:`solvers.guard.decide`: paired BCa interval,
    stratified by prose / evidence samples, Bonferroni over the round's candidates), and the result is checked
@@ -44,7 +44,7 @@ from polykv_search.progress import ProgressBar
 from signals.journal import JournalError
 from solvers import get_solver_class
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, SolveResult, setting
-from solvers.guard import guard_samples, uniform_candidates
+from solvers.guard import MAX_SAMPLES, guard_samples, uniform_candidates
 from solvers.problem import layer_choice
 from solvers.search_loop import local_search
 from solvers.search_objective import DEFINITION, SearchJournal, WholeModelObjective
@@ -53,6 +53,8 @@ from strategies import PHASES, Strategy, StrategyError
 
 #: Solvers that cannot be the start (they run the model themselves).
 NOT_A_START = ("search", "optuna", "pool-prior")
+#: The most strategies one search measures (each on every sample: 10,000 x 8 samples is days of CPU time).
+MAX_EVALUATIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,11 @@ class MeasureSettings(Settings):
     """How a solver that measures whole strategies on the model draws its samples, journals and runs them
     (``search``, ``pool-prior``)."""
 
-    samples: int = setting(8, "calibration samples the strategies are measured on (drawn like the guard's)")
+    samples: int = setting(
+        8,
+        f"calibration samples the strategies are measured on (drawn like the guard's; at most {MAX_SAMPLES:,})",
+        most=MAX_SAMPLES,
+    )
     sample_seed: int | None = setting(None, "seed of those samples (default: the table's calibration seed + 1)")
     mix: str | None = setting(
         None,
@@ -97,9 +103,14 @@ class SearchSettings(MeasureSettings):
     step: float = setting(0.25, "tokens a budget move takes from each slot of a block, as a share of B (at least 1)")
     neighbors: int = setting(4, "moves measured per round; the best resolved one is accepted")
     max_moves: int = setting(10, "stop after this many accepted moves")
-    max_evaluations: int = setting(40, "stop after this many strategies measured (starts included)")
+    max_evaluations: int = setting(
+        40,
+        f"stop after this many strategies measured (starts included; at most {MAX_EVALUATIONS:,})",
+        most=MAX_EVALUATIONS,
+    )
     priors: str = setting(
-        "none", "pool priors the moves may change too, in model-wide pools: none, weight, floor or weight,floor"
+        "none",
+        "pool priors the moves may change too, in model-wide pools: none, or any of weight, floor, cap comma separated",
     )
 
     def check(self) -> None:
@@ -120,7 +131,7 @@ class SearchSettings(MeasureSettings):
         """The pool priors of ``priors`` (empty for none)."""
         given = tuple(p.strip() for p in self.priors.split(",") if p.strip() and p.strip() != "none")
         if set(given) - set(PRIOR_MOVES) or len(set(given)) != len(given):
-            raise SolverError(f"priors: none, or {' and/or '.join(PRIOR_MOVES)} comma separated, got {self.priors!r}")
+            raise SolverError(f"priors: none, or any of {', '.join(PRIOR_MOVES)} comma separated, got {self.priors!r}")
         return given
 
 
@@ -258,6 +269,11 @@ class WholeModelSolver(Solver):
                 raise SolverError(
                     f"start: {path} has {strategy.num_layers} layers at B={strategy.global_budget}, "
                     f"the problem {problem.num_layers} at B={problem.global_budget:g}"
+                )
+            if strategy.b_min != problem.b_min:  # else the strategy written would not be the one measured
+                raise SolverError(
+                    f"start: {path} has b_min={strategy.b_min}, the problem b_min={problem.b_min}; give --b-min "
+                    f"{strategy.b_min}"
                 )
             check_budgets(strategy, problem)
             _check_other_phases(path, strategy, problem)

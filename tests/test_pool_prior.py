@@ -107,7 +107,9 @@ def test_solve_pool_prior_end_to_end_and_a_rerun_measures_nothing(table_path, tm
     assert record["cost"]["strategy_runs"] == 12 and record["samples"]["n"] == 4
     assert "worst pattern" in record["importance_from"]
     captured = capsys.readouterr()
-    assert "pool-prior: KL to FullKV on 4 calibration samples" in " ".join(captured.out.split())
+    report = " ".join(captured.out.split())
+    assert "pool-prior: KL to FullKV on 4 calibration samples" in report
+    assert "pool-prior cost: 3 strategies measured, 12 strategy runs and 4 FullKV references in " in report
     assert "strategy runs" in captured.err and (tmp_path / "p.json.journal").exists()
     assert main(argv) == 0
     again = json.loads(out.read_text())["provenance"]["pool_prior"]
@@ -127,6 +129,8 @@ def test_solve_pool_prior_end_to_end_and_a_rerun_measures_nothing(table_path, tm
         (["--prior", "floor", "--levels", "2"], "levels: each must be a number in (0, 1], got '2'"),
         (["--prior", "cap", "--levels", "0.5"], "levels: each must be a number in [1, 64], got '0.5'"),
         (["--prior", "weight", "--levels", "0.5"], "levels: weights take their exponents from alphas"),
+        (["--prior", "floor", "--alphas", "0.5"], "alphas: exponents of weights; a floor takes its levels from levels"),
+        (["--prior", "cap", "--alphas", "1"], "alphas: exponents of weights; a cap takes its levels from levels"),
         (["--prior", "size"], "prior"),
         (["--granularity", "head"], "granularity head: the signal table has no head cells of kvzip[allocation=model]"),
     ],
@@ -141,6 +145,17 @@ def test_bad_pool_prior_input_is_one_line_and_exit_2(table_path, tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not out.exists() and not (tmp_path / "p.json.journal").exists()
+
+
+@pytest.mark.parametrize("prior", ["floor", "cap"])
+def test_alphas_shape_weights_only_and_are_refused_with_floors_and_caps(prior):
+    """Floors and caps are shaped by w(1) and graded by ``levels``: exponents given with them would be ignored, so
+    they are refused; the default (auto) grid of each prior stays."""
+    settings = get_solver_class("pool-prior").Settings
+    with pytest.raises(SolverError, match=f"alphas: exponents of weights; a {prior} takes its levels from levels"):
+        settings(prior=prior, alphas="0.5")
+    assert settings(prior=prior).grid() == ([0.25, 0.5, 1.0] if prior == "floor" else [1.0, 2.0, 4.0])
+    assert settings().grid() == [0.25, 0.5, 1.0] and settings(alphas="2,0.5").grid() == [2.0, 0.5]
 
 
 def test_pool_prior_is_listed_and_cannot_be_the_searchs_start():

@@ -280,11 +280,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def at_most(most: int, unit: str):
-    """An argparse type: a positive integer of at most ``most`` (``unit`` names what it counts in the error)."""
+def at_most(most: int, unit: str, *, zero: bool = False):
+    """An argparse type: a positive integer (``zero``: or 0) of at most ``most`` (``unit``: what it counts)."""
 
     def parse(text: str) -> int:
-        value = positive_int(text)
+        value = non_negative_int(text) if zero else positive_int(text)
         if value > most:
             raise argparse.ArgumentTypeError(f"expected at most {most:,} {unit}, got {value:,}")
         return value

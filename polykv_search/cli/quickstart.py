@@ -43,6 +43,7 @@ from polykv_search.cli.common import (
     CLIError,
     ParagraphHelpFormatter,
     add_protocol_arg,
+    at_most,
     check_output_dir,
     comma_list,
     console,
@@ -55,6 +56,7 @@ from polykv_search.cli.common import (
 from polykv_search.cli.quickstart_report import write_report
 from polykv_search.cli.score_checks import sample_count
 from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
+from solvers.optuna_settings import MAX_TRIALS
 
 #: the defaults, chosen by measurement (quickstart_defaults.py, docs/quickstart.md)
 METHODS, BASELINES, EVAL_SAMPLES = D.METHODS, D.BASELINES, D.EVAL_SAMPLES
@@ -136,7 +138,8 @@ def add_parser(sub) -> None:
         "(the defaults of --methods, --baselines and --eval-samples above; docs/quickstart.md says what each adds)",
     )
     H.add_args(p)
-    p.add_argument("--optuna-trials", type=positive_int, default=D.OPTUNA_TRIALS, help="optuna's --trials")
+    trials = at_most(MAX_TRIALS, "trials")  # refused before collect runs, not by optuna after it
+    p.add_argument("--optuna-trials", type=trials, default=D.OPTUNA_TRIALS, help="optuna's --trials")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     p.add_argument(
         "--jobs",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from polykv_search.cli.common import CLIError, console, non_negative_int, out
+from polykv_search.cli.common import CLIError, at_most, console, out
 
 #: The flags this module adds to `solve` (they belong to no solver's settings).
 GUARD_DESTS = {"guard", "guard_seed", "guard_mix"}
@@ -15,15 +15,17 @@ FEW = 8
 
 
 def add_guard_args(p: argparse.ArgumentParser) -> None:
+    from solvers.guard import MAX_SAMPLES
+
     g = p.add_argument_group("uniform guard (needs --signals; runs the model)")
     g.add_argument(
         "--guard",
-        type=non_negative_int,
+        type=at_most(MAX_SAMPLES, "guard samples", zero=True),
         default=0,
         metavar="N",
         help="measure the solved strategy and every uniform of its patterns end to end (KL to FullKV, both phases) "
         "on N fresh calibration samples; a uniform whose KL is resolved below the solved strategy's replaces it "
-        "(default 0: off)",
+        f"(default 0: off; at most {MAX_SAMPLES:,})",
     )
     g.add_argument(
         "--guard-seed",

@@ -41,6 +41,22 @@ def print_search(record: dict[str, Any]) -> None:
         kept = record["moves_kept"]
         line = f"search: {kept} move(s) kept; KL(result) − KL(start) {_iv(final, '+')} at {record['level']:.0%}"
     out.print(line, markup=False, highlight=False)
+    out.print(cost_line("search", record), markup=False, highlight=False)
+
+
+def cost_line(what: str, record: dict[str, Any]) -> str:
+    """What a solve that measures whole strategies cost: its strategies, model runs and calls, and minutes."""
+    cost = record.get("cost") or {}
+    measured = record.get("strategies_evaluated", len(record.get("means") or {}))
+    line = f"{what} cost: {measured} strategies measured"
+    if "strategy_runs" in cost:
+        line += (
+            f", {cost['strategy_runs']} strategy runs and {cost['fullkv_runs']} FullKV references in "
+            f"{cost['forward_calls']:,} model calls ({cost['values_from_journal']} values from the journal)"
+        )
+    minutes = f"{cost['wall_s'] / 60:.1f} min" if "wall_s" in cost else "time not recorded"
+    model = f", {cost['model_seconds'] / 60:.1f} in the model" if "model_seconds" in cost else ""
+    return f"{line}; {minutes}{model}"
 
 
 def print_pool_prior(record: dict[str, Any]) -> None:
@@ -66,6 +82,7 @@ def print_pool_prior(record: dict[str, Any]) -> None:
     word = "exponent" if prior == "weight" else "level"
     line = f"pool-prior: {chosen} kept" + ("" if record["replaced"] else f" (no {word} resolved better)")
     out.print(line, markup=False, highlight=False)
+    out.print(cost_line("pool-prior", record), markup=False, highlight=False)
 
 
 def _flat(values):
