@@ -16,7 +16,7 @@ from tests.bad_inputs_support import (
 def test_comma_lists_refuse_empty_and_repeated_items():
     import argparse
 
-    from polykv_search.cli.common import comma_list, positive_int
+    from polykv_search.cli.arg_types import comma_list, positive_int
 
     budgets = comma_list(positive_int, "budget")
     assert budgets(" 32, 64 ,128") == [32, 64, 128]
@@ -33,7 +33,7 @@ def test_comma_lists_refuse_empty_and_repeated_items():
 def test_number_types_refuse_nan_infinities_and_out_of_range_values():
     import argparse
 
-    from polykv_search.cli.common import finite_float, non_negative_float, non_negative_int, positive_float
+    from polykv_search.cli.arg_types import finite_float, non_negative_float, non_negative_int, positive_float
 
     assert (finite_float("-2.5"), non_negative_float("0"), positive_float("1"), non_negative_int("0")) == (
         -2.5,

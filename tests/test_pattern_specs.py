@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from polykv_search.cli import main
-from polykv_search.cli.common import comma_list
+from polykv_search.cli.arg_types import comma_list
 from polykv_search.patterns import canonical_spec, make_spec, pattern_spec, split_specs
 from polykv_search.runtime import apply_strategy
 from signals import random_signal_table

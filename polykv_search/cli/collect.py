@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 
 from polykv_search.cli import collect_heads
+from polykv_search.cli.arg_types import comma_list, jobs_count, non_negative_int, pattern_specs, positive_int
 from polykv_search.cli.common import (
     CLIError,
     Interrupted,
@@ -37,13 +38,8 @@ from polykv_search.cli.common import (
     add_protocol_arg,
     check_model_args,
     check_output_path,
-    comma_list,
     console,
-    jobs_count,
     load_model_from_args,
-    non_negative_int,
-    pattern_specs,
-    positive_int,
 )
 from polykv_search.cli.limits import check_backend, check_fan_out_flags, check_lengths, model_shape
 from polykv_search.cli.outputs import check_not_an_input

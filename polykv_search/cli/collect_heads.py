@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from polykv_search.cli.common import CLIError, comma_list, console, non_negative_int, pattern_specs, positive_int
+from polykv_search.cli.arg_types import comma_list, non_negative_int, pattern_specs, positive_int
+from polykv_search.cli.common import CLIError, console
 from polykv_search.patterns.spec import parse_spec, split_specs
 
 DEFAULT_HEAD_SAMPLES = 8

@@ -7,15 +7,8 @@ import sys
 
 from rich.markup import escape
 
-from polykv_search.cli.common import (
-    CLIError,
-    ParagraphHelpFormatter,
-    at_most,
-    check_output_path,
-    console,
-    non_negative_int,
-    out,
-)
+from polykv_search.cli.arg_types import at_most, non_negative_int
+from polykv_search.cli.common import CLIError, ParagraphHelpFormatter, check_output_path, console, out
 from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.compare.recommend import RULE
 from signals.predict import OBJECTIVES as OBJECTIVE_CHOICES

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from polykv_search.cli.common import CLIError, check_output_path, console, positive_int
+from polykv_search.cli.arg_types import positive_int
+from polykv_search.cli.common import CLIError, check_output_path, console
 from polykv_search.cli.outputs import check_not_an_input
 
 

@@ -6,6 +6,7 @@ import argparse
 
 from rich.table import Table
 
+from polykv_search.cli.arg_types import non_negative_float, non_negative_int, positive_int
 from polykv_search.cli.common import (
     CLIError,
     add_decode_interval_args,
@@ -13,10 +14,7 @@ from polykv_search.cli.common import (
     check_model_args,
     console,
     load_model_from_args,
-    non_negative_float,
-    non_negative_int,
     out,
-    positive_int,
     print_json,
     read_text,
 )

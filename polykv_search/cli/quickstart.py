@@ -39,18 +39,13 @@ from pathlib import Path
 
 from polykv_search.cli import quickstart_defaults as D
 from polykv_search.cli import quickstart_heads as H
+from polykv_search.cli.arg_types import at_most, comma_list, jobs_count, pattern_specs, positive_float, positive_int
 from polykv_search.cli.common import (
     CLIError,
     ParagraphHelpFormatter,
     add_protocol_arg,
-    at_most,
     check_output_dir,
-    comma_list,
     console,
-    jobs_count,
-    pattern_specs,
-    positive_float,
-    positive_int,
     resolve_jobs,
 )
 from polykv_search.cli.quickstart_report import write_report

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, comma_list, pattern_specs, positive_int
+from polykv_search.cli.arg_types import comma_list, pattern_specs, positive_int
+from polykv_search.cli.common import CLIError
 from polykv_search.cli.quickstart_defaults import HEAD_CELLS, HEAD_LEVEL, HEAD_PATTERNS
 
 #: the head-level table, beside signals.json; its solved strategy, beside the layer-level ones

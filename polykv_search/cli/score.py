@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from polykv_search.cli.arg_types import jobs_count, non_negative_int, positive_float, positive_int
 from polykv_search.cli.common import (
     CLIError,
     Interrupted,
@@ -17,12 +18,8 @@ from polykv_search.cli.common import (
     check_model_args,
     check_output_path,
     console,
-    jobs_count,
     load_model_from_args,
-    non_negative_int,
     out,
-    positive_float,
-    positive_int,
 )
 from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.cli.score_checks import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import CLIError, at_most
+from polykv_search.cli.arg_types import at_most
+from polykv_search.cli.common import CLIError
 from polykv_search.cli.limits import check_backend, check_fan_out_flags
 
 #: The most ``--samples`` per task: they are generated (each fitted to ``--context-len`` by tokenizing) and held

@@ -5,18 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from polykv_search.cli.common import (
-    CLIError,
-    Interrupted,
-    at_most,
-    check_output_path,
-    comma_list,
-    console,
-    out,
-    pattern_specs,
-    positive_float,
-    positive_int,
-)
+from polykv_search.cli.arg_types import at_most, comma_list, pattern_specs, positive_float, positive_int
+from polykv_search.cli.common import CLIError, Interrupted, check_output_path, console, out
 from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.cli.solve_guard import GUARD_DESTS, add_guard_args, apply_guard, check_guard_args
 

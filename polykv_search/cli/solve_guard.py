@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from polykv_search.cli.common import CLIError, at_most, console, out
+from polykv_search.cli.arg_types import at_most
+from polykv_search.cli.common import CLIError, console, out
 
 #: The flags this module adds to `solve` (they belong to no solver's settings).
 GUARD_DESTS = {"guard", "guard_seed", "guard_mix"}
