@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import pytest
 
+from polykv_search import scoring
 from polykv_search.cli import main
 from polykv_search.evaluation import get_task
 from polykv_search.runtime import apply_strategy, strategy_plans
-from polykv_search.scoring.engine import RunnerSettings, SampleRunner
+from polykv_search.scoring import per_entry, stacking
+from polykv_search.scoring.engine import RunnerSettings, SampleRunner, shared_scorer
 from polykv_search.scoring.job import SampleJob
 from polykv_search.scoring.shared import SharedScorer
 from polykv_search.scoring.trajectories import batch_groups, run_trajectories
-from strategies import Strategy
+from strategies import HeadGroup, LayerChoice, Strategy
 from tests.test_decode_suite import KEEP
 from tests.test_eval_support import char_tokenizer, haystack_texts
 from tests.test_scoring_engines import L, entries
@@ -131,3 +133,68 @@ def test_score_refuses_a_decode_batch_below_one_before_the_model_loads(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--decode-batch" in err[0] and "positive integer" in err[0]
     assert not out.exists()
+
+
+def head_group_entries() -> list[scoring.Entry]:
+    """DuoAttention-like strategies (the tiny models have 2 KV heads): a streaming head beside a keep-prompt head
+    (``evidence[rule=streaming_llm]`` over the prompt, evicting once the generation outgrows it) or a keep-all
+    head; the same head sets in another order in the last layer, so rows of both strategies share a split there."""
+    stream = {"n_sink": 2}
+    prompt = {"rule": "streaming_llm", "share": 0.8}
+    keep_prompt = [
+        LayerChoice("streaming_llm", 16, stream),
+        grouped(((0,), "streaming_llm", 16, stream), ((1,), "evidence", 70, prompt)),
+        grouped(((1,), "tova", 20), ((0,), "h2o", 12)),
+    ]
+    keep_all = [
+        grouped(((1,), "full", 4096), ((0,), "streaming_llm", 18, stream)),
+        grouped(((0,), "snapkv", 14), ((1,), "full", 4096)),
+        grouped(((0,), "knorm", 24), ((1,), "evidence", 30, prompt)),
+    ]
+    kw = dict(global_budget=None, context_len=4096, num_kv_heads=2)
+    return [
+        scoring.Entry("full", Strategy.full(L), "baseline", "full"),
+        scoring.Entry("keep-prompt", Strategy(keep_prompt, keep_prompt, **kw), "strategy", "p"),
+        scoring.Entry("uniform-tova", Strategy.uniform(L, "tova", 20), "baseline", "tova"),
+        scoring.Entry("keep-all", Strategy(keep_all, keep_all, **kw), "strategy", "a"),
+    ]
+
+
+def grouped(*groups) -> LayerChoice:
+    return LayerChoice.grouped(HeadGroup(*g) for g in groups)
+
+
+@pytest.mark.parametrize("family,question", list(zip(FAMILIES, [False, True] * 2)))
+def test_head_group_rows_of_one_split_share_row_batches_and_equal_the_per_entry_path(family, question, monkeypatch):
+    """Three samples (two stepped together) of two head-group strategies beside a layer-level one: the batched
+    path, whose rows of one head split share a row batch per head set (``SharedHeadGroups``), gives each entry
+    what it gets alone inside its own ``apply_strategy`` (the per-entry reference), and so does the reference
+    of the shared engine (FullKV apart, one sample at a time)."""
+    shared = []
+    monkeypatch.setattr(stacking, "SharedHeadGroups", _counted(shared))
+    model, tok = tiny_model(family), char_tokenizer()
+    jobs = [job_at(tok, 0, question=question), job_at(tok, 300, question=question)]
+    jobs.append(job_at(tok, 600, prompt=48, question=question))
+    es = head_group_entries()
+    expected = [per_entry.run_sample(model, es, job) for job in jobs]
+    with apply_strategy(model, Strategy.full(L)) as runtime:
+        fast, runs = shared_scorer(model, runtime, [e.strategy for e in es])
+        apart, _ = shared_scorer(model, runtime, [e.strategy for e in es], fullkv_apart=True)
+        assert [i for i, _ in runs] == list(range(len(es)))  # every entry a row of its own
+        got = fast.run_many(jobs, samples=4)
+        one_at_a_time = [apart.run(job) for job in jobs]
+    names = [e.name for e in es]
+    for ref, new, alone in zip(expected, got, one_at_a_time):
+        assert_same_outcomes(ref, new, names)
+        assert_same_outcomes(ref, alone, names)
+    assert all(o.pred["kl"] > 0 for o in got[0][1:])  # every evicting entry drifts: a test that can fail
+    assert len({tuple(g.members) for g in shared}) > 1 and max(len(g.members) for g in shared) == 4
+
+
+def _counted(seen: list):
+    class Counted(stacking.SharedHeadGroups):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
+    return Counted
