@@ -171,7 +171,7 @@ def test_head_group_rows_of_one_split_share_row_batches_and_equal_the_per_entry_
     what it gets alone inside its own ``apply_strategy`` (the per-entry reference), and so does the reference
     of the shared engine (FullKV apart, one sample at a time)."""
     shared = []
-    monkeypatch.setattr(stacking, "SharedHeadGroups", _counted(shared))
+    monkeypatch.setattr(stacking, "SharedHeadGroups", counted_shared_groups(shared))
     model, tok = tiny_model(family), char_tokenizer()
     jobs = [job_at(tok, 0, question=question), job_at(tok, 300, question=question)]
     jobs.append(job_at(tok, 600, prompt=48, question=question))
@@ -191,7 +191,9 @@ def test_head_group_rows_of_one_split_share_row_batches_and_equal_the_per_entry_
     assert len({tuple(g.members) for g in shared}) > 1 and max(len(g.members) for g in shared) == 4
 
 
-def _counted(seen: list):
+def counted_shared_groups(seen: list):
+    """A ``SharedHeadGroups`` that appends every instance to ``seen`` (patched in: which rows were shared)."""
+
     class Counted(stacking.SharedHeadGroups):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
