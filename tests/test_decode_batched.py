@@ -6,11 +6,13 @@ tolerance (rows batched with other rows see 1e-7-level differences, as in tests/
 from __future__ import annotations
 
 import pytest
+import torch
 
 from polykv_search import scoring
 from polykv_search.cli import main
 from polykv_search.evaluation import get_task
-from polykv_search.runtime import apply_strategy, strategy_plans
+from polykv_search.runtime import PolyKVCache, apply_strategy, strategy_plans
+from polykv_search.runtime.layouts import row_parts
 from polykv_search.scoring import per_entry, stacking
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner, shared_scorer
 from polykv_search.scoring.job import SampleJob
@@ -200,3 +202,33 @@ def counted_shared_groups(seen: list):
             seen.append(self)
 
     return Counted
+
+
+def test_a_batch_of_head_group_rows_only_is_one_shared_layer_and_keeps_what_rows_apart_keep():
+    """Rows of the two head-group strategies alone, twice each, stepped 30 tokens: a layer both split is one
+    ``SharedHeadGroups`` (every row of one head split); in layer 0, where keep-prompt is layer-level, keep-all's two
+    rows share one beside the others' row batch. Every row keeps the positions and gives the logits it does with
+    each row's groups in stores of their own (``row_parts``)."""
+    model, tok = tiny_model("qwen2"), char_tokenizer()
+    job = job_at(tok, 100, n=30)
+    es = head_group_entries()
+    kept, logits = {}, {}
+    with apply_strategy(model, Strategy.full(L)) as runtime:
+        scorer, _ = shared_scorer(model, runtime, [es[1].strategy, es[3].strategy])
+        for name, layout in (("shared", stacking.stacked_layer), ("apart", row_parts)):
+            rows = [scorer._row(plan, groups) for plan, groups in zip(scorer.plans * 2, scorer.head_groups * 2)]
+            scorer._context_call(job.context_ids, rows)
+            cache = PolyKVCache([layout(l, [r[l] for r in rows], None, **runtime.layer_kwargs(l)) for l in range(L)])
+            if name == "shared":
+                first, *split = cache.layers
+                assert all(isinstance(layer, stacking.SharedHeadGroups) for layer in split)
+                assert [type(part).__name__ for part in first.parts] == ["RowBatchLayer", "SharedHeadGroups"]
+            logits[name] = torch.cat([scorer._call([[t]] * len(rows), cache) for t in job.context_ids[:30]], dim=1)
+            for layer in cache.layers:
+                layer.write_back()
+            parts = [[part for row in rows for part in getattr(row[l], "parts", [row[l]])] for l in range(L)]
+            kept[name] = [[part.positions for part in layer] for layer in parts]
+    torch.testing.assert_close(logits["shared"], logits["apart"], rtol=1e-5, atol=1e-5)
+    for shared_layer, apart_layer in zip(kept["shared"], kept["apart"]):
+        assert all(torch.equal(a, b) for a, b in zip(shared_layer, apart_layer))
+    assert kept["shared"][1][1].shape[-1] == 70  # the keep-prompt head (60 + 30 seen) evicted: a test that can fail
