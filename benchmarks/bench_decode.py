@@ -5,7 +5,10 @@ entries are teacher-forced along them as one batch. The batched path (:mod:`poly
 FullKV is a row of the entries' batch, and ``--decode-batch`` samples of one prompt length step together, with
 SnapKV's window attention kept between steps (``SnapKV.incremental``; today's path recomputes it at every step,
 as the code before it did). ``--with-recomputed`` adds the batched path with the window recomputed, so the run
-also shows what the kept window saves.
+also shows what the kept window saves. ``--strategy FILE`` (repeatable) adds strategy files to the entries, e.g.
+head-group ones; ``--with-unshared`` adds the batched path with every head-group row in stores of its own
+(:func:`~polykv_search.runtime.layouts.row_parts` alone, as before :mod:`polykv_search.scoring.stacking`), so the
+run also shows what sharing row batches across rows of one head split saves.
 Entries as in the decode study (issue 27): FullKV, 4 uniform patterns and 3 seeded heterogeneous strategies
 (stand-ins for ilp and its ablations) at each budget, so 15 entries at two budgets. The two paths run one after
 the other (``--order`` picks which first) on the same samples; the run reports each one's wall seconds per
@@ -34,13 +37,18 @@ from polykv_search.cli.baselines import baseline  # noqa: E402
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.models import load_model  # noqa: E402
 from polykv_search.patterns.snapkv import SnapKV  # noqa: E402
+from polykv_search.runtime.layouts import row_parts  # noqa: E402
+from polykv_search.scoring import shared  # noqa: E402
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner  # noqa: E402
+from strategies import Strategy  # noqa: E402
 
-#: Each path: its runner settings and whether SnapKV keeps its window attention between steps.
+#: Each path: its runner settings, whether SnapKV keeps its window attention between steps, and whether rows of
+#: one head split share row batches (:func:`polykv_search.scoring.stacking.stacked_layer`).
 PATHS = {
-    "today": ({"decode_batch": 1, "fullkv_apart": True}, False),
-    "batched": ({}, True),
-    "batched-recomputed": ({}, False),
+    "today": ({"decode_batch": 1, "fullkv_apart": True}, False, True),
+    "batched": ({}, True, True),
+    "batched-recomputed": ({}, False, True),
+    "batched-unshared": ({}, True, False),
 }
 
 
@@ -54,12 +62,15 @@ def study_entries(L: int, budgets: list[int]) -> list[scoring.Entry]:
 
 
 def run_path(
-    model, tok, entries, task_samples, settings: RunnerSettings, incremental: bool = True
+    model, tok, entries, task_samples, settings: RunnerSettings, incremental: bool = True, share: bool = True
 ) -> tuple[list, float, float]:
     """Every sample's rows, wall and CPU seconds, through the runner ``score_entries`` uses (``incremental``:
-    SnapKV keeps its window attention between steps)."""
+    SnapKV keeps its window attention between steps; ``share``: rows of one head split share row batches)."""
     rows = []
     SnapKV.incremental = incremental
+    stacked = shared.stacked_layer
+    if not share:
+        shared.stacked_layer = row_parts
     try:
         wall, cpu = time.perf_counter(), time.process_time()
         with SampleRunner(model, tok, entries, settings) as runner:
@@ -69,6 +80,7 @@ def run_path(
         return rows, time.perf_counter() - wall, time.process_time() - cpu
     finally:
         SnapKV.incremental = True
+        shared.stacked_layer = stacked
 
 
 def mismatches(reference: list, got: list, names: list[str]) -> list[str]:
@@ -100,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--with-recomputed", action="store_true", help="also run the batched path with SnapKV's window recomputed"
     )
+    ap.add_argument("--strategy", action="append", default=[], metavar="FILE", help="a strategy file to add")
+    ap.add_argument("--with-unshared", action="store_true", help="also run the batched path with head-group rows apart")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", help="JSON report")
     args = ap.parse_args(argv)
@@ -110,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     model, tok = load_model()
     L = model.config.num_hidden_layers
-    entries = study_entries(L, [int(b) for b in args.budgets.split(",")])
+    entries = study_entries(L, [int(b) for b in args.budgets.split(",")] if args.budgets else [])
+    entries += [scoring.Entry(Path(p).stem, Strategy.load(p), "strategy", "file") for p in args.strategy]
     texts, _ = scoring.eval_texts("austen")
     tasks = scoring.resolve_tasks(args.suite, generate_len=args.generate_len)
     task_samples = scoring.make_task_samples(
@@ -118,12 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     count = sum(len(s) for _, s in task_samples.values())
     paths = ["today", "batched"] + (["batched-recomputed"] if args.with_recomputed else [])
+    paths += ["batched-unshared"] if args.with_unshared else []
     order = paths if args.order == "today-first" else list(reversed(paths))
     results = {}
     for name in order:
-        extra, incremental = PATHS[name]
+        extra, incremental, share = PATHS[name]
         settings = RunnerSettings(**{"decode_batch": args.decode_batch, **extra})
-        rows, wall, cpu = run_path(model, tok, entries, task_samples, settings, incremental)
+        rows, wall, cpu = run_path(model, tok, entries, task_samples, settings, incremental, share)
         results[name] = {"rows": rows, "wall_s": wall, "cpu_s": cpu, "wall_per_sample_s": wall / count}
     names = [e.name for e in entries]
     reference = results["today"]["rows"]
@@ -146,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.with_recomputed
             else {}
         ),
+        **(
+            {"ratio_cpu_unshared": results["batched-unshared"]["cpu_s"] / results["batched"]["cpu_s"]}
+            if args.with_unshared
+            else {}
+        ),
         "mismatches": bad,
     }
     print(f"{len(entries)} entries, {count} samples, N = {args.generate_len}, {report['threads']} thread(s)")
@@ -156,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio (today / batched): wall {report['ratio_wall']:.2f}x, cpu {report['ratio_cpu']:.2f}x")
     if args.with_recomputed:
         print(f"ratio (today / batched-recomputed): cpu {report['ratio_cpu_recomputed']:.2f}x")
+    if args.with_unshared:
+        print(f"ratio (batched-unshared / batched): cpu {report['ratio_cpu_unshared']:.2f}x")
     print("records: all equal" if not bad else f"records differ: {', '.join(bad[:8])}")
     if args.out:
         write_json(args.out, report)

@@ -6,15 +6,19 @@ tolerance (rows batched with other rows see 1e-7-level differences, as in tests/
 from __future__ import annotations
 
 import pytest
+import torch
 
+from polykv_search import scoring
 from polykv_search.cli import main
 from polykv_search.evaluation import get_task
-from polykv_search.runtime import apply_strategy, strategy_plans
-from polykv_search.scoring.engine import RunnerSettings, SampleRunner
+from polykv_search.runtime import PolyKVCache, apply_strategy, strategy_plans
+from polykv_search.runtime.layouts import row_parts
+from polykv_search.scoring import per_entry, stacking
+from polykv_search.scoring.engine import RunnerSettings, SampleRunner, shared_scorer
 from polykv_search.scoring.job import SampleJob
 from polykv_search.scoring.shared import SharedScorer
 from polykv_search.scoring.trajectories import batch_groups, run_trajectories
-from strategies import Strategy
+from strategies import HeadGroup, LayerChoice, Strategy
 from tests.test_decode_suite import KEEP
 from tests.test_eval_support import char_tokenizer, haystack_texts
 from tests.test_scoring_engines import L, entries
@@ -131,3 +135,100 @@ def test_score_refuses_a_decode_batch_below_one_before_the_model_loads(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--decode-batch" in err[0] and "positive integer" in err[0]
     assert not out.exists()
+
+
+def head_group_entries() -> list[scoring.Entry]:
+    """DuoAttention-like strategies (the tiny models have 2 KV heads): a streaming head beside a keep-prompt head
+    (``evidence[rule=streaming_llm]`` over the prompt, evicting once the generation outgrows it) or a keep-all
+    head; the same head sets in another order in the last layer, so rows of both strategies share a split there."""
+    stream = {"n_sink": 2}
+    prompt = {"rule": "streaming_llm", "share": 0.8}
+    keep_prompt = [
+        LayerChoice("streaming_llm", 16, stream),
+        grouped(((0,), "streaming_llm", 16, stream), ((1,), "evidence", 70, prompt)),
+        grouped(((1,), "tova", 20), ((0,), "h2o", 12)),
+    ]
+    keep_all = [
+        grouped(((1,), "full", 4096), ((0,), "streaming_llm", 18, stream)),
+        grouped(((0,), "snapkv", 14), ((1,), "full", 4096)),
+        grouped(((0,), "knorm", 24), ((1,), "evidence", 30, prompt)),
+    ]
+    kw = dict(global_budget=None, context_len=4096, num_kv_heads=2)
+    return [
+        scoring.Entry("full", Strategy.full(L), "baseline", "full"),
+        scoring.Entry("keep-prompt", Strategy(keep_prompt, keep_prompt, **kw), "strategy", "p"),
+        scoring.Entry("uniform-tova", Strategy.uniform(L, "tova", 20), "baseline", "tova"),
+        scoring.Entry("keep-all", Strategy(keep_all, keep_all, **kw), "strategy", "a"),
+    ]
+
+
+def grouped(*groups) -> LayerChoice:
+    return LayerChoice.grouped(HeadGroup(*g) for g in groups)
+
+
+@pytest.mark.parametrize("family,question", list(zip(FAMILIES, [False, True] * 2)))
+def test_head_group_rows_of_one_split_share_row_batches_and_equal_the_per_entry_path(family, question, monkeypatch):
+    """Three samples (two stepped together) of two head-group strategies beside a layer-level one: the batched
+    path, whose rows of one head split share a row batch per head set (``SharedHeadGroups``), gives each entry
+    what it gets alone inside its own ``apply_strategy`` (the per-entry reference), and so does the reference
+    of the shared engine (FullKV apart, one sample at a time)."""
+    shared = []
+    monkeypatch.setattr(stacking, "SharedHeadGroups", counted_shared_groups(shared))
+    model, tok = tiny_model(family), char_tokenizer()
+    jobs = [job_at(tok, 0, question=question), job_at(tok, 300, question=question)]
+    jobs.append(job_at(tok, 600, prompt=48, question=question))
+    es = head_group_entries()
+    expected = [per_entry.run_sample(model, es, job) for job in jobs]
+    with apply_strategy(model, Strategy.full(L)) as runtime:
+        fast, runs = shared_scorer(model, runtime, [e.strategy for e in es])
+        apart, _ = shared_scorer(model, runtime, [e.strategy for e in es], fullkv_apart=True)
+        assert [i for i, _ in runs] == list(range(len(es)))  # every entry a row of its own
+        got = fast.run_many(jobs, samples=4)
+        one_at_a_time = [apart.run(job) for job in jobs]
+    names = [e.name for e in es]
+    for ref, new, alone in zip(expected, got, one_at_a_time):
+        assert_same_outcomes(ref, new, names)
+        assert_same_outcomes(ref, alone, names)
+    assert all(o.pred["kl"] > 0 for o in got[0][1:])  # every evicting entry drifts: a test that can fail
+    assert len({tuple(g.members) for g in shared}) > 1 and max(len(g.members) for g in shared) == 4
+
+
+def counted_shared_groups(seen: list):
+    """A ``SharedHeadGroups`` that appends every instance to ``seen`` (patched in: which rows were shared)."""
+
+    class Counted(stacking.SharedHeadGroups):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
+    return Counted
+
+
+def test_a_batch_of_head_group_rows_only_is_one_shared_layer_and_keeps_what_rows_apart_keep():
+    """Rows of the two head-group strategies alone, twice each, stepped 30 tokens: a layer both split is one
+    ``SharedHeadGroups`` (every row of one head split); in layer 0, where keep-prompt is layer-level, keep-all's two
+    rows share one beside the others' row batch. Every row keeps the positions and gives the logits it does with
+    each row's groups in stores of their own (``row_parts``)."""
+    model, tok = tiny_model("qwen2"), char_tokenizer()
+    job = job_at(tok, 100, n=30)
+    es = head_group_entries()
+    kept, logits = {}, {}
+    with apply_strategy(model, Strategy.full(L)) as runtime:
+        scorer, _ = shared_scorer(model, runtime, [es[1].strategy, es[3].strategy])
+        for name, layout in (("shared", stacking.stacked_layer), ("apart", row_parts)):
+            rows = [scorer._row(plan, groups) for plan, groups in zip(scorer.plans * 2, scorer.head_groups * 2)]
+            scorer._context_call(job.context_ids, rows)
+            cache = PolyKVCache([layout(l, [r[l] for r in rows], None, **runtime.layer_kwargs(l)) for l in range(L)])
+            if name == "shared":
+                first, *split = cache.layers
+                assert all(isinstance(layer, stacking.SharedHeadGroups) for layer in split)
+                assert [type(part).__name__ for part in first.parts] == ["RowBatchLayer", "SharedHeadGroups"]
+            logits[name] = torch.cat([scorer._call([[t]] * len(rows), cache) for t in job.context_ids[:30]], dim=1)
+            for layer in cache.layers:
+                layer.write_back()
+            parts = [[part for row in rows for part in getattr(row[l], "parts", [row[l]])] for l in range(L)]
+            kept[name] = [[part.positions for part in layer] for layer in parts]
+    torch.testing.assert_close(logits["shared"], logits["apart"], rtol=1e-5, atol=1e-5)
+    for shared_layer, apart_layer in zip(kept["shared"], kept["apart"]):
+        assert all(torch.equal(a, b) for a, b in zip(shared_layer, apart_layer))
+    assert kept["shared"][1][1].shape[-1] == 70  # the keep-prompt head (60 + 30 seen) evicted: a test that can fail

@@ -12,6 +12,7 @@ from polykv_search.runtime import FULL_PLAN, GroupedLayer, PhasePlan
 from polykv_search.runtime import layouts as layouts_module
 from polykv_search.runtime.layouts import best_split, layer_slots, row_parts
 from polykv_search.runtime.row_batch import RowBatchLayer
+from polykv_search.scoring import stacking
 from polykv_search.scoring.shared import plan_groups
 from tests.test_eval_support import char_tokenizer
 from tests.test_row_batch import KW, prefilled
@@ -69,16 +70,21 @@ def test_split_batches_with_decode_interval_and_eos_equal_the_per_entry_path():
 
 
 @pytest.mark.parametrize("kind", ["teacher_forced", "generate"])
-def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_path(kind, built):
+def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_path(kind, monkeypatch):
+    from tests.test_decode_batched import counted_shared_groups
     from tests.test_scoring_head_groups import head_entries
     from tests.test_scoring_head_groups import run_both as run_both_heads
 
+    shared_groups: list = []
+    monkeypatch.setattr(stacking, "SharedHeadGroups", counted_shared_groups(shared_groups))
     model, tok = tiny_model("llama"), char_tokenizer()
     forced, gen = jobs(tok)
     job = forced if kind == "teacher_forced" else gen
     reference, shared = run_both_heads(model, head_entries(), job)
-    # head-group rows share the batch (one forward) with the layer-level rows, each split layer a part
-    assert any(any(isinstance(p, GroupedLayer) for p in layer.parts) and len(layer.parts) > 1 for layer in built)
+    # head-group rows share the batch (one forward) with the layer-level rows; in each layer the head-group rows
+    # (one head split) are one part, a row batch per head set (polykv_search.scoring.stacking): three rows in
+    # layers 0 and 1, two in layer 2 (heads-mixed is layer-level there)
+    assert sorted(len(g.members) for g in shared_groups) == [2, 3, 3]
     assert_same(reference, shared, job)
 
 

@@ -9,8 +9,8 @@ one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtim
 hold different per-layer lengths in one padded store, and the rows that share a decoding pattern score
 and evict together, each to its own budget. A layer may hold the batch in parts sharing the forward
 (:func:`~polykv_search.runtime.layouts.row_parts`): a long row (FullKV) in a row batch of its own length,
-a row's head groups in their own stores. Rows that emit EOS leave the batch. Every row keeps exactly
-the tokens the per-entry path keeps.
+the rows of one head split in a row batch per head set (:mod:`~polykv_search.scoring.stacking`). Rows that
+emit EOS leave the batch. Every row keeps exactly the tokens the per-entry path keeps.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from polykv_search.runtime import (
     PolyKVCache,
     cache_report,
 )
-from polykv_search.runtime.layouts import SPLIT_MIN_SAVING, HeadGroupPlan, cache_layer, layer_slots, row_parts
+from polykv_search.runtime.layouts import SPLIT_MIN_SAVING, HeadGroupPlan, cache_layer, layer_slots
 from polykv_search.runtime.reconstruction import needs_pass
 from polykv_search.scoring.job import SampleJob, SampleOutcome
+from polykv_search.scoring.stacking import stacked_layer
 from polykv_search.scoring.trajectories import batch_groups, run_trajectories
 
 Plans = Sequence[tuple[PhasePlan, PhasePlan]]
@@ -89,8 +90,9 @@ class SharedScorer:
     head_groups
         Per entry, its layers split into head groups (:func:`~polykv_search.runtime.runtime.strategy_head_groups`;
         none by default). Such an entry shares the context call (each group of a row observes with its own
-        query heads) and then decodes in the batch, each split layer a part of its own (its groups keep
-        their own stores; :func:`~polykv_search.runtime.layouts.row_parts`).
+        query heads) and then decodes in the batch: in a split layer, the rows of one head split share a row
+        batch per head set (:func:`~polykv_search.scoring.stacking.stacked_layer`), a row alone in its split is a
+        part of its own (its groups keep their own stores; :func:`~polykv_search.runtime.layouts.row_parts`).
     fullkv_apart
         Trajectory jobs: FullKV generates alone first, then the entries are forced along its tokens (the
         reference path); False (default): FullKV decodes as a row of the entries' batch
@@ -139,10 +141,10 @@ class SharedScorer:
 
     def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:
         """One decoding batch's cache: per layer, the rows' layers as one row batch, or as parts
-        (:func:`~polykv_search.runtime.layouts.row_parts`: a long row's part, a row's head groups)."""
+        (:func:`~polykv_search.scoring.stacking.stacked_layer`: a long row's part, the rows of one head split)."""
         return PolyKVCache(
             [
-                row_parts(l, [r[l] for r in rows], self.split, **self.runtime.layer_kwargs(l))
+                stacked_layer(l, [r[l] for r in rows], self.split, **self.runtime.layer_kwargs(l))
                 for l in range(self.num_layers)
             ]
         )
