@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from polykv_search.data import load_corpus, split_corpus  # noqa: E402
 from polykv_search.evaluation import get_task  # noqa: E402
+from polykv_search.evaluation.base import split_seed  # noqa: E402
 from polykv_search.evaluation.samples import encode_prompt  # noqa: E402
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.models import load_model  # noqa: E402
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = cfg.num_attention_heads // cfg.num_key_value_heads
     texts = [d.text for d in split_corpus(load_corpus("austen"), "calib")]
     task = get_task(args.task, generate_len=16)
-    samples = task.generate(tok, texts, args.samples, args.context_len, args.seed)
+    samples = task.generate(tok, texts, args.samples, args.context_len, split_seed(args.seed, "calib"))
     totals: dict[str, list[float]] = {}
     whole: dict[str, int] = {}
     heads = 0

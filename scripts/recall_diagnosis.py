@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from polykv_search.cli.baselines import baseline  # noqa: E402
 from polykv_search.data import load_corpus, split_corpus  # noqa: E402
 from polykv_search.evaluation import get_task  # noqa: E402
+from polykv_search.evaluation.base import split_seed  # noqa: E402
 from polykv_search.evaluation.runner import _Caller, eos_token_ids  # noqa: E402
 from polykv_search.evaluation.samples import encode_prompt  # noqa: E402
 from polykv_search.evaluation.trajectory import answer, full_trajectory  # noqa: E402
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     L = model.config.num_hidden_layers
     texts = [d.text for d in split_corpus(load_corpus("austen"), "calib")]
     task = get_task(args.task, generate_len=args.generate_len)
-    samples = task.generate(tok, texts, args.samples, args.context_len, args.seed)
+    samples = task.generate(tok, texts, args.samples, args.context_len, split_seed(args.seed, "calib"))
     caller = _Caller(model)
     banned = frozenset(eos_token_ids(model, tok))
     entries = [baseline(f"uniform:{plan}", L, args.budget) for plan in args.plan]

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     with console.status("generating samples ..."):  # tokens only: a --context-len too short, before the model
         tok = load_tokenizer(args.model)
         task_samples = scoring.make_task_samples(
-            tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed
+            tok, tasks, texts, n_samples=args.samples, context_len=args.context_len, seed=args.seed, role=args.split
         )
     model, tok = load_model_from_args(args)
     check_limits(args, tasks, model.config.to_dict())  # a hub model whose config was not at hand before

@@ -79,6 +79,16 @@ def sample_rng(seed: int, task: str, index: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
+def split_seed(seed: int, role: str) -> int:
+    """The seed a task draws its samples from on split ``role``: ``seed`` itself on the evaluation split (so
+    evaluation samples never change), a seed derived from it on the calibration split, so that a calibration
+    sample never shares its needles, keys or facts with the evaluation sample of the same index."""
+    if role == "eval":
+        return seed
+    digest = hashlib.sha256(f"{role}\x00{seed}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
 def as_texts(haystack_texts: str | Sequence[str] | None) -> list[str]:
     if haystack_texts is None:
         return []

@@ -8,6 +8,7 @@ from typing import Any
 
 from polykv_search.data import describe_split, load_corpus, split_corpus
 from polykv_search.evaluation import tasks_for
+from polykv_search.evaluation.base import split_seed
 from polykv_search.scoring.entries import ScoreError
 
 
@@ -21,9 +22,20 @@ def eval_texts(corpus_spec: str, role: str = "eval") -> tuple[list[str], dict[st
 
 
 def make_task_samples(
-    tokenizer, tasks: Sequence[Any], texts: Sequence[str], *, n_samples: int, context_len: int, seed: int
+    tokenizer,
+    tasks: Sequence[Any],
+    texts: Sequence[str],
+    *,
+    n_samples: int,
+    context_len: int,
+    seed: int,
+    role: str = "eval",
 ) -> dict[str, tuple[Any, list]]:
     """``{task name: (task, samples)}``, generated once and shared by every entry.
+
+    ``role``: the split ``texts`` come from; on the calibration split the tasks draw from
+    :func:`~polykv_search.evaluation.base.split_seed`'s seed, so no needle or fact is shared with an
+    evaluation sample.
 
     A request the task cannot meet (a context too short for its fixed text, too little held-out text)
     is a :class:`ScoreError` naming the task.
@@ -31,7 +43,7 @@ def make_task_samples(
     out = {}
     for i, task in enumerate(tasks):
         try:
-            out[task.name] = (task, task.generate(tokenizer, texts, n_samples, context_len, seed + i))
+            out[task.name] = (task, task.generate(tokenizer, texts, n_samples, context_len, split_seed(seed + i, role)))
         except ValueError as err:
             raise ScoreError(f"{task.name}: {err}") from None
     return out
