@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from polykv_search.runtime.kernels import SMALL_OP_THREADS, cpu_threads  # noqa: F401  (re-exported)
+from polykv_search.runtime.view import SMALL_OP_THREADS, cpu_threads  # noqa: F401  (re-exported)
 
 
 def base_model(model):

@@ -35,7 +35,7 @@ import torch
 
 from polykv_search.patterns import Pattern
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan, PolyKVCache, RuntimeLayer
-from polykv_search.runtime.eviction import DECODING, PREFILL
+from polykv_search.runtime.layer import DECODING, PREFILL
 from polykv_search.runtime.layouts import row_parts
 from polykv_search.runtime.pooled import allocate
 from signals import model_parts

@@ -10,7 +10,7 @@ import torch
 from tiny import tiny_model
 
 from polykv_search.data import Sample
-from polykv_search.runtime.kernels import cpu_threads
+from polykv_search.runtime.view import cpu_threads
 from signals import SignalTable
 from signals.collect import CollectError, collect_signals
 from signals.journal import journal_path

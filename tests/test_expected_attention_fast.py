@@ -22,7 +22,7 @@ import torch
 from polykv_search.patterns import make_pattern
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime import EvictingLayer
-from polykv_search.runtime.eviction import PhasePlan
+from polykv_search.runtime.layer import PhasePlan
 from tests.expected_attention_reference import PreviousExpectedAttention
 from tests.tiny import rope
 

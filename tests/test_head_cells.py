@@ -167,7 +167,7 @@ def test_prefill_cells_of_scored_patterns_equal_the_runtime_with_one_head_in_its
     """A prefill cell (l, h, pattern, b) is the runtime with KV head h of layer l in a group of its own that
     compresses the prompt with the pattern to b and keeps every continuation token (fed in one call)."""
     from polykv_search.patterns import make_pattern
-    from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan
+    from polykv_search.runtime.layer import FULL_PLAN, PhasePlan
     from polykv_search.runtime.layouts import HeadGroupPlan
     from signals.head_prefill_measure import sample_prefill_cells_kl
 

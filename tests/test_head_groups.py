@@ -12,7 +12,7 @@ import torch
 
 from polykv_search.patterns import PATTERNS, make_pattern
 from polykv_search.runtime import apply_strategy
-from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan
+from polykv_search.runtime.layer import FULL_PLAN, PhasePlan
 from polykv_search.runtime.layouts import GroupedLayer, HeadGroupPlan
 from strategies import LayerChoice, Strategy
 from tests.oracle import Oracle

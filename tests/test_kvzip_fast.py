@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from polykv_search.patterns import kvzip as kvzip_mod
-from polykv_search.runtime import apply_strategy, kernels
+from polykv_search.runtime import apply_strategy
+from polykv_search.runtime import view as kernels
 from strategies import Strategy
 from tests.test_runtime import batch
 from tests.tiny import FAMILIES, tiny_model

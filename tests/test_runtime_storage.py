@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from polykv_search.patterns import make_pattern
 from polykv_search.patterns.base import protected_ends, select_keep, sinks_and_recent
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
-from polykv_search.runtime.view import GroupView
+from polykv_search.runtime.row_batch import GroupView
 
 
 def layer(prefill=FULL_PLAN, decoding=FULL_PLAN, **kw) -> EvictingLayer:

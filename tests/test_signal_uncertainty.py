@@ -9,7 +9,7 @@ import pytest
 from test_collect import make_samples
 from tiny import tiny_model
 
-from polykv_search.runtime.kernels import cpu_threads
+from polykv_search.runtime.view import cpu_threads
 from signals.collect import collect_signals
 from signals.uncertainty import block_means, block_sizes, ratio_mean_se, t_quantile
 

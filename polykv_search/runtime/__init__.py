@@ -2,9 +2,8 @@
 
 from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.eviction import FULL_PLAN, PhasePlan, eviction_target
-from polykv_search.runtime.fanout import FanoutLayer
-from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.fanout import fanout_layer
+from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan, eviction_target
 from polykv_search.runtime.layouts import GroupedLayer, HeadGroupPlan, KernelGroup
 from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
 from polykv_search.runtime.row_batch import RowBatchLayer
@@ -15,7 +14,6 @@ __all__ = [
     "CacheReport",
     "EvictingLayer",
     "FULL_PLAN",
-    "FanoutLayer",
     "GroupedLayer",
     "HeadGroupPlan",
     "KernelGroup",
@@ -29,6 +27,7 @@ __all__ = [
     "apply_strategy",
     "cache_report",
     "eviction_target",
+    "fanout_layer",
     "model_spec",
     "strategy_plans",
 ]

@@ -3,7 +3,7 @@
 transformers builds one mask per forward for all layers; once layers hold different tokens that mask
 is wrong. So the mask function registered for ``polykv`` only forwards the 2-D padding mask, and the
 attention function builds each layer's own mask from the positions its cache layer keeps, then calls
-the kernel the model was loaded with (SDPA or eager).
+the kernel the model was loaded with (SDPA or eager; :func:`~polykv_search.runtime.view.run`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from polykv_search.runtime import kernels
 from polykv_search.runtime.base_layer import RuntimeLayer
+from polykv_search.runtime.view import run as run_kernel
 
 if TYPE_CHECKING:  # pragma: no cover
     from polykv_search.runtime.runtime import PolyKVRuntime
@@ -55,7 +55,7 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
     runtime, layer = kwargs.get(LAYER_KEY) or (kwargs.get(PLAIN_KEY), None)
     if layer is None and runtime is not None:  # no cache at all (use_cache=False): plain causal attention
         mask = _stateless_mask(query.shape[-2], key.shape[-2], padding, sliding, query.device)
-        return kernels.run(runtime.kernel_impl, query, key, value, mask, scaling, is_causal=mask is None)[0], None
+        return run_kernel(runtime.kernel_impl, query, key, value, mask, scaling, is_causal=mask is None)[0], None
     if layer is None or not runtime.active:
         raise RuntimeError(
             f"polykv-search: layer {module.layer_idx}'s attention ran with attention implementation 'polykv', but "
@@ -70,7 +70,7 @@ def polykv_attention(module, query, key, value, attention_mask, scaling=None, dr
             "(the model changed them after cache.update); refusing to attend over a cache it does not hold"
         )
 
-    run = partial(kernels.run, runtime.kernel_impl, masks=runtime.pass_masks)
+    run = partial(run_kernel, runtime.kernel_impl, masks=runtime.pass_masks)
     attend = partial(RuntimeLayer.attend, kernel=run, scaling=scaling, padding=padding)
     # one kernel per store (a layer of kernel groups: one per group)
     return layer.attention_call_grouped(query, attend, kwargs.get(PASS_KEY)), None

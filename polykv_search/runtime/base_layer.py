@@ -17,12 +17,19 @@ import torch.nn.functional as F
 from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.patterns.base import PassInputs
-from polykv_search.runtime.eviction import DECODING, INTERVAL_MODES, PREFILL
 from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore
 from polykv_search.runtime.view import ViewOps
+from strategies import PHASES
+
+PREFILL, DECODING = PHASES
+
+#: How ``decode_interval = k`` evicts: ``"within"`` keeps every layer at or below its budget (it evicts
+#: down to ``budget - k + 1`` once over it); ``"over"`` lets it hold up to ``budget + k - 1`` tokens.
+INTERVAL_MODES = ("within", "over")
 
 if TYPE_CHECKING:  # pragma: no cover
+    from polykv_search.runtime.fanout import SharedCells
     from polykv_search.runtime.layer import EvictingLayer
 
 
@@ -236,17 +243,12 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         return [(cell.plans[PREFILL], cell.plans[DECODING]) for cell, _ in self.cells() if cell.deferred]
 
     def begin_pass(self, prompt_len: int) -> None:
-        """Enter a reconstruction pass over the ``prompt_len`` cached prompt tokens."""
-        cells = self.cells()
-        if not cells:
-            raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
-        for cell, _ in cells:
-            cell.begin_pass(prompt_len)
+        """Enter a reconstruction pass over the ``prompt_len`` cached prompt tokens (a layer with a store of
+        the whole prompt, or of stores that are)."""
+        raise RuntimeError(f"polykv-search: a {type(self).__name__} takes no part in a reconstruction pass")
 
     def end_pass(self) -> None:
         """Leave the reconstruction pass."""
-        for cell, _ in self.cells():
-            cell.end_pass()
 
     def finish_deferred(self) -> None:
         """Run the prefill eviction a deferred prefill call skipped (after the reconstruction pass)."""
@@ -259,10 +261,10 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
     def end_call(self) -> None:
         raise NotImplementedError
 
-    def attend(self, query: torch.Tensor, inputs: PassInputs | None, *, kernel, scaling: float, padding):
-        """One attention call over this layer's store (:meth:`attention_call`) whose kernel is
-        ``kernel(query, keys, values, mask, scaling, is_causal=, lse=)`` (the model's,
-        :func:`~polykv_search.runtime.kernels.run`) with this layer's own mask; ``padding``: the model's 2-D padding
+    def attend(self, query: torch.Tensor, inputs: PassInputs | None, riders=None, *, kernel, scaling: float, padding):
+        """One attention call over this layer's store (:meth:`attention_call`, ``riders`` its cells that run no
+        kernel) whose kernel is ``kernel(query, keys, values, mask, scaling, is_causal=, lse=)`` (the model's,
+        :func:`~polykv_search.runtime.view.run`) with this layer's own mask; ``padding``: the model's 2-D padding
         mask (None: none). The attention function hands it, bound to ``kernel``, ``scaling`` and ``padding``, to
         :meth:`attention_call_grouped`."""
         q_len = query.shape[-2]
@@ -272,7 +274,7 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
             lse = self.pass_prompt is not None  # a reconstruction call: the patterns read the log-sum-exp
             return kernel(query, self.keys, self.values, mask, scaling, is_causal=is_causal, lse=lse)
 
-        return self.attention_call(query, _align_padding(padding, self.seen, q_len), run, inputs=inputs)
+        return self.attention_call(query, _align_padding(padding, self.seen, q_len), run, inputs=inputs, riders=riders)
 
     def kernel_mask(self, q_len: int) -> tuple[torch.Tensor | None, bool]:
         """This call's mask, or ``None`` (+ causal flag) when a plain kernel call is exact."""
@@ -292,16 +294,23 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         *,
         finish: bool = True,
         inputs: PassInputs | None = None,
+        riders: SharedCells | None = None,
     ):
         """Run one attention call of this layer: :meth:`begin_call`, the observers' ``pre_kernel``,
         ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries; it returns the output, or the
         output and its log-sum-exp ``[B, Hq, q]`` or None), their ``post_kernel`` (in a reconstruction pass
         first :meth:`observe_pass` with that log-sum-exp and the pass's ``inputs``), then :meth:`end_call`
-        (``finish=False`` stops before it). Returns the kernel's output."""
+        (``finish=False`` stops before it). ``riders``: cells that share this store and its calls without a
+        kernel of their own (:class:`~polykv_search.runtime.fanout.SharedCells`), begun, observed (the
+        log-sum-exp of a pass included) and ended with it. Returns the kernel's output."""
+        passing = self.pass_prompt is not None
         self.begin_call(query.shape[-2], padding_mask)
         observers = self.observers()
         if self.watchers:
             observers = [*observers, *self.watchers]
+        if riders is not None:
+            riders.begin_call(query.shape[-2], padding_mask, passing)
+            observers = [*observers, *riders.observers(passing)]
         # what patterns observe is not differentiable, and no state they keep may hold the graph
         observed = query.detach() if query.requires_grad else query
         with torch.no_grad():
@@ -310,11 +319,15 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         out = None if kernel is None else kernel()
         out, lse = out if isinstance(out, tuple) else (out, None)
         with torch.no_grad():
-            if self.pass_prompt is not None:
+            if passing:
                 self.observe_pass(observed, lse, inputs)
+                if riders is not None:
+                    riders.observe_pass(self, observed, lse, inputs)
             for hooks, state in observers:
                 hooks.post_kernel(self, state, observed)
         if finish:
+            if riders is not None:
+                riders.end_call(passing)
             self.end_call()
         return out
 

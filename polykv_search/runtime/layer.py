@@ -1,5 +1,8 @@
 """`EvictingLayer`: one layer's physical KV cache with per-token positions and its eviction plan.
 
+What a layer applies in each phase is a :class:`PhasePlan`; :func:`eviction_target` is the one statement of
+when and how far it evicts (the runtime's layers, the row-batched layer and the tests' oracle all call it).
+
 Each cached token carries its absolute sequence index (``positions``) and whether it is a real token
 (``valid``: left padding is not), per batch row and KV head, so every layer can hold a different
 number of tokens and the runtime still builds an exact per-layer mask. RoPE phases of kept keys are
@@ -9,23 +12,53 @@ the ones computed when the token was seen; nothing is re-rotated.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 
+from polykv_search.patterns import make_pattern
 from polykv_search.patterns.base import PassInputs, Pattern
 from polykv_search.patterns.selection import keep_per_head
 from polykv_search.patterns.state import PatternState
-from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.eviction import (  # noqa: F401  (re-exported)
-    DECODING,
-    FULL_PLAN,
-    INTERVAL_MODES,
-    PREFILL,
-    PhasePlan,
-    eviction_target,
-)
+from polykv_search.runtime.base_layer import DECODING, INTERVAL_MODES, PREFILL, RuntimeLayer  # noqa: F401
 from polykv_search.runtime.report import LayerReport, report_of
 from polykv_search.runtime.storage import TokenStore, capacity_for
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """The pattern and budget a layer applies in one phase (``budget=None``: keep all)."""
+
+    pattern: Pattern
+    budget: int | None
+
+    @property
+    def evicts(self) -> bool:
+        return self.budget is not None and not self.pattern.keeps_all
+
+
+#: The no-eviction plan.
+FULL_PLAN = PhasePlan(make_pattern("full"), None)
+
+
+def eviction_target(
+    phase: str, length: int, budget: int | None, *, interval: int, mode: str, steps_since_eviction: int
+) -> int | None:
+    """How many tokens a layer keeps after an attention call, or None when it does not evict.
+
+    ``length``: tokens held now; ``budget``: the phase's budget (None: keep all);
+    ``steps_since_eviction``: decoding steps since the layer last evicted, this one included.
+    Prefill compresses to the budget. Decoding, once over the budget: mode ``"within"`` evicts at once,
+    down to ``budget - k + 1`` (``k = interval``; at least 1) so the next ``k - 1`` steps fit;
+    mode ``"over"`` evicts down to the budget once ``k`` steps have passed.
+    """
+    if budget is None or length <= budget:
+        return None
+    if phase == PREFILL:
+        return budget
+    if mode == "within":
+        return budget - min(interval, budget) + 1
+    return budget if steps_since_eviction >= interval else None
 
 
 class EvictingLayer(RuntimeLayer):
@@ -33,7 +66,7 @@ class EvictingLayer(RuntimeLayer):
 
     Every attention call goes through :meth:`attention_call`: :meth:`begin_call` (marks padding, sets
     query positions), the observing patterns' ``pre_kernel``, the kernel, their ``post_kernel``, then
-    :meth:`end_call` (evicts as :func:`~polykv_search.runtime.eviction.eviction_target` says).
+    :meth:`end_call` (evicts as :func:`eviction_target` says).
 
     ``defer_prefill``: keep the whole prompt after the prefill call until a reconstruction pass has
     run (:mod:`polykv_search.runtime.reconstruction`; set when any layer's strategy uses a model-level
@@ -207,7 +240,7 @@ class EvictingLayer(RuntimeLayer):
                 self._all_valid = False
 
     def end_call(self) -> None:
-        """Evict as :func:`~polykv_search.runtime.eviction.eviction_target` says for this call's phase."""
+        """Evict as :func:`eviction_target` says for this call's phase."""
         if self.pass_prompt is not None:  # a reconstruction call: back to the prompt, nothing counted
             self.cut_to(self.pass_prompt)
             return

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from polykv_search.patterns import make_pattern
 from polykv_search.patterns.base import PassInputs
 from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.eviction import PhasePlan
-from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.layer import EvictingLayer, PhasePlan
 from polykv_search.runtime.pooled import check_groups
 from polykv_search.runtime.report import LayerReport, layer_report
 from polykv_search.runtime.row_batch import RowBatchLayer, decoding_group
+
+if TYPE_CHECKING:  # pragma: no cover
+    from polykv_search.runtime.fanout import SharedCells
 
 #: Padded token slots a split must save (rows x longest row, summed over parts) to be worth a second
 #: kernel call per layer and step: about what one kernel call's fixed cost buys on a CPU.
@@ -40,11 +43,14 @@ SPLIT_MIN_SAVING = 4096
 @dataclass(frozen=True)
 class KernelGroup:
     """One kernel's share of a layer: its own ``layer``, the batch ``rows`` it holds, in its order (None:
-    every row), and the KV ``heads`` it holds (None: every head). A group splits rows or heads, not both."""
+    every row), and the KV ``heads`` it holds (None: every head). A group splits rows or heads, not both.
+    ``riders``: cells fed the group's tokens that observe its calls without a kernel of their own (the
+    fan-out, :func:`~polykv_search.runtime.fanout.fanout_layer`); the layer's cells are then theirs."""
 
     layer: RuntimeLayer
     rows: tuple[int, ...] | None = None
     heads: tuple[int, ...] | None = None
+    riders: SharedCells | None = None
 
 
 def query_heads(kv_heads: Sequence[int], groups: int) -> list[int]:
@@ -96,8 +102,11 @@ class GroupedLayer(RuntimeLayer):
             part.reset()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        for part, rows, kv in zip(self.parts, self._rows, self._kv):
-            part.update(_take(key_states, rows, kv), _take(value_states, rows, kv))
+        passing = self.parts[0].pass_prompt is not None
+        for group, rows, kv in zip(self.kernel_groups, self._rows, self._kv):
+            if group.riders is not None and not passing:  # riders hold the prompt, never the pass's tokens
+                group.riders.update(key_states, value_states)
+            group.layer.update(_take(key_states, rows, kv), _take(value_states, rows, kv))
         self.device = key_states.device
         self.seen += key_states.shape[-2]
         self._notify_update(kwargs.get("kwargs"))
@@ -107,11 +116,15 @@ class GroupedLayer(RuntimeLayer):
         """Each group's own call (``attend(layer, query, inputs)`` per store: hooks, kernel, eviction) on its rows
         and query heads of ``query``; outputs ``[B, q, Hq, D]`` put back in batch-row and head order."""
         out: torch.Tensor | None = None
-        for part, rows, q in zip(self.parts, self._rows, self._q):
+        for group, rows, q in zip(self.kernel_groups, self._rows, self._q):
+            part = group.layer
             if inputs is not None and rows is not None:
                 raise RuntimeError("polykv-search: a decoding row split takes no part in a reconstruction pass")
             part_inputs = None if inputs is None else inputs if q is None else inputs.heads(q)
-            got = part.attention_call_grouped(_take(query, rows, q), attend, part_inputs)
+            if group.riders is not None:  # one store's call, its riders begun, observed and ended with it
+                got = attend(part, _take(query, rows, q), part_inputs, group.riders)
+            else:
+                got = part.attention_call_grouped(_take(query, rows, q), attend, part_inputs)
             if rows is None and q is None:  # one group of every row and head
                 out = got
                 continue
@@ -136,6 +149,9 @@ class GroupedLayer(RuntimeLayer):
     def thaw(self) -> None:
         for part in self.parts:
             part.thaw()
+        for group in self.kernel_groups:
+            for row in [] if group.riders is None else group.riders.rows:
+                row.thaw()
 
     def _map_batch(self, fn) -> None:
         for part in self.parts:
@@ -145,16 +161,34 @@ class GroupedLayer(RuntimeLayer):
         return sum(part.kv_bytes() for part in self.parts)
 
     def cells(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
-        """The head groups' cells (a decoding batch split by rows: none; its rows' cells are theirs)."""
+        """The head groups' cells, or the riders' (a decoding batch split by rows: none; its rows' are theirs)."""
         out: list[tuple[EvictingLayer, tuple[int, ...] | None]] = []
         if self.kernel_groups[0].rows is not None:
             return out
         for group in self.kernel_groups:
-            for cell, heads in group.layer.cells():
+            for cell, heads in group.layer.cells() if group.riders is None else group.riders.cells():
                 if group.heads is not None:
                     heads = group.heads if heads is None else tuple(group.heads[h] for h in heads)
                 out.append((cell, heads))
         return out
+
+    def entries(self) -> list[list[EvictingLayer]]:
+        """One entry per rider (the scorer's shared context layer: one per row), else the layer's cells."""
+        riders = [row for g in self.kernel_groups if g.riders is not None for row in g.riders.rows]
+        return [entry for row in riders for entry in row.entries()] if riders else super().entries()
+
+    def begin_pass(self, prompt_len: int) -> None:
+        """Every group's store enters the pass (the riders hold no pass tokens: their stores' calls see them)."""
+        if not self.cells():  # a decoding batch split by rows
+            super().begin_pass(prompt_len)
+        for part in self.parts:
+            part.begin_pass(prompt_len)
+
+    def end_pass(self) -> None:
+        for group in self.kernel_groups:
+            group.layer.end_pass()
+            if group.riders is not None:
+                group.riders.end_pass()
 
     def layer_report(self) -> LayerReport:
         """What the groups hold: bytes summed; tokens and budgets as the mean over KV heads."""

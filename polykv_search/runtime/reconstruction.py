@@ -15,7 +15,7 @@ without the pass, so ``generate()`` continues unchanged. Cost: one more forward 
 repeat prompts), whose queries attend over the whole cache (at 4k with 2,048-token chunks, about 3x the prefill's
 attention), plus kvzip's scores: one product of the pass's queries with the prompt's keys per call,
 normalised by the log-sum-exp the kernel itself computed (CPU SDPA's flash kernel,
-:func:`~polykv_search.runtime.kernels.flash_with_lse`), which the layer hands to ``reconstruct`` as its ``lse``
+:func:`~polykv_search.runtime.view.flash_with_lse`), which the layer hands to ``reconstruct`` as its ``lse``
 argument, instead of a second softmax over the whole cache.
 Pooled allocations (``kvzip``'s ``allocation``) are formed between the pass and the deferred evictions
 (:mod:`polykv_search.runtime.pooled`).
@@ -34,7 +34,7 @@ import torch
 
 from polykv_search.runtime.architectures import attention_modules, attention_pass_inputs
 from polykv_search.runtime.attention import PASS_KEY
-from polykv_search.runtime.eviction import DECODING, PREFILL
+from polykv_search.runtime.layer import DECODING, PREFILL
 from polykv_search.runtime.pooled import allocate, pool_entries
 
 FIRST_PROMPT = "\n\nRepeat the previous context exactly."

@@ -10,12 +10,13 @@ random draws) get a group per row.
 Every row keeps exactly the tokens it would keep alone (:class:`~polykv_search.runtime.EvictingLayer`
 with the same plans): scores of valid tokens do not depend on the padding, padding is never kept,
 and protection and selection follow each row's own (interval) budget. :meth:`RowBatchLayer.write_back`
-hands the rows their state again (when rows leave the batch, and at the end).
+hands the rows their state again (when rows leave the batch, and at the end). :class:`GroupView` is what a
+row group's pattern sees of the store: that group's rows through the ``LayerView`` protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +26,9 @@ from polykv_search.patterns.base import NEG_INF, Pattern
 from polykv_search.patterns.selection import keep_per_row
 from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.eviction import DECODING, eviction_target
-from polykv_search.runtime.layer import EvictingLayer
+from polykv_search.runtime.layer import DECODING, EvictingLayer, eviction_target
 from polykv_search.runtime.storage import TokenStore, capacity_for
-from polykv_search.runtime.view import GroupView, RowsMask
+from polykv_search.runtime.view import RowsMask, ViewOps
 
 
 @dataclass
@@ -300,3 +300,85 @@ class _GroupDispatch:
 def _pad_to(t: torch.Tensor, width: int, value: float = 0) -> torch.Tensor:
     """``t`` right-padded along its last axis to ``width`` (``t`` itself when it is that wide)."""
     return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=value)
+
+
+class GroupView(RowsMask, ViewOps):
+    """A group's rows of the batch store, as its pattern reads them (no padding queries; ``values`` are
+    sliced out only when a pattern reads them). :meth:`show` points it at the rows before each call."""
+
+    all_valid: bool
+
+    def __init__(
+        self, layer_idx: int, *, num_kv_heads: int, groups: int, scaling: float, sliding_window, device, rotary=None
+    ):
+        self.layer_idx = layer_idx
+        self.num_kv_heads = num_kv_heads
+        self.groups = groups
+        self.scaling = scaling
+        self.sliding_window = sliding_window
+        self.device = device
+        self.rotary = rotary
+        # nothing until shown: no rows, no slots
+        self.keys = torch.empty(0, num_kv_heads, 0, 0, device=device)
+        self.positions = torch.empty(0, num_kv_heads, 0, dtype=torch.long, device=device)
+        self.valid = torch.empty(0, num_kv_heads, 0, dtype=torch.bool, device=device)
+        self._values: torch.Tensor | None = None
+        self._take_values: Callable[[], torch.Tensor] | None = None
+        self._counts: list[int] = []
+        self._counts_tensor: torch.Tensor | None = None
+        self.all_valid = True
+        self.seen = self.calls = self.num_evictions = 0
+        self.query_range = range(0)
+
+    @property
+    def values(self) -> torch.Tensor:
+        if self._values is None:
+            assert self._take_values is not None, "a GroupView shows values only once it is shown rows"
+            self._values = self._take_values()
+        return self._values
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[-2]
+
+    def row_counts(self) -> torch.Tensor:
+        """Tokens each row holds ``[R_g]`` (long): the rows are compact, row ``e``'s in slots
+        ``0..count-1`` on every head (:func:`~polykv_search.patterns.selection.protected_ends` reads it)."""
+        if self._counts_tensor is None:
+            self._counts_tensor = torch.tensor(self._counts, device=self.device)
+        return self._counts_tensor
+
+    def real_prefix(self) -> int | None:
+        return min(self._counts) if self._counts else super().real_prefix()
+
+    def show(
+        self,
+        keys: torch.Tensor,
+        values: Callable[[], torch.Tensor],
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        *,
+        counts: list[int],
+        all_valid: bool,
+        seen: int,
+        calls: int,
+        num_evictions: int,
+        query_range: range,
+    ) -> None:
+        """Show these rows (``[R_g, Hkv, n, ...]`` slices of the store; ``values()`` slices the values) and
+        counters."""
+        self._values, self._take_values = None, values
+        self.keys, self.positions, self.valid, self.all_valid = keys, positions, valid, all_valid
+        if counts != self._counts:
+            self._counts, self._counts_tensor = counts, None
+        self.seen, self.calls, self.num_evictions, self.query_range = seen, calls, num_evictions, query_range
+
+    def query_valid(self, q_len: int) -> torch.Tensor | None:
+        return None
+
+    def attention_probs(self, query, query_positions, upto=None):
+        probs = super().attention_probs(query, query_positions, upto)
+        # A query that sees none of a row's keys (a SnapKV window query older than every kept token)
+        # has NaN probabilities; alone, the row's window mask zeroes all of them, but here they would
+        # also reach the padding slots (and SnapKV's pooling). Zero is what the row alone ends with.
+        return probs if self.all_valid else probs.nan_to_num_(0.0)

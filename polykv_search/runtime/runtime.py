@@ -24,7 +24,7 @@ from polykv_search.patterns import make_pattern
 from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.eviction import FULL_PLAN, INTERVAL_MODES, PhasePlan
+from polykv_search.runtime.layer import FULL_PLAN, INTERVAL_MODES, PhasePlan
 from polykv_search.runtime.layouts import HeadGroupPlan, cache_layer, choice_head_groups
 from polykv_search.runtime.pooled import check_plans
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
@@ -142,7 +142,7 @@ class PolyKVRuntime:
         #: True inside the ``with`` block: only then may attention run through this runtime's layers.
         self.active = False
         self._hooks: list = []
-        #: the last mask a reconstruction call converted (:func:`~polykv_search.runtime.kernels.flash_with_lse`)
+        #: the last mask a reconstruction call converted (:func:`~polykv_search.runtime.view.flash_with_lse`)
         self.pass_masks: dict = {}
 
     # ---------------------------------------------------------------- lifetime

@@ -7,18 +7,24 @@ model's :class:`~polykv_search.runtime.architectures.ModelRotary`, or None for a
 model). Masks are built from the absolute positions each slot holds, so they are exact whatever was
 evicted.
 
-:class:`GroupView` is what a row group's pattern sees of a
-:class:`~polykv_search.runtime.row_batch.RowBatchLayer`: rows are stored compactly (row ``r``'s ``counts[r]``
-tokens in slots ``0..counts[r]-1`` on every head, the rest padding, invalid at position -1), and the view
-shows one group's rows of that store through the same protocol.
+The attention kernels read a layer's cache the same way: :func:`kernel` is exact attention under the kernel
+the model was loaded with (SDPA or eager) with a layer's own bool mask; :func:`flash_with_lse` is SDPA's CPU
+flash kernel of a masked call together with its log-sum-exp, which a reconstruction pass hands to model-level
+patterns (:mod:`polykv_search.runtime.reconstruction`). :func:`small_ops` runs the many small per-row
+operations (pattern hooks, evictions, cache bookkeeping) on one CPU thread: spreading a tiny op over threads
+costs more than it gains, and a lot on a loaded machine, where a thread waiting at a barrier for a descheduled
+sibling stalls every op; the weight matmuls keep the process's thread count.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 
 class ViewOps:
@@ -74,7 +80,7 @@ class ViewOps:
         return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
 
     def row_counts(self) -> torch.Tensor | None:
-        """None: rows are not known to be stored compactly (see :class:`GroupView`)."""
+        """None: rows are not known to be stored compactly (see :class:`~polykv_search.runtime.row_batch.GroupView`)."""
         return None
 
     def real_prefix(self) -> int | None:
@@ -196,83 +202,112 @@ class RowsMask:
         return super().allowed(query_positions)
 
 
-class GroupView(RowsMask, ViewOps):
-    """A group's rows of the batch store, as its pattern reads them (no padding queries; ``values`` are
-    sliced out only when a pattern reads them). :meth:`show` points it at the rows before each call."""
+# ------------------------------------------------------------------------ the attention kernels
+def run(
+    impl: str, query, key, value, mask, scaling, *, is_causal: bool = False, lse: bool = False, masks=None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's attention kernel ``impl`` (``"sdpa"`` or ``"eager"``): output ``[B, q, Hq, D]`` and, when
+    ``lse`` asks for it and the kernel computes one (SDPA's CPU flash kernel on a masked call,
+    :func:`flash_with_lse`, ``masks`` its memo), its log-sum-exp ``[B, Hq, q]``, else None."""
+    if lse and impl == "sdpa" and not is_causal:
+        got = flash_with_lse(query, key, value, mask, scaling, masks)
+        if got is not None:
+            return got
+    return kernel(impl, query, key, value, mask, scaling, is_causal=is_causal), None
 
-    all_valid: bool
 
-    def __init__(
-        self, layer_idx: int, *, num_kv_heads: int, groups: int, scaling: float, sliding_window, device, rotary=None
-    ):
-        self.layer_idx = layer_idx
-        self.num_kv_heads = num_kv_heads
-        self.groups = groups
-        self.scaling = scaling
-        self.sliding_window = sliding_window
-        self.device = device
-        self.rotary = rotary
-        # nothing until shown: no rows, no slots
-        self.keys = torch.empty(0, num_kv_heads, 0, 0, device=device)
-        self.positions = torch.empty(0, num_kv_heads, 0, dtype=torch.long, device=device)
-        self.valid = torch.empty(0, num_kv_heads, 0, dtype=torch.bool, device=device)
-        self._values: torch.Tensor | None = None
-        self._take_values: Callable[[], torch.Tensor] | None = None
-        self._counts: list[int] = []
-        self._counts_tensor: torch.Tensor | None = None
-        self.all_valid = True
-        self.seen = self.calls = self.num_evictions = 0
-        self.query_range = range(0)
+def kernel(impl: str, query, key, value, mask, scaling, *, is_causal: bool = False):
+    """Exact attention; ``mask`` is bool ``[B, Hkv or 1, q, n]`` (True = attend) or None."""
+    groups = query.shape[1] // key.shape[1]
+    if impl == "sdpa":
+        if groups > 1 and mask is not None and mask.shape[1] > 1:
+            return _grouped_sdpa(query, key, value, mask, scaling, groups)
+        # Without a per-head mask, SDPA's native GQA avoids copying K/V per query head.
+        out = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=mask,
+            is_causal=is_causal and mask is None,
+            scale=scaling,
+            enable_gqa=groups > 1,
+        )
+        return out.transpose(1, 2).contiguous()
+    if mask is not None and groups > 1 and mask.shape[1] > 1:
+        mask = mask.repeat_interleave(groups, dim=1)
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if mask is None and is_causal:
+        mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+    if mask is not None:
+        weights = weights.masked_fill(~mask, torch.finfo(weights.dtype).min)
+    weights = weights.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous()
 
-    @property
-    def values(self) -> torch.Tensor:
-        if self._values is None:
-            assert self._take_values is not None, "a GroupView shows values only once it is shown rows"
-            self._values = self._take_values()
-        return self._values
 
-    @property
-    def length(self) -> int:
-        return self.keys.shape[-2]
+def _grouped_sdpa(query, key, value, mask, scaling, groups: int) -> torch.Tensor:
+    """SDPA with a per-KV-head mask without copying K/V per query head: the query heads of each KV
+    head are folded into its query axis (``[B, Hkv, g*q, D]``) and the mask is repeated over them."""
+    b, hq, q, d = query.shape
+    h, n = key.shape[1], key.shape[-2]
+    folded = query.reshape(b, h, groups * q, d)
+    mask = mask[:, :, None].expand(b, h, groups, q, n).reshape(b, h, groups * q, n)
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, hq, q, d).transpose(1, 2).contiguous()
 
-    def row_counts(self) -> torch.Tensor:
-        """Tokens each row holds ``[R_g]`` (long): the rows are compact, row ``e``'s in slots
-        ``0..count-1`` on every head (:func:`~polykv_search.patterns.selection.protected_ends` reads it)."""
-        if self._counts_tensor is None:
-            self._counts_tensor = torch.tensor(self._counts, device=self.device)
-        return self._counts_tensor
 
-    def real_prefix(self) -> int | None:
-        return min(self._counts) if self._counts else super().real_prefix()
-
-    def show(
-        self,
-        keys: torch.Tensor,
-        values: Callable[[], torch.Tensor],
-        positions: torch.Tensor,
-        valid: torch.Tensor,
-        *,
-        counts: list[int],
-        all_valid: bool,
-        seen: int,
-        calls: int,
-        num_evictions: int,
-        query_range: range,
-    ) -> None:
-        """Show these rows (``[R_g, Hkv, n, ...]`` slices of the store; ``values()`` slices the values) and
-        counters."""
-        self._values, self._take_values = None, values
-        self.keys, self.positions, self.valid, self.all_valid = keys, positions, valid, all_valid
-        if counts != self._counts:
-            self._counts, self._counts_tensor = counts, None
-        self.seen, self.calls, self.num_evictions, self.query_range = seen, calls, num_evictions, query_range
-
-    def query_valid(self, q_len: int) -> torch.Tensor | None:
+def flash_with_lse(
+    query, key, value, mask, scaling, masks: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`kernel` ``("sdpa", ...)`` of a masked call (bool ``mask``
+    ``[B, Hkv or 1, q, n]``), output ``[B, q, Hq, D]``, and its log-sum-exp ``[B, Hq, q]``, from the CPU
+    flash kernel SDPA itself runs; None where SDPA would run another kernel. ``masks``: a dict that
+    remembers the last mask and its additive form (SDPA's conversion of a bool mask) for the next call (every
+    layer of a pass call has the same mask)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None or mask is None or mask.dtype != torch.bool or query.device.type != "cpu":
         return None
+    b, hq, q, d = query.shape
+    h, n = key.shape[1], key.shape[-2]
+    groups = hq // h
+    if groups > 1 and mask.shape[1] > 1:  # as _grouped_sdpa: query heads folded per KV head
+        query = query.reshape(b, h, groups * q, d)
+        mask = mask[:, :, None].expand(b, h, groups, q, n).reshape(b, h, groups * q, n)
+        gqa = False
+    else:
+        gqa = groups > 1
+    choice = torch._fused_sdp_choice(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    if choice != SDPBackend.FLASH_ATTENTION.value:
+        return None
+    masks = {} if masks is None else masks
+    last = masks.get("last")  # (bool mask, its additive form): one entry, replaced whole (threads share it)
+    if last is None or last[0].shape != mask.shape or last[1].dtype != query.dtype or not torch.equal(last[0], mask):
+        additive = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        last = masks["last"] = (mask, additive)
+    additive = last[1]
+    out, lse = op(query, key, value, 0.0, False, attn_mask=additive, scale=scaling)
+    return out.reshape(b, hq, q, -1).transpose(1, 2).contiguous(), lse.reshape(b, hq, q)
 
-    def attention_probs(self, query, query_positions, upto=None):
-        probs = super().attention_probs(query, query_positions, upto)
-        # A query that sees none of a row's keys (a SnapKV window query older than every kept token)
-        # has NaN probabilities; alone, the row's window mask zeroes all of them, but here they would
-        # also reach the padding slots (and SnapKV's pooling). Zero is what the row alone ends with.
-        return probs if self.all_valid else probs.nan_to_num_(0.0)
+
+#: intra-op threads for small operations
+SMALL_OP_THREADS = 1
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None):
+    """Run a block with ``n`` intra-op CPU threads (``None``: unchanged)."""
+    old = torch.get_num_threads()
+    if n is None or n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def small_ops():
+    """The context for a block of small operations."""
+    return cpu_threads(SMALL_OP_THREADS)

@@ -2,7 +2,7 @@
 
 Compression happens after each layer's kernel, so the context call's hidden states, logits and
 per-layer prompt K/V are the same for every entry. One context call therefore serves them all: a
-:class:`~polykv_search.runtime.FanoutLayer` per layer hands every entry's row the prompt's keys and
+:func:`~polykv_search.runtime.fanout_layer` per layer hands every entry's row the prompt's keys and
 values, runs each distinct pattern's hooks once, and compresses each row with its own prefill plan.
 The question call and greedy decoding (or the teacher-forced continuation) of the entries then run as
 one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtime.RowBatchLayer`: rows
@@ -26,10 +26,10 @@ from polykv_search.evaluation.trajectory import TrajectoryMeter, force, full_tra
 from polykv_search.runtime import (
     FULL_PLAN,
     EvictingLayer,
-    FanoutLayer,
     PhasePlan,
     PolyKVCache,
     cache_report,
+    fanout_layer,
 )
 from polykv_search.runtime.layouts import SPLIT_MIN_SAVING, HeadGroupPlan, cache_layer, layer_slots
 from polykv_search.runtime.reconstruction import needs_pass
@@ -131,7 +131,7 @@ class SharedScorer:
 
     def _row(self, plan: Plans, groups: dict[int, list[HeadGroupPlan]] | None = None) -> list[EvictingLayer]:
         # an entry with a model-level pattern (kvzip) keeps its prompt until the runtime's reconstruction
-        # pass, which runs once per context call for every such entry (FanoutLayer)
+        # pass, which runs once per context call for every such entry (fanout_layer)
         groups = groups or {}
         defer = needs_pass(list(plan) + [(g.prefill, g.decoding) for layer in groups.values() for g in layer])
         detached = [{**self.runtime.layer_kwargs(l), "on_update": None} for l in range(len(plan))]
@@ -214,7 +214,7 @@ class SharedScorer:
 
     def _context_call(self, context_ids: Sequence[int], rows) -> torch.Tensor:
         cache = PolyKVCache(
-            [FanoutLayer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
+            [fanout_layer(l, [r[l] for r in rows], **self.runtime.layer_kwargs(l)) for l in range(self.num_layers)]
         )
         x = torch.tensor([list(context_ids)], dtype=torch.long, device=self.caller.device)
         out = self.model(

@@ -7,7 +7,7 @@ FullKV (whose logits pick token t) and to every entry. So FullKV can be a row of
 next-token choice made between two calls, and the separate N-call generation disappears.
 
 Samples whose prompts have the same length (every ``decode/trajectory`` sample has ``context_len`` tokens)
-also share the batch: each sample has its own context call (one :class:`~polykv_search.runtime.FanoutLayer`
+also share the batch: each sample has its own context call (one :func:`~polykv_search.runtime.fanout_layer`
 pass, as before), then all their rows (each sample's entries and its FullKV row) are stacked and stepped
 together, each row fed its own sample's token. Rows are independent in a batch, so every row keeps the
 tokens it keeps alone; what the batch saves is the per-call cost (the weights read once per step for all
