@@ -142,7 +142,7 @@ def test_clean_versions_pass_the_checks_and_reach_the_model(tmp_path, monkeypatc
     make("partial", tmp_path / "o" / "r.json.partial")
     make("strategy", tmp_path / "s.json")
     for argv in (
-        f"{SEARCH} --start s.json --model smollm2-135m",
+        f"{SEARCH} --start s.json --b-min 1 --model smollm2-135m",  # the start file was solved at b_min 1
         "collect --retrieval-mix 3 --evidence-records 19 --out o.json",
         SCORE,
         f"{OPTUNA} {tmp_path / 'study.journal'} --model smollm2-135m",
