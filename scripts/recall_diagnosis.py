@@ -29,7 +29,7 @@ from polykv_search.evaluation import get_task  # noqa: E402
 from polykv_search.evaluation.base import split_seed  # noqa: E402
 from polykv_search.evaluation.runner import _Caller, eos_token_ids  # noqa: E402
 from polykv_search.evaluation.samples import encode_prompt  # noqa: E402
-from polykv_search.evaluation.trajectory import answer, full_trajectory  # noqa: E402
+from polykv_search.evaluation.trajectory import TrajectoryMeter, answer, full_trajectory  # noqa: E402
 from polykv_search.io import write_json  # noqa: E402
 from polykv_search.models import load_model  # noqa: E402
 from polykv_search.patterns import PATTERNS  # noqa: E402
@@ -57,6 +57,63 @@ class OracleFacts(Evidence):
 
 
 PATTERNS["oracle_facts"] = OracleFacts
+
+#: FullKV's next-token loss of every prompt token (nats; the first token 0) and the prompt's word starts, for the
+#: diagnostic ``surprisal`` plans (question-free; diagnosis only until a model-level hook hands the logits over).
+SURPRISAL: dict[str, torch.Tensor] = {}
+
+
+def prompt_surprisal(model, ids: list[int]) -> torch.Tensor:
+    """``-log p(x_i | x_<i)`` of every prompt token under FullKV, one plain forward (0 for the first token)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    out = torch.zeros(len(ids))
+    out[1:] = -torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return out
+
+
+def word_ids(tokenizer, ids: list[int]) -> torch.Tensor:
+    """The word each token belongs to: a token whose text starts with whitespace starts a new word."""
+    starts = [k == 0 or tokenizer.decode([i])[:1].isspace() for k, i in enumerate(ids)]
+    return torch.tensor(starts, dtype=torch.long).cumsum(0) - 1
+
+
+def word_sums(per_token: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """Every token scored with the sum of ``per_token`` over its word (Selective Context's lexical unit)."""
+    sums = torch.zeros(int(words.max()) + 1).index_add_(0, words, per_token)
+    return sums[words]
+
+
+def rank_of(score: torch.Tensor, index: list[int]) -> list[int]:
+    """Ranks (0: highest; ties: older first) of the tokens ``index`` under ``score``."""
+    order = torch.sort(score, descending=True, stable=True).indices
+    return [int((order == k).nonzero()) for k in index]
+
+
+@dataclass(frozen=True)
+class Surprisal(Evidence):
+    """Diagnosis only: the ``evidence`` share scored by FullKV's surprisal of each prompt token (``unit="token"``)
+    or by its word's summed surprisal (``unit="word"``; Li et al., EMNLP 2023, https://arxiv.org/abs/2310.06201),
+    the same ranking in every head."""
+
+    name: ClassVar[str] = "surprisal"
+    unit: str = "token"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.unit not in ("token", "word"):
+            raise ValueError(f"unit must be token or word, got {self.unit!r}")
+
+    def post_kernel(self, layer, state, query) -> None:
+        first = "evidence" not in state.token
+        super().post_kernel(layer, state, query)
+        if first:
+            score = SURPRISAL["token"] if self.unit == "token" else word_sums(SURPRISAL["token"], SURPRISAL["words"])
+            mark = state.token["evidence"]
+            state.token["evidence"] = score.to(mark)[: mark.shape[-1]].expand_as(mark).masked_fill(~layer.valid, 0.0)
+
+
+PATTERNS["surprisal"] = Surprisal
 
 
 def fact_spans(tokenizer, ids: list[int], facts: list[str], asked: str, answer_text: str) -> dict[str, list[int]]:
@@ -141,9 +198,19 @@ def main(argv: list[str] | None = None) -> int:
     for sample in samples:
         context_ids, question_ids = encode_prompt(tok, sample, None)
         spans = fact_spans(tok, context_ids, sample.meta["facts"], sample.meta["asked"], sample.answers[0])
+        ranks = {}
+        if any(plan.startswith("surprisal") for plan in args.plan):
+            SURPRISAL["token"] = prompt_surprisal(model, context_ids)
+            SURPRISAL["words"] = word_ids(tok, context_ids)
+            ranks = {
+                "surprisal": [round(float(SURPRISAL["token"][k]), 3) for k in spans["value"]],
+                "rank_token": rank_of(SURPRISAL["token"], spans["value"]),
+                "rank_word": rank_of(word_sums(SURPRISAL["token"], SURPRISAL["words"]), spans["value"]),
+            }
+            print(f"{sample.id}: the asked number's tokens (ranks of {len(context_ids)}, 0 = most surprising) {ranks}")
         t0 = time.perf_counter()
         if args.prefill_only:
-            rec = {"id": sample.id, "prompt_len": len(context_ids), "spans": spans, "plans": {}}
+            rec = {"id": sample.id, "prompt_len": len(context_ids), "spans": spans, "surprisal": ranks, "plans": {}}
             for entry in entries:
                 FACTS.clear()
                 FACTS.update(spans["facts"])
@@ -172,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "spans": spans,
             "truth": sample.answers[0],
             "full": tok.decode(traj.answer_ids, skip_special_tokens=True),
+            "surprisal": ranks,
             "plans": {},
         }
         print(f"{sample.id}: FullKV {rec['full']!r} (truth {sample.answers[0]}) {time.perf_counter() - t0:.0f}s")
@@ -179,22 +247,28 @@ def main(argv: list[str] | None = None) -> int:
             FACTS.clear()
             FACTS.update(spans["facts"])
             snaps = {}
+            meter = TrajectoryMeter(traj, 1, banned)  # the trajectory's KL(FullKV || plan), as the decode suite's
             with apply_strategy(model, entry.strategy), torch.inference_mode():
                 out = caller.prefill(context_ids)
                 cache = out.cache
+                meter.add(0, out.logits[:, -1])
                 if 0 in steps:
                     snaps[0] = survival(kept_positions(cache), spans, len(context_ids))
                 for t in range(1, args.generate_len + 1):
                     logits = caller.extend([traj.tokens[t - 1]], cache).logits[:, -1]
+                    if t < args.generate_len:
+                        meter.add(t, logits)
                     if t in steps:
                         snaps[t] = survival(kept_positions(cache), spans, len(context_ids))
                 step = lambda ids: caller.extend(ids, cache).logits[:, -1]  # noqa: E731
                 ids = answer(step, question_ids, logits, task.max_new_tokens, banned)
             said = tok.decode(ids, skip_special_tokens=True)
-            rec["plans"][entry.name] = {"answer": said, "hit": task.number(said) == sample.answers[0], "steps": snaps}
+            kl = meter.outcome(0)["kl"]
+            hit = task.number(said) == sample.answers[0]
+            rec["plans"][entry.name] = {"answer": said, "hit": hit, "kl": kl, "steps": snaps}
             last = snaps[max(snaps)]
             print(
-                f"  {entry.name}: {said!r}; value kept (mean over layers) "
+                f"  {entry.name}: {said!r} (hit {hit}, trajectory KL {kl:.4f}); value kept (mean over layers) "
                 + ", ".join(f"t={t}: {sum(s['value_kept']) / L:.2f}" for t, s in snaps.items())
                 + f"; heads with whole value at end {sum(last['heads_with_whole_value'])}"
             )
