@@ -182,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task", default="decode/recall")
     p.add_argument("--prefill-only", action="store_true", help="inspect the cache after the prefill alone (cheap)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (1 wastes less CPU on a busy machine)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     steps = sorted({int(s) for s in args.steps.split(",")})
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     model, tok = load_model()
     L = model.config.num_hidden_layers
     texts = [d.text for d in split_corpus(load_corpus("austen"), "calib")]
