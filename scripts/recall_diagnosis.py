@@ -35,6 +35,7 @@ from polykv_search.models import load_model  # noqa: E402
 from polykv_search.patterns import PATTERNS  # noqa: E402
 from polykv_search.patterns.evidence import Evidence  # noqa: E402
 from polykv_search.runtime import apply_strategy  # noqa: E402
+from scripts.surprisal_scores import prompt_surprisal, rank_of, word_ids, word_sums  # noqa: E402
 
 #: The prompt slots of the facts, for the diagnostic ``oracle_facts`` plan (an upper bound, not a pattern to ship).
 FACTS: set[int] = set()
@@ -61,33 +62,6 @@ PATTERNS["oracle_facts"] = OracleFacts
 #: FullKV's next-token loss of every prompt token (nats; the first token 0) and the prompt's word starts, for the
 #: diagnostic ``surprisal`` plans (question-free; diagnosis only until a model-level hook hands the logits over).
 SURPRISAL: dict[str, torch.Tensor] = {}
-
-
-def prompt_surprisal(model, ids: list[int]) -> torch.Tensor:
-    """``-log p(x_i | x_<i)`` of every prompt token under FullKV, one plain forward (0 for the first token)."""
-    with torch.inference_mode():
-        logits = model(torch.tensor([ids])).logits[0].float()
-    out = torch.zeros(len(ids))
-    out[1:] = -torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-    return out
-
-
-def word_ids(tokenizer, ids: list[int]) -> torch.Tensor:
-    """The word each token belongs to: a token whose text starts with whitespace starts a new word."""
-    starts = [k == 0 or tokenizer.decode([i])[:1].isspace() for k, i in enumerate(ids)]
-    return torch.tensor(starts, dtype=torch.long).cumsum(0) - 1
-
-
-def word_sums(per_token: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-    """Every token scored with the sum of ``per_token`` over its word (Selective Context's lexical unit)."""
-    sums = torch.zeros(int(words.max()) + 1).index_add_(0, words, per_token)
-    return sums[words]
-
-
-def rank_of(score: torch.Tensor, index: list[int]) -> list[int]:
-    """Ranks (0: highest; ties: older first) of the tokens ``index`` under ``score``."""
-    order = torch.sort(score, descending=True, stable=True).indices
-    return [int((order == k).nonzero()) for k in index]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,41 @@
+"""Question-free prompt scores from a model's own next-token loss, for the recall diagnosis (diagnosis only).
+
+A token's *surprisal* is ``-log p(x_i | x_<i)`` under the unevicted model; a *word's* is the sum over its tokens,
+Selective Context's lexical unit (Li et al., "Compressing Context to Enhance Inference Efficiency of Large Language
+Models", EMNLP 2023, https://arxiv.org/abs/2310.06201). A random 5-digit number costs about log 10 nats a digit,
+no more than a prose token, but as one word of five digits it is among the prompt's most informative words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def prompt_surprisal(model, ids: Sequence[int]) -> torch.Tensor:
+    """``-log p(x_i | x_<i)`` of every prompt token (nats), one plain forward; 0 for the first token."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([list(ids)])).logits[0].float()
+    out = torch.zeros(len(ids))
+    out[1:] = -torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(list(ids[1:]))[:, None])[:, 0]
+    return out
+
+
+def word_ids(tokenizer, ids: Sequence[int]) -> torch.Tensor:
+    """The word each token belongs to (0, 1, ...): a token whose text starts with whitespace starts a new word,
+    every other token continues the word before it (the first token starts word 0)."""
+    starts = [k == 0 or tokenizer.decode([i])[:1].isspace() for k, i in enumerate(ids)]
+    return torch.tensor(starts, dtype=torch.long).cumsum(0) - 1
+
+
+def word_sums(per_token: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """Every token scored with the sum of ``per_token`` over its word (``words``: :func:`word_ids`)."""
+    sums = torch.zeros(int(words.max()) + 1, dtype=per_token.dtype).index_add_(0, words, per_token)
+    return sums[words]
+
+
+def rank_of(score: torch.Tensor, index: Sequence[int]) -> list[int]:
+    """Ranks (0: highest score; ties: the older token first, as the share's selection) of the tokens ``index``."""
+    order = torch.sort(score, descending=True, stable=True).indices
+    return [int((order == k).nonzero()) for k in index]
