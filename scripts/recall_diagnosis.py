@@ -37,8 +37,10 @@ from polykv_search.patterns.evidence import Evidence  # noqa: E402
 from polykv_search.runtime import apply_strategy  # noqa: E402
 from scripts.surprisal_scores import prompt_surprisal, rank_of, word_ids, word_sums  # noqa: E402
 
-#: The prompt slots of the facts, for the diagnostic ``oracle_facts`` plan (an upper bound, not a pattern to ship).
+#: The prompt slots of the facts, for the diagnostic ``oracle_facts`` plan (an upper bound, not a pattern to ship),
+#: and of the facts' numbers alone, for ``oracle_values``.
 FACTS: set[int] = set()
+VALUES: set[int] = set()
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,26 @@ class OracleFacts(Evidence):
         super().post_kernel(layer, state, query)
         if first:
             mark = torch.zeros_like(state.token["evidence"])
-            mark[..., sorted(FACTS)] = 1.0
+            mark[..., sorted(self.marked())] = 1.0
             state.token["evidence"] = mark
+
+    def marked(self) -> set[int]:
+        return FACTS
+
+
+@dataclass(frozen=True)
+class OracleValues(OracleFacts):
+    """Diagnosis only: as ``oracle_facts``, the share scored 1 on the four facts' numbers alone (their names and
+    "The secret number of ... is" left to the rule), to tell whether a kept number answers without its statement."""
+
+    name: ClassVar[str] = "oracle_values"
+
+    def marked(self) -> set[int]:
+        return VALUES
 
 
 PATTERNS["oracle_facts"] = OracleFacts
+PATTERNS["oracle_values"] = OracleValues
 
 #: FullKV's next-token loss of every prompt token (nats; the first token 0) and the prompt's word starts, for the
 #: diagnostic ``surprisal`` plans (question-free; diagnosis only until a model-level hook hands the logits over).
@@ -101,12 +118,15 @@ def fact_spans(tokenizer, ids: list[int], facts: list[str], asked: str, answer_t
     def tokens(lo: int, hi: int) -> list[int]:
         return [k for k, (a, b) in enumerate(zip(starts, ends)) if a < hi and b > lo]
 
-    out = {"value": [], "name": [], "facts": []}
+    out = {"value": [], "name": [], "facts": [], "values": []}
     for fact in facts:
         at = text.find(fact)
         if at < 0:
             raise ValueError(f"fact {fact!r} not found in the decoded prompt")
         out["facts"] += tokens(at, at + len(fact))
+        number = fact.rsplit(" ", 1)[-1].rstrip(".")
+        v = fact.rindex(number)
+        out["values"] += tokens(at + v, at + v + len(number))
         if f" {asked} " in fact:
             v = fact.index(answer_text)
             out["value"] = tokens(at + v, at + v + len(answer_text))
@@ -189,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             for entry in entries:
                 FACTS.clear()
                 FACTS.update(spans["facts"])
+                VALUES.clear()
+                VALUES.update(spans["values"])
                 with apply_strategy(model, entry.strategy), torch.inference_mode():
                     cache = caller.prefill(context_ids).cache
                     snap = survival(kept_positions(cache), spans, len(context_ids))
@@ -221,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         for entry in entries:
             FACTS.clear()
             FACTS.update(spans["facts"])
+            VALUES.clear()
+            VALUES.update(spans["values"])
             snaps = {}
             meter = TrajectoryMeter(traj, 1, banned)  # the trajectory's KL(FullKV || plan), as the decode suite's
             with apply_strategy(model, entry.strategy), torch.inference_mode():
