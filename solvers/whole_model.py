@@ -41,6 +41,7 @@ from rich.console import Console
 from polykv_search.data import samples_fingerprint
 from polykv_search.models import ModelError, load_model, model_fingerprint
 from polykv_search.progress import ProgressBar
+from polykv_search.scoring.engine import MAX_BATCH_ENTRIES
 from signals.journal import JournalError
 from solvers import get_solver_class
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, SolveResult, setting
@@ -80,7 +81,11 @@ class MeasureSettings(Settings):
     batched: bool = setting(
         True, "measure a round's strategies on each sample at once (the scoring engine); false: one at a time"
     )
-    batch_entries: int = setting(16, "batched: continuation rows run in one batch at most (memory cap)")
+    batch_entries: int = setting(
+        16,
+        f"batched: continuation rows run in one batch at most (memory cap; at most {MAX_BATCH_ENTRIES:,})",
+        most=MAX_BATCH_ENTRIES,
+    )
     model: str | None = setting(None, "model to run (default: the signal table's)")
     device: str | None = setting(None, "device of the model (default: the table's)")
     progress: bool = setting(True, "show a progress bar on stderr")
@@ -101,8 +106,17 @@ class SearchSettings(MeasureSettings):
     start_settings: str = setting("", "settings of the start solver, KEY=VALUE;KEY=VALUE (e.g. granularity=head)")
     blocks: int = setting(6, "contiguous groups of layers the moves act on (EvolKV-style; L: every layer alone)")
     step: float = setting(0.25, "tokens a budget move takes from each slot of a block, as a share of B (at least 1)")
-    neighbors: int = setting(4, "moves measured per round; the best resolved one is accepted")
-    max_moves: int = setting(10, "stop after this many accepted moves")
+    neighbors: int = setting(
+        4,
+        f"moves measured per round; the best resolved one is accepted (at most {MAX_EVALUATIONS:,}, as "
+        "max_evaluations: a round measures no more)",
+        most=MAX_EVALUATIONS,
+    )
+    max_moves: int = setting(
+        10,
+        f"stop after this many accepted moves (at most {MAX_EVALUATIONS:,}, as max_evaluations: each move is measured)",
+        most=MAX_EVALUATIONS,
+    )
     max_evaluations: int = setting(
         40,
         f"stop after this many strategies measured (starts included; at most {MAX_EVALUATIONS:,})",

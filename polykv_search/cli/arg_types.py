@@ -50,6 +50,18 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+#: The largest seed: numpy's legacy seeding takes 0 .. 2**32 - 1 and torch.manual_seed at most 2**64 - 1.
+MAX_SEED = 2**32 - 1
+
+
+def seed_value(text: str) -> int:
+    """A seed: an integer in 0 .. :data:`MAX_SEED`, which every generator here takes."""
+    value = non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed of at most {MAX_SEED:,}, got {value:,}")
+    return value
+
+
 def finite_float(text: str) -> float:
     """Any finite number (NaN and infinities refused)."""
     return _number(text, float, "a finite number")

@@ -32,6 +32,9 @@ from polykv_search.scoring.task_protocol import check_task_protocol
 from strategies import Strategy
 
 ENGINES = ("shared", "per-entry")
+#: The most rows a batch cap (``batch_entries``, ``decode_batch``) takes: 1,024 rows of a 1,024-token prompt hold
+#: 48 GB of SmolLM2-135M's float32 KV cache; a cap over that caps nothing on any one machine.
+MAX_BATCH_ENTRIES = 1024
 
 
 def score_entries(
