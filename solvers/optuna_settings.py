@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from polykv_search.models import MAX_CONTEXT_LEN
 from solvers.base import OBJECTIVES, Settings, SolverError, setting
+from solvers.settings import MAX_SEED
 
 FAMILIES_RULE = ("rule", "ilp", "uniform")
 FAMILIES_LAYERS = ("per-layer", "ilp", "uniform")
@@ -47,7 +48,7 @@ class OptunaSettings(Settings):
     study_name: str | None = setting(
         None, "study name (default: a hash of the problem and settings, so a rerun resumes)"
     )
-    seed: int = setting(0, "sampler seed and calibration sample seed")
+    seed: int = setting(0, "sampler seed and calibration sample seed", most=MAX_SEED)
     objectives: str = setting(
         "quality", "objectives: quality, or quality,memory for a Pareto front", ("quality", "quality,memory")
     )
@@ -96,6 +97,7 @@ class OptunaSettings(Settings):
             value = getattr(self, name)
             if value < low:
                 raise SolverError(f"{name}: must be >= {low}, got {value}")
+        self.check_seeds("seed")
         if not 0 < self.min_budget_share <= 1:
             raise SolverError(f"min_budget_share: must be in (0, 1], got {self.min_budget_share:g}")
         if self.storage is not None and not self.storage.strip():

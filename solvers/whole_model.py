@@ -50,6 +50,7 @@ from solvers.problem import layer_choice
 from solvers.search_loop import local_search
 from solvers.search_objective import DEFINITION, SearchJournal, WholeModelObjective
 from solvers.search_space import PRIOR_MOVES, SearchSpace, check_budgets, layer_blocks
+from solvers.settings import MAX_SEED
 from strategies import PHASES, Strategy, StrategyError
 
 #: Solvers that cannot be the start (they run the model themselves).
@@ -68,14 +69,16 @@ class MeasureSettings(Settings):
         f"calibration samples the strategies are measured on (drawn like the guard's; at most {MAX_SAMPLES:,})",
         most=MAX_SAMPLES,
     )
-    sample_seed: int | None = setting(None, "seed of those samples (default: the table's calibration seed + 1)")
+    sample_seed: int | None = setting(
+        None, "seed of those samples (default: the table's calibration seed + 1)", most=MAX_SEED
+    )
     mix: str | None = setting(
         None,
         "evidence samples among them, a count or a fraction (default: the table's share, or half when the table "
         "has none: prose alone cannot see a lost fact)",
     )
     level: float = setting(0.95, "confidence level of the acceptance intervals (Bonferroni over the candidates)")
-    seed: int = setting(0, "seed of the bootstrap (and of the search's move order)")
+    seed: int = setting(0, "seed of the bootstrap (and of the search's move order)", most=MAX_SEED)
     journal: str | None = setting(None, "journal of measured strategies (solve: OUT.journal; none: in memory)")
     fresh: bool = setting(False, "discard the journal and measure everything again")
     batched: bool = setting(
@@ -94,6 +97,7 @@ class MeasureSettings(Settings):
         for name, least in (("samples", 2), ("batch_entries", 1)):
             if getattr(self, name) < least:
                 raise SolverError(f"{name}: must be at least {least}, got {getattr(self, name)}")
+        self.check_seeds("seed", "sample_seed")
         if not 0.5 <= self.level < 1.0:
             raise SolverError(f"level: must be in [0.5, 1), got {self.level}")
 

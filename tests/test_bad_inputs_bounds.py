@@ -103,6 +103,9 @@ CASES = [
     # ---- seeds past what the generators take (torch: 2**64 - 1, numpy's legacy seeding: 2**32 - 1)
     row("score --baseline full --seed 18446744073709551616 --out o.json", "at most 4,294,967,295", id="score-seed"),
     row("generate --prompt hi --temperature 1 --seed 18446744073709551616", "at most 4,294,967,295", id="gen-seed"),
+    row(f"{OPTUNA} --seed -1", "seed: a seed must be >= 0, got -1", SIG, id="optuna-seed-negative"),
+    row(f"{SEARCH} --sample-seed 4294967296", "sample_seed: expected at most 4,294,967,295", SIG, id="search-seed"),
+    row(f"{POOL} --seed -1", "seed: a seed must be >= 0, got -1", SIG, id="pool-prior-seed-negative"),
     row(f"{GUARD} 8 --guard-seed -1", "expected a non-negative integer, got -1", SIG, id="guard-seed-negative"),
     # ---- score --samples (quickstart --eval-samples): generated and held before the first is scored
     row("score --baseline full --samples 100000000000 --out o.json", "at most 10,000 samples", id="score-samples-1e11"),

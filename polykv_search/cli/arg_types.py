@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from solvers.settings import MAX_SEED
+
 
 def _number(text: str, kind: Callable[[str], Any], what: str) -> Any:
     try:
@@ -50,12 +52,8 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-#: The largest seed: numpy's legacy seeding takes 0 .. 2**32 - 1 and torch.manual_seed at most 2**64 - 1.
-MAX_SEED = 2**32 - 1
-
-
 def seed_value(text: str) -> int:
-    """A seed: an integer in 0 .. :data:`MAX_SEED`, which every generator here takes."""
+    """A seed: an integer in 0 .. :data:`~solvers.settings.MAX_SEED`, which every generator here takes."""
     value = non_negative_int(text)
     if value > MAX_SEED:
         raise argparse.ArgumentTypeError(f"expected a seed of at most {MAX_SEED:,}, got {value:,}")
