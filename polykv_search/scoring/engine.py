@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,8 +202,8 @@ class SampleRunner:
         self.model, self.tokenizer, self.entries, self.settings = model, tokenizer, list(entries), settings
         self.eos = frozenset(eos_token_ids(model, tokenizer))
         self.caller = _Caller(model)
-        self.scorer = None
-        self._context = nullcontext()
+        self.scorer: SharedScorer | None = None
+        self._context: AbstractContextManager[Any] = nullcontext()
 
     def __enter__(self) -> SampleRunner:
         s = self.settings
