@@ -33,10 +33,17 @@ from solvers.base import Plan, Problem, Solver, SolverError, setting
 from solvers.exact import ExactSettings, cost_provenance, describe, phase_costs, tie_slack
 from solvers.head_exact import solve_heads
 
+#: The most ``max_subsets``: each subset is one DP over the whole table; 50 times the default.
+MAX_SUBSETS = 1_000_000
+
 
 @dataclass(frozen=True)
 class DPSettings(ExactSettings):
-    max_subsets: int = setting(20000, "refuse max_distinct_budgets when C(grid, k) exceeds this (use ilp)")
+    max_subsets: int = setting(
+        20000,
+        f"refuse max_distinct_budgets when C(grid, k) exceeds this (use ilp; at most {MAX_SUBSETS:,})",
+        most=MAX_SUBSETS,
+    )
 
     def check(self) -> None:
         super().check()

@@ -38,7 +38,7 @@ import numpy as np
 
 from polykv_search.patterns.streaming_llm import StreamingLLM
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, setting
-from solvers.heads import context_length, grouped_plan, head_total, retrieval_scores
+from solvers.heads import context_length, grouped_plan, head_total, retrieval_scores, target_context_setting
 
 #: What a retrieval head keeps (``DuoSettings.keep``).
 KEEP = ("all", "prompt")
@@ -65,11 +65,7 @@ class DuoSettings(Settings):
         "newest --recent tokens, a budget of n + recent that a long generation cannot outgrow)",
     )
     recent: int = setting(64, "keep=prompt: the newest tokens a retrieval head keeps beside the prompt")
-    target_context_len: int | None = setting(
-        None,
-        "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
-        "--max-budget, else the head signals' calibration context length)",
-    )
+    target_context_len: int | None = target_context_setting()
 
     def check(self) -> None:
         if self.n_sink < 0:

@@ -41,6 +41,7 @@ import numpy as np
 
 from signals.predict import OBJECTIVES
 from solvers.base import Problem, Settings, SolverError, cost_tensor, setting
+from solvers.heads import target_context_setting
 
 NOISE_CHOICES = ("auto", "clip", "interval", "upper")
 HEAD_SIGNALS = ("answer", "prose", "sum")
@@ -77,11 +78,7 @@ class ExactSettings(Settings):
     head_signal: str = setting(
         "sum", "granularity head: the cells' KL to minimize (answer tokens, prose, or their sum)", HEAD_SIGNALS
     )
-    target_context_len: int | None = setting(
-        None,
-        "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
-        "--max-budget, else the head signals' calibration context length)",
-    )
+    target_context_len: int | None = target_context_setting()
 
     def check(self) -> None:
         if self.target_context_len is not None and self.target_context_len < 1:

@@ -24,18 +24,14 @@ from dataclasses import dataclass
 from polykv_search.patterns import PATTERNS
 from solvers.allocation import allocate
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, setting
-from solvers.heads import context_length, grouped_plan, head_total, retrieval_scores
+from solvers.heads import context_length, grouped_plan, head_total, retrieval_scores, target_context_setting
 
 
 @dataclass(frozen=True)
 class HeadKVSettings(Settings):
     pattern: str = setting("snapkv", "pattern of every KV head")
     floor_share: float = setting(0.25, "every KV head gets at least floor(floor_share*B) tokens (and b_min)")
-    target_context_len: int | None = setting(
-        None,
-        "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
-        "--max-budget, else the head signals' calibration context length)",
-    )
+    target_context_len: int | None = target_context_setting()
 
     def check(self) -> None:
         if self.pattern not in PATTERNS or self.pattern == "full":

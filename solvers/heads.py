@@ -44,11 +44,12 @@ from typing import Any
 
 import numpy as np
 
+from polykv_search.models import MAX_CONTEXT_LEN
 from polykv_search.patterns import PATTERNS, make_pattern
 from signals.table import SignalTable
 from solvers.problem import Problem
 from solvers.result import Plan
-from solvers.settings import SolverError
+from solvers.settings import SolverError, setting
 from strategies.head_groups import group_heads
 from strategies.strategy import PHASES, LayerChoice
 
@@ -165,6 +166,16 @@ def retrieval_scores(table: SignalTable | None, solver: str) -> np.ndarray:
             f"`polykv-search collect {RETRIEVAL_OPTION} N ...`"
         )
     return np.asarray(heads.retrieval.mean, dtype=np.float64)
+
+
+def target_context_setting() -> Any:
+    """The head-level solvers' ``target_context_len`` setting (read by :func:`context_length`)."""
+    return setting(
+        None,
+        "head-level strategies: the context length they are built for, a keep-all head's budget (default: "
+        f"--max-budget, else the head signals' calibration context length; at most {MAX_CONTEXT_LEN:,})",
+        most=MAX_CONTEXT_LEN,
+    )
 
 
 def context_length(problem: Problem, explicit: int | None, solver: str) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from polykv_search.models import MAX_CONTEXT_LEN
 from solvers.base import OBJECTIVES, Settings, SolverError, setting
+from solvers.settings import MAX_SEED
 
 FAMILIES_RULE = ("rule", "ilp", "uniform")
 FAMILIES_LAYERS = ("per-layer", "ilp", "uniform")
@@ -24,6 +26,8 @@ PROPORTIONAL_POINT = {"alpha": 1.0, "beta": 1.0, "gamma": 1.0, "floor_share": 0.
 #: task (generated before the first trial, as ``score --samples``).
 MAX_TRIALS = 10_000
 MAX_SAMPLES = 10_000
+#: The most trial threads: each holds its own copy of the model (64 float32 copies of SmolLM2-135M are 35 GB).
+MAX_JOBS = 64
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,15 @@ class OptunaSettings(Settings):
     storage: str | None = setting(
         None, "optuna storage: journal file path, 'memory', or an RDB URL (default: <cache>/optuna/<study>.journal)"
     )
-    jobs: int = setting(1, "trials run in parallel threads (n_jobs); each thread uses its own model copy")
+    jobs: int = setting(
+        1,
+        f"trials run in parallel threads (n_jobs); each thread uses its own model copy (at most {MAX_JOBS})",
+        most=MAX_JOBS,
+    )
     study_name: str | None = setting(
         None, "study name (default: a hash of the problem and settings, so a rerun resumes)"
     )
-    seed: int = setting(0, "sampler seed and calibration sample seed")
+    seed: int = setting(0, "sampler seed and calibration sample seed", most=MAX_SEED)
     objectives: str = setting(
         "quality", "objectives: quality, or quality,memory for a Pareto front", ("quality", "quality,memory")
     )
@@ -51,15 +59,23 @@ class OptunaSettings(Settings):
     device: str = setting("cpu", "device of the scoring model")
     dtype: str = setting("float32", "dtype of the scoring model")
     samples: int = setting(8, f"calibration samples per task (at most {MAX_SAMPLES:,})", most=MAX_SAMPLES)
-    context_len: int = setting(1024, "prompt length in tokens of the calibration samples")
+    context_len: int = setting(
+        1024,
+        f"prompt length in tokens of the calibration samples (at most the model's window and {MAX_CONTEXT_LEN:,})",
+        most=MAX_CONTEXT_LEN,
+    )
     corpus: str = setting("austen", "corpus spec; its calibration split is used")
     tasks: str = setting("broad/continuation", "tasks scored per trial, comma separated (suite or task names)")
     metric: str = setting(
         "score", "quality: mean task score, or -mean log perplexity of teacher-forced tasks", ("score", "log-ppl")
     )
-    startup_trials: int = setting(10, "random trials before TPE models the space (anchors count)")
+    startup_trials: int = setting(
+        10, f"random trials before TPE models the space (anchors count; at most {MAX_TRIALS:,})", most=MAX_TRIALS
+    )
     mo_sampler: str = setting("tpe", "sampler for quality,memory: multi-objective TPE or NSGA-II", ("tpe", "nsga2"))
-    population: int = setting(16, "NSGA-II population size")
+    population: int = setting(
+        16, f"NSGA-II population size (at most {MAX_TRIALS:,}: a larger one never breeds)", most=MAX_TRIALS
+    )
     min_budget_share: float = setting(0.25, "quality,memory: the smallest budget tried, as a share of B")
     degradation: str = setting(
         "auto",
@@ -81,6 +97,7 @@ class OptunaSettings(Settings):
             value = getattr(self, name)
             if value < low:
                 raise SolverError(f"{name}: must be >= {low}, got {value}")
+        self.check_seeds("seed")
         if not 0 < self.min_budget_share <= 1:
             raise SolverError(f"min_budget_share: must be in (0, 1], got {self.min_budget_share:g}")
         if self.storage is not None and not self.storage.strip():

@@ -11,6 +11,10 @@ from typing import Any
 
 import numpy as np
 
+#: The largest seed: numpy's legacy seeding (optuna's samplers) takes 0 .. 2**32 - 1, torch.manual_seed less than
+#: 2**64; every seed here is in 0 .. MAX_SEED.
+MAX_SEED = 2**32 - 1
+
 
 class SolverError(ValueError):
     """Bad or infeasible solver input; the message is one line and names the problem."""
@@ -74,6 +78,13 @@ class Settings:
 
     def check(self) -> None:
         """Extra validation (ranges, cross-field rules); raise :class:`SolverError`."""
+
+    def check_seeds(self, *names: str) -> None:
+        """Refuse a negative seed among ``names`` (their fields cap them at :data:`MAX_SEED`; None: unset)."""
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise SolverError(f"{name}: a seed must be >= 0, got {value}")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

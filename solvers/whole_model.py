@@ -41,6 +41,7 @@ from rich.console import Console
 from polykv_search.data import samples_fingerprint
 from polykv_search.models import ModelError, load_model, model_fingerprint
 from polykv_search.progress import ProgressBar
+from polykv_search.scoring.engine import MAX_BATCH_ENTRIES
 from signals.journal import JournalError
 from solvers import get_solver_class
 from solvers.base import Plan, Problem, Settings, Solver, SolverError, SolveResult, setting
@@ -49,6 +50,7 @@ from solvers.problem import layer_choice
 from solvers.search_loop import local_search
 from solvers.search_objective import DEFINITION, SearchJournal, WholeModelObjective
 from solvers.search_space import PRIOR_MOVES, SearchSpace, check_budgets, layer_blocks
+from solvers.settings import MAX_SEED
 from strategies import PHASES, Strategy, StrategyError
 
 #: Solvers that cannot be the start (they run the model themselves).
@@ -67,20 +69,26 @@ class MeasureSettings(Settings):
         f"calibration samples the strategies are measured on (drawn like the guard's; at most {MAX_SAMPLES:,})",
         most=MAX_SAMPLES,
     )
-    sample_seed: int | None = setting(None, "seed of those samples (default: the table's calibration seed + 1)")
+    sample_seed: int | None = setting(
+        None, "seed of those samples (default: the table's calibration seed + 1)", most=MAX_SEED
+    )
     mix: str | None = setting(
         None,
         "evidence samples among them, a count or a fraction (default: the table's share, or half when the table "
         "has none: prose alone cannot see a lost fact)",
     )
     level: float = setting(0.95, "confidence level of the acceptance intervals (Bonferroni over the candidates)")
-    seed: int = setting(0, "seed of the bootstrap (and of the search's move order)")
+    seed: int = setting(0, "seed of the bootstrap (and of the search's move order)", most=MAX_SEED)
     journal: str | None = setting(None, "journal of measured strategies (solve: OUT.journal; none: in memory)")
     fresh: bool = setting(False, "discard the journal and measure everything again")
     batched: bool = setting(
         True, "measure a round's strategies on each sample at once (the scoring engine); false: one at a time"
     )
-    batch_entries: int = setting(16, "batched: continuation rows run in one batch at most (memory cap)")
+    batch_entries: int = setting(
+        16,
+        f"batched: continuation rows run in one batch at most (memory cap; at most {MAX_BATCH_ENTRIES:,})",
+        most=MAX_BATCH_ENTRIES,
+    )
     model: str | None = setting(None, "model to run (default: the signal table's)")
     device: str | None = setting(None, "device of the model (default: the table's)")
     progress: bool = setting(True, "show a progress bar on stderr")
@@ -89,6 +97,7 @@ class MeasureSettings(Settings):
         for name, least in (("samples", 2), ("batch_entries", 1)):
             if getattr(self, name) < least:
                 raise SolverError(f"{name}: must be at least {least}, got {getattr(self, name)}")
+        self.check_seeds("seed", "sample_seed")
         if not 0.5 <= self.level < 1.0:
             raise SolverError(f"level: must be in [0.5, 1), got {self.level}")
 
@@ -101,8 +110,17 @@ class SearchSettings(MeasureSettings):
     start_settings: str = setting("", "settings of the start solver, KEY=VALUE;KEY=VALUE (e.g. granularity=head)")
     blocks: int = setting(6, "contiguous groups of layers the moves act on (EvolKV-style; L: every layer alone)")
     step: float = setting(0.25, "tokens a budget move takes from each slot of a block, as a share of B (at least 1)")
-    neighbors: int = setting(4, "moves measured per round; the best resolved one is accepted")
-    max_moves: int = setting(10, "stop after this many accepted moves")
+    neighbors: int = setting(
+        4,
+        f"moves measured per round; the best resolved one is accepted (at most {MAX_EVALUATIONS:,}, as "
+        "max_evaluations: a round measures no more)",
+        most=MAX_EVALUATIONS,
+    )
+    max_moves: int = setting(
+        10,
+        f"stop after this many accepted moves (at most {MAX_EVALUATIONS:,}, as max_evaluations: each move is measured)",
+        most=MAX_EVALUATIONS,
+    )
     max_evaluations: int = setting(
         40,
         f"stop after this many strategies measured (starts included; at most {MAX_EVALUATIONS:,})",

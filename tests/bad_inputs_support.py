@@ -252,6 +252,9 @@ HUGE_CONFIG = {
     "hidden_size": 8192,
 }
 
+#: a model folder whose config states no window or shape: only the stated ceilings bound its lengths
+BARE_CONFIG = {"model_type": "llama"}
+
 LATIN1 = "Caf\xe9 au lait, na\xefve r\xe9sum\xe9 \xe0 la carte".encode("latin-1")
 
 FILES = {
@@ -290,6 +293,7 @@ FILES = {
     "signals-heads": lambda: head_cells_table().dumps(),
     "signals-kvzip-cells": lambda: head_cells_table(kvzip=True).dumps(),
     "model-config-huge": lambda: json.dumps(HUGE_CONFIG),
+    "model-config-bare": lambda: json.dumps(BARE_CONFIG),
 }
 
 

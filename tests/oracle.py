@@ -3,15 +3,13 @@
 It shares no code with ``polykv_search.runtime`` or the fast patterns but the one statement of the
 eviction rule (``eviction_target``: when, and down to how many tokens): attention runs over every
 token ever seen with a per-(layer, row, head) "kept" mask, and eviction decisions come from slow,
-obvious per-row Python reference implementations of each pattern. Same semantics as the spec:
-prefill compresses after the layer's kernel; decoding evicts as ``eviction_target`` says; the decoding
-pattern also observes the prefill call.
+obvious per-row Python reference implementations of each pattern (``tests/oracle_select.py``; kvzip's
+pooled allocations: ``tests/oracle_pooled.py``). Same semantics as the spec: prefill compresses after
+the layer's kernel; decoding evicts as ``eviction_target`` says; the decoding pattern also observes the
+prefill call.
 """
 
 from __future__ import annotations
-
-import hashlib
-import math
 
 import torch
 from transformers import AttentionInterface
@@ -19,42 +17,13 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from polykv_search.runtime import eviction_target
 from strategies import Strategy
-from tests.oracle_evidence import prompt_scores, top_share
-from tests.oracle_pooled import PRIOR, pooled, pooled_evict, prompt_end
-from tests.oracle_scores import expected_attention_scores, keydiff_scores, kvzip_plus_weights, query_stats, rotation
+from tests.oracle_evidence import prompt_scores
+from tests.oracle_pooled import pooled, pooled_evict
+from tests.oracle_scores import kvzip_plus_weights
+from tests.oracle_select import DEFAULTS, evict, plan_key
 
 NAME = "polykv_oracle"
 _ACTIVE: dict[int, Oracle] = {}
-
-DEFAULTS = {
-    "full": {},
-    "streaming_llm": {"n_sink": 4},
-    "h2o": {"recent_ratio": 0.5, "chunk": 128},
-    "tova": {},
-    "snapkv": {"window": 32, "kernel": 5, "pooling": "avgpool"},
-    "pyramidkv": {"window": 8, "kernel": 7, "pooling": "maxpool"},
-    "knorm": {},
-    "random": {"seed": 0},
-    "keydiff": {},
-    "kvzip": {
-        "n_sink": 4,
-        "chunk_size": 2048,
-        "query_chunk": 256,
-        "allocation": "head",
-        "boundary": 0,
-        "plus": False,
-        "evidence": 0.0,
-        **PRIOR,
-    },
-    "evidence": {"share": 0.5, "rule": "tova", "window": 32, "kernel": 5, "pooling": "avgpool"},
-    "expected_attention": {
-        "n_future_positions": 512,
-        "n_sink": 4,
-        "use_covariance": True,
-        "use_vnorm": True,
-        "epsilon": 0.0,
-    },
-}
 
 
 class OracleLayer:
@@ -75,11 +44,6 @@ class OracleLayer:
 
     def all_plans(self, phase=None):
         return [part["plans"][ph] for part in self.parts for ph in ([phase] if phase else ["prefill", "decoding"])]
-
-
-def _key(plan):
-    name, params, _ = plan
-    return name + repr(sorted(params.items()))
 
 
 class Oracle:
@@ -212,7 +176,7 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
 
     if n_prompt is not None:  # a reconstruction call: fold the max attention to the prompt, cut back
         for plan in [pl for pl in L.all_plans() if pl[0] == "kvzip" and pl[2] is not None]:
-            z = L.zip.setdefault(_key(plan), torch.zeros(B, Hkv, n_prompt, dtype=torch.float64))
+            z = L.zip.setdefault(plan_key(plan), torch.zeros(B, Hkv, n_prompt, dtype=torch.float64))
             for b in range(B):
                 for hq in range(Hq):
                     for i in range(q):
@@ -228,11 +192,11 @@ def _oracle_attention(module, query, key, value, attention_mask, scaling=None, d
 
     phase = "prefill" if L.calls == 0 else "decoding"
     observers = (L.all_plans("prefill") if phase == "prefill" else []) + L.all_plans("decoding")
-    for plan in {(_key(pl)): pl for pl in observers}.values():
+    for plan in {(plan_key(pl)): pl for pl in observers}.values():
         name, params, budget = plan
         if budget is None or name == "full":
             continue
-        k = _key(plan)
+        k = plan_key(plan)
         if name == "evidence":  # the prompt's scores at its call; the rule observes under this plan's key
             if phase == "prefill":
                 L.evidence[k] = prompt_scores(probs_all, L.valid, params, groups)
@@ -276,125 +240,10 @@ def _end_call(o, L, phase, key, value, scaling, groups):
         target = eviction_target(phase, n_kept, budget, interval=o.interval, mode=o.mode, steps_since_eviction=since)
         if target is not None:
             plan = (name, params, target)
-            _evict(L, plan, key, scaling, groups, value=value, rope=o.rope, heads=part["heads"], n_ev=part["evictions"])
+            evict(L, plan, key, scaling, groups, value=value, rope=o.rope, heads=part["heads"], n_ev=part["evictions"])
             part["evictions"] += 1
             part["since"] = 0
     if phase == "prefill":
-        keep = {_key(pl) for pl in L.all_plans("decoding")}
+        keep = {plan_key(pl) for pl in L.all_plans("decoding")}
         L.acc = {k: v for k, v in L.acc.items() if k in keep}
         L.queries = {k: v for k, v in L.queries.items() if k in keep}
-
-
-def _probs_over(L, key, b, hq, groups, qvec, qp, cands, scaling):
-    """Attention of one query over the candidate (kept) tokens, masked like the model."""
-    h = hq // groups
-    allowed = [j for j in cands if (L.valid[b, j] and j <= qp) or j == qp]
-    logits = torch.stack([(qvec @ key[b, h, j].double()) * scaling for j in allowed])
-    w = torch.softmax(logits, 0)
-    return {j: float(w[allowed.index(j)]) if j in allowed else 0.0 for j in cands}
-
-
-def _evict(L, plan, key, scaling, groups, value=None, rope=None, heads=None, n_ev=0):
-    """Evict the KV heads ``heads`` (default all) of layer ``L`` to ``plan``'s budget (``n_ev``: the
-    group's evictions so far, for seeded draws)."""
-    name, params, budget = plan
-    kept_budget, share = budget, None
-    if name == "evidence":  # the rule at the budget less the share, then the share's best prompt tokens
-        share = (params["share"], L.evidence[_key(plan)])
-        name, budget = params["rule"], budget - math.floor(params["share"] * budget)
-        params = DEFAULTS[name]
-    B, Hkv = L.kept.shape[:2]
-    heads = list(range(Hkv)) if heads is None else list(heads)
-    qheads = [h * groups + i for h in heads for i in range(groups)]
-    rand = None
-    if name == "random":
-        n = int(L.kept[0, heads[0]].sum())
-        digest = hashlib.sha256(f"{params['seed']}/{L.idx}/{n_ev}".encode()).digest()
-        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-        rand = torch.rand((B, len(heads), n), generator=gen)
-    if name == "expected_attention":  # the mean RoPE matrix of the next n_future_positions positions
-        n, seen, d = params["n_future_positions"], key.shape[2], key.shape[-1]
-        ahead = sum(rotation(p, rope, d) for p in range(seen, seen + n)) / n
-    tova_shared, aligned = {}, {}
-    if name == "tova":  # a token's score: each query head's attention over its own tokens (0 if not held), mean
-        ((qvec, qp),) = L.queries[_key(plan)]
-        for b in range(B):
-            aligned[b] = all(torch.equal(L.kept[b, heads[0]], L.kept[b, hh]) for hh in heads)
-            held = [[j for j in range(L.kept.shape[-1]) if L.kept[b, hq // groups, j]] for hq in qheads]
-            per_head = [_probs_over(L, key, b, hq, groups, qvec[b, hq], qp, c, scaling) for hq, c in zip(qheads, held)]
-            tova_shared[b] = {j: sum(ph.get(j, 0.0) for ph in per_head) / len(qheads) for c in held for j in c}
-    for b in range(B):
-        for h in heads:
-            cands = [j for j in range(L.kept.shape[-1]) if L.kept[b, h, j]]
-            valid = [j for j in cands if L.valid[b, j]]
-            score = {}
-            protected = set()
-            if name == "streaming_llm":
-                s = min(params["n_sink"], budget)
-                protected = set(valid[:s]) | set(valid[len(valid) - (budget - s) :] if budget - s > 0 else [])
-                score = {j: 0.0 for j in cands}
-            elif name == "knorm":
-                score = {j: -math.sqrt(sum(float(x) ** 2 for x in key[b, h, j])) for j in cands}
-            elif name == "random":
-                score = {j: float(rand[b, heads.index(h), i]) for i, j in enumerate(cands)}
-            elif name == "keydiff":
-                score = keydiff_scores(key, b, h, cands, valid)
-            elif name == "kvzip":  # the pass's max attention; tokens after the prompt: above it, newest first
-                z = L.zip[_key(plan)]
-                n_seen = key.shape[2]
-                top = max(1.0, float(z.max()))  # appended tokens above every prompt token (KVzip+: not probabilities)
-                score = {j: float(z[b, h, j]) if j < z.shape[-1] else 2 * top + j / (n_seen + 1) for j in cands}
-                protected = set(valid[: min(params["n_sink"], budget)]) | prompt_end(L, b, z.shape[-1], params, budget)
-                prompt = [j for j in valid if j < z.shape[-1]]
-                protected |= top_share(score, prompt, protected, params["evidence"], budget)
-            elif name == "expected_attention":
-                sinks = valid[: params["n_sink"]]
-                group = range(h * groups, (h + 1) * groups)
-                stats = {hq: query_stats(L.queries[_key(plan)], b, hq, params, rope, ahead) for hq in group}
-                score = expected_attention_scores(key, value, b, h, groups, cands, valid, sinks, stats, params)
-                protected = set(valid[: min(params["n_sink"], budget)])
-            elif name == "h2o":
-                acc = L.acc[_key(plan)]
-                score = {j: float(acc[b, h, j]) for j in cands}
-                r = min(int(budget * params["recent_ratio"]), budget)
-                protected = set(valid[len(valid) - r :]) if r > 0 else set()
-            elif name == "tova":
-                score = tova_shared[b]
-            elif name in ("snapkv", "pyramidkv"):
-                w = params["window"]
-                window = set(valid[len(valid) - min(w, len(valid)) :])
-                per_head = []
-                for hq in range(h * groups, (h + 1) * groups):
-                    v = [0.0] * len(cands)
-                    for qvec, qp in L.queries[_key(plan)]:
-                        pr = _probs_over(L, key, b, hq, groups, qvec[b, hq], qp, cands, scaling)
-                        for i, j in enumerate(cands):
-                            v[i] += pr[j]
-                    v = [0.0 if cands[i] in window else x for i, x in enumerate(v)]
-                    k = params["kernel"]
-                    pooled = []
-                    for i in range(len(v)):
-                        neigh = [v[t] if 0 <= t < len(v) else 0.0 for t in range(i - k // 2, i + k // 2 + 1)]
-                        pooled.append(sum(neigh) / k if params["pooling"] == "avgpool" else max(neigh))
-                    per_head.append(pooled)
-                score = {j: sum(ph[i] for ph in per_head) / groups for i, j in enumerate(cands)}
-                protected = set(valid[len(valid) - min(w, budget) :]) if budget > 0 else set()
-
-            if share is not None:
-                # tova's heads share one selection: so does the share, by the mean over the heads it evicts together
-                ev = share[1][b, heads].mean(0) if name == "tova" else share[1][b, h]
-                prompt = [j for j in valid if j < ev.shape[-1]]
-                protected |= top_share({j: float(ev[j]) for j in prompt}, prompt, protected, share[0], kept_budget)
-
-            # protected first, then by score (ties: older first), padding last
-            def rank(j):
-                tier = 2 if j in protected else (1 if L.valid[b, j] else 0)
-                return (-tier, -score[j] if tier == 1 else 0.0)
-
-            order = sorted(cands, key=rank)  # stable: equal keys keep position order
-            keep = set(order[:kept_budget])
-            for j in cands:
-                if j not in keep:
-                    L.kept[b, h, j] = False
-        if name == "tova" and share is None and aligned[b]:  # heads that held the same tokens keep the same
-            assert all(torch.equal(L.kept[b, heads[0]], L.kept[b, hh]) for hh in heads)

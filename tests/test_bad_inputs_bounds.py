@@ -26,6 +26,7 @@ SEARCH = "solve --method search --signals sig.json --budget 64 --out o.json"
 POOL = "solve --method pool-prior --signals sig.json --budget 64 --out o.json"
 OPTUNA = "solve --method optuna --signals sig.json --budget 64 --out o.json"
 GUARD = "solve --method ilp --signals sig.json --budget 64 --out o.json --guard"
+BARE, M = "--model ./m", {"m/config.json": "model-config-bare"}
 
 CASES = [
     # ---- solve --num-layers: a strategy of 10**8 layers would run for hours and fill the memory
@@ -50,6 +51,62 @@ CASES = [
     row(f"{GUARD} 1000000", "expected at most 1,000 guard samples, got 1,000,000", SIG, id="guard-1e6"),
     row(f"{GUARD} 1001", "expected at most 1,000 guard samples, got 1,001", SIG, id="guard-over-the-cap"),
     row(f"{GUARD} -1", "expected a non-negative integer, got -1", SIG, id="guard-negative"),
+    row(f"{OPTUNA} --jobs 1000000000", "jobs: expected at most 64, got 1,000,000,000", SIG, id="optuna-jobs"),
+    row(f"{OPTUNA} --population 1000000000", "population: expected at most 10,000", SIG, id="optuna-population"),
+    row(f"{OPTUNA} --startup-trials 10001", "startup_trials: expected at most 10,000", SIG, id="optuna-startup"),
+    row(f"{OPTUNA} --context-len 1000000000", "context_len: expected at most 1,048,576", SIG, id="optuna-context-1e9"),
+    row(
+        f"{OPTUNA} --model smollm2-135m --context-len 9000",
+        "--context-len 9000 + 64 tokens decoded or teacher-forced after it = 9064 positions, over the 8192 of",
+        SIG,
+        id="optuna-context-over-the-model-window",
+    ),
+    row(f"{SEARCH} --neighbors 1000000000", "neighbors: expected at most 10,000", SIG, id="search-neighbors"),
+    row(f"{SEARCH} --max-moves 1000000000", "max_moves: expected at most 10,000", SIG, id="search-max-moves"),
+    row(f"{SEARCH} --batch-entries 1000000000", "batch_entries: expected at most 1,024", SIG, id="search-batch"),
+    row(f"{POOL} --batch-entries 1025", "batch_entries: expected at most 1,024, got 1,025", SIG, id="pool-prior-batch"),
+    row(
+        "solve --method dp --signals sig.json --budget 64 --max-subsets 1000000000 --out o.json",
+        "max_subsets: expected at most 1,000,000",
+        SIG,
+        id="dp-max-subsets",
+    ),
+    row(
+        "solve --method ilp --granularity head --signals h.json --budget 64 --target-context-len 1000000000 "
+        "--out o.json",
+        "target_context_len: expected at most 1,048,576",
+        {"h.json": "signals-heads"},
+        id="ilp-target-context-len",
+    ),
+    # ---- lengths of a model whose config states no window: the stated ceiling (2**20 tokens)
+    row(f"collect {BARE} --context-len 1000000000 --out o.json", "at most 1,048,576 tokens", M, id="collect-ctx-bare"),
+    row(f"collect {BARE} --continuation-len 1048577 --out o.json", "at most 1,048,576 tokens", M, id="collect-cont"),
+    row("collect --samples 1000000000 --out o.json", "at most 10,000 samples", id="collect-samples-1e9"),
+    row(f"score {BARE} --baseline full --context-len 1048577 --out o.json", "at most 1,048,576 tokens", M, id="ctx"),
+    row(f"score {BARE} --baseline full --max-new-tokens 1000000000 --out o.json", "1,048,576 tokens", M, id="new"),
+    row(f"score {BARE} --suite decode --generate-len 1000000000 --out o.json", "1,048,576 tokens", M, id="gen-len"),
+    row(
+        "score --baseline full --suite broad/continuation --context-len 8150 --out o.json",
+        "--context-len 8150 + 64 tokens decoded or teacher-forced after it = 8214 positions, over the 8192",
+        id="score-continuation-counts-in-the-window",
+    ),
+    row("score --baseline full --batch-entries 1000000000 --out o.json", "at most 1,024", id="score-batch-entries"),
+    row("score --baseline full --decode-batch 1000000000 --out o.json", "at most 1,024", id="score-decode-batch"),
+    row(f"generate {BARE} --prompt hi --max-new-tokens 1000000000", "at most 1,048,576 tokens", M, id="generate-new"),
+    row("quickstart --context-len 1000000000 --out q", "at most 1,048,576 tokens", id="quickstart-context-1e9"),
+    row("quickstart --calib-samples 1000000000 --out q", "at most 10,000 samples", id="quickstart-calib-samples"),
+    row(
+        "quickstart --eval-context-len 9000 --out q",
+        "--eval-context-len 9000 + 120 tokens decoded or teacher-forced after it = 9120 positions, over the 8192",
+        id="quickstart-eval-context-over-the-model-window",
+    ),
+    # ---- seeds past what the generators take (torch: 2**64 - 1, numpy's legacy seeding: 2**32 - 1)
+    row("score --baseline full --seed 18446744073709551616 --out o.json", "at most 4,294,967,295", id="score-seed"),
+    row("generate --prompt hi --temperature 1 --seed 18446744073709551616", "at most 4,294,967,295", id="gen-seed"),
+    row(f"{OPTUNA} --seed -1", "seed: a seed must be >= 0, got -1", SIG, id="optuna-seed-negative"),
+    row(f"{SEARCH} --sample-seed 4294967296", "sample_seed: expected at most 4,294,967,295", SIG, id="search-seed"),
+    row(f"{POOL} --seed -1", "seed: a seed must be >= 0, got -1", SIG, id="pool-prior-seed-negative"),
+    row(f"{GUARD} 8 --guard-seed -1", "expected a non-negative integer, got -1", SIG, id="guard-seed-negative"),
     # ---- score --samples (quickstart --eval-samples): generated and held before the first is scored
     row("score --baseline full --samples 100000000000 --out o.json", "at most 10,000 samples", id="score-samples-1e11"),
     row("quickstart --eval-samples 10001 --out q", "at most 10,000 samples per task", id="quickstart-eval-samples"),
@@ -101,7 +158,11 @@ def test_the_largest_layer_count_is_solved(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(
     "method, name, most",
     [("search", "samples", 1_000), ("search", "max_evaluations", 10_000), ("pool-prior", "samples", 1_000)]
-    + [("optuna", "trials", 10_000), ("optuna", "samples", 10_000)],
+    + [("optuna", "trials", 10_000), ("optuna", "samples", 10_000), ("optuna", "jobs", 64)]
+    + [("optuna", "population", 10_000), ("optuna", "startup_trials", 10_000), ("optuna", "context_len", 2**20)]
+    + [("search", "neighbors", 10_000), ("search", "max_moves", 10_000), ("search", "batch_entries", 1_024)]
+    + [("pool-prior", "batch_entries", 1_024), ("dp", "max_subsets", 1_000_000)]
+    + [(method, "target_context_len", 2**20) for method in ("ilp", "dp", "duo", "headkv")],
 )
 def test_solver_counts_take_their_cap_and_refuse_one_more(method, name, most):
     from solvers import SolverError, get_solver_class

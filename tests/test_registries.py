@@ -25,7 +25,7 @@ from strategies.exporters import EXPORTERS, ExportOptions, export_strategy, get_
 from strategies.kvpress_presses import decoding_press, prefill_press
 from strategies.kvpress_sidecar import read_export
 from tests.head_tables import random_heads
-from tests.oracle import DEFAULTS as ORACLE_DEFAULTS
+from tests.oracle_select import DEFAULTS as ORACLE_DEFAULTS
 
 # ------------------------------------------------------------------------------------ patterns
 PATTERN_NAMES = list(PATTERNS)
@@ -39,9 +39,9 @@ def test_the_registry_keys_are_the_patterns_own_names():
 
 @pytest.mark.parametrize("name", PATTERN_NAMES)
 def test_every_pattern_has_an_oracle_reference_with_the_same_defaults(name):
-    """tests/oracle.py decides evictions with its own slow reference of each pattern; it must know
+    """tests/oracle_select.py decides evictions with its own slow reference of each pattern; it must know
     every registered pattern, with the literature defaults the pattern class declares."""
-    assert name in ORACLE_DEFAULTS, f"add a slow reference of {name!r} to tests/oracle.py (DEFAULTS and _evict)"
+    assert name in ORACLE_DEFAULTS, f"add a slow reference of {name!r} to tests/oracle_select.py (DEFAULTS and evict)"
     assert ORACLE_DEFAULTS[name] == PATTERNS[name]().params()
 
 

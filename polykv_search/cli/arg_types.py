@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from solvers.settings import MAX_SEED
+
 
 def _number(text: str, kind: Callable[[str], Any], what: str) -> Any:
     try:
@@ -47,6 +49,14 @@ def non_negative_int(text: str) -> int:
     value = _number(text, int, "a non-negative integer")
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def seed_value(text: str) -> int:
+    """A seed: an integer in 0 .. :data:`~solvers.settings.MAX_SEED`, which every generator here takes."""
+    value = non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed of at most {MAX_SEED:,}, got {value:,}")
     return value
 
 

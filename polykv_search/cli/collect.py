@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 
 from polykv_search.cli import collect_heads
-from polykv_search.cli.arg_types import comma_list, jobs_count, non_negative_int, pattern_specs, positive_int
+from polykv_search.cli.arg_types import at_most, comma_list, jobs_count, pattern_specs, positive_int, seed_value
 from polykv_search.cli.common import (
     CLIError,
     Interrupted,
@@ -41,14 +41,18 @@ from polykv_search.cli.common import (
     console,
     load_model_from_args,
 )
-from polykv_search.cli.limits import check_backend, check_fan_out_flags, check_lengths, model_shape
+from polykv_search.cli.limits import check_backend, check_fan_out_flags, check_lengths, model_shape, token_count
 from polykv_search.cli.outputs import check_not_an_input
+from polykv_search.cli.score_checks import MAX_SAMPLES
 
 # From the signal-quality measurement (README, "Signal quality per CPU-minute"): at equal tokens, many
 # short samples give the lowest per-cell standard error per CPU-minute.
 DEFAULT_SAMPLES = 8
 DEFAULT_CONTEXT = 512
 DEFAULT_CONTINUATION = 32
+#: ``--samples`` (``quickstart --calib-samples``): made and held before the first runs, like score's, at most
+#: :data:`~polykv_search.cli.score_checks.MAX_SAMPLES`.
+calibration_count = at_most(MAX_SAMPLES, "samples")
 
 
 def add_parser(sub) -> None:
@@ -71,21 +75,24 @@ def add_parser(sub) -> None:
         help="corpus spec: austen (default), debian-faq, pydoc, a .txt/.jsonl/.parquet path, hf:NAME",
     )
     g.add_argument(
-        "--samples", type=positive_int, default=DEFAULT_SAMPLES, help=f"calibration samples (default {DEFAULT_SAMPLES})"
+        "--samples",
+        type=calibration_count,
+        default=DEFAULT_SAMPLES,
+        help=f"calibration samples (default {DEFAULT_SAMPLES}; at most {MAX_SAMPLES:,})",
     )
     g.add_argument(
         "--context-len",
-        type=positive_int,
+        type=token_count,
         default=DEFAULT_CONTEXT,
         help=f"context tokens n (default {DEFAULT_CONTEXT})",
     )
     g.add_argument(
         "--continuation-len",
-        type=positive_int,
+        type=token_count,
         default=DEFAULT_CONTINUATION,
         help=f"continuation tokens m, >= 2 (default {DEFAULT_CONTINUATION})",
     )
-    g.add_argument("--seed", type=non_negative_int, default=0, help="sample placement seed (default 0)")
+    g.add_argument("--seed", type=seed_value, default=0, help="sample placement seed (default 0)")
     g.add_argument(
         "--retrieval-mix",
         default="0",

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-from polykv_search.cli.arg_types import comma_list, non_negative_int, pattern_specs, positive_int
+from polykv_search.cli.arg_types import at_most, comma_list, pattern_specs, positive_int
 from polykv_search.cli.common import CLIError, console
+from polykv_search.cli.score_checks import MAX_SAMPLES
 from polykv_search.patterns.spec import parse_spec, split_specs
 
 DEFAULT_HEAD_SAMPLES = 8
@@ -32,11 +33,12 @@ def add_args(g) -> None:
     """The per-head options, in the calibration-data group."""
     g.add_argument(
         "--retrieval-heads",
-        type=non_negative_int,
+        type=at_most(MAX_SAMPLES, "samples", zero=True),
         default=0,
         metavar="N",
         help="also measure each KV head's retrieval score (Wu et al.) on N >= 2 calibration-split evidence samples "
-        "(one statement each, its answer teacher-forced) and store it in the table (default 0: not measured)",
+        "(one statement each, its answer teacher-forced) and store it in the table (default 0: not measured; at "
+        f"most {MAX_SAMPLES:,})",
     )
     g.add_argument(
         "--head-cells",

@@ -7,7 +7,7 @@ import sys
 
 from rich.markup import escape
 
-from polykv_search.cli.arg_types import at_most, non_negative_int
+from polykv_search.cli.arg_types import at_most, seed_value
 from polykv_search.cli.common import CLIError, ParagraphHelpFormatter, check_output_path, console, out
 from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.compare.recommend import RULE
@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
         default="kl",
         help="the predicted degradation for --signals (default kl)",
     )
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the bootstrap resampling (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed of the bootstrap resampling (default 0)")
     p.add_argument(
         "--level",
         type=_level,

@@ -6,7 +6,7 @@ import argparse
 
 from rich.table import Table
 
-from polykv_search.cli.arg_types import non_negative_float, non_negative_int, positive_int
+from polykv_search.cli.arg_types import non_negative_float, seed_value
 from polykv_search.cli.common import (
     CLIError,
     add_decode_interval_args,
@@ -18,7 +18,7 @@ from polykv_search.cli.common import (
     print_json,
     read_text,
 )
-from polykv_search.cli.limits import check_fits_model, check_lengths, model_shape
+from polykv_search.cli.limits import check_fits_model, check_lengths, model_shape, token_count
 
 DEFAULT_PROMPT = "Write two sentences about the sea."
 
@@ -35,12 +35,10 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt-file", help="read the prompt from this file")
     src.add_argument("--prompt", help=f"the prompt text (default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--max-new-tokens", type=token_count, default=64, help="tokens to generate (default 64)")
     p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument(
-        "--seed", type=non_negative_int, default=None, help="sampling seed, with --temperature > 0 (default 0)"
-    )
+    p.add_argument("--seed", type=seed_value, default=None, help="sampling seed, with --temperature > 0 (default 0)")
     add_decode_interval_args(p, default=None, help="with --strategy: evict every k decoding steps (default 1)")
     p.add_argument("--json", action="store_true", help="print a JSON record instead of text and a table")
     p.set_defaults(func=run)

@@ -22,10 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from polykv_search.cli.arg_types import at_most
 from polykv_search.cli.common import CLIError, resolve_jobs
+from polykv_search.models import MAX_CONTEXT_LEN
 
 #: seconds a cluster address has to accept a connection
 CONNECT_SECONDS = 3.0
+#: A length flag (``--context-len``, ``--continuation-len``, ``--max-new-tokens``, ...): a positive count of at most
+#: :data:`~polykv_search.models.MAX_CONTEXT_LEN` tokens, refused by argparse; the model's own window, where its config
+#: is at hand, is :func:`check_lengths`'s.
+token_count = at_most(MAX_CONTEXT_LEN, "tokens")
 #: bytes per element of each ``--dtype``
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: hidden-size buffers a forward holds per token besides the cache (residual, norms, q/k/v/o, MLP), roughly

@@ -40,6 +40,7 @@ from pathlib import Path
 from polykv_search.cli import quickstart_defaults as D
 from polykv_search.cli import quickstart_heads as H
 from polykv_search.cli.arg_types import at_most, comma_list, jobs_count, pattern_specs, positive_float, positive_int
+from polykv_search.cli.collect import calibration_count
 from polykv_search.cli.common import (
     CLIError,
     ParagraphHelpFormatter,
@@ -48,8 +49,9 @@ from polykv_search.cli.common import (
     console,
     resolve_jobs,
 )
+from polykv_search.cli.limits import token_count
 from polykv_search.cli.quickstart_report import write_report
-from polykv_search.cli.score_checks import sample_count
+from polykv_search.cli.score_checks import check_limits, sample_count
 from polykv_search.protocol import AGNOSTIC, AWARE, protocol_of
 from solvers.optuna_settings import MAX_TRIALS
 
@@ -70,14 +72,14 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="polykv-quickstart", help="output folder (default ./polykv-quickstart)")
     p.add_argument("--model", default=None, help="model (default smollm2-135m, offline)")
     p.add_argument("--budget", type=positive_float, default=D.BUDGET, help=f"global budget B (default {D.BUDGET})")
-    p.add_argument("--calib-samples", type=positive_int, default=D.CALIB_SAMPLES, help="collect's --samples")
+    p.add_argument("--calib-samples", type=calibration_count, default=D.CALIB_SAMPLES, help="collect's --samples")
     p.add_argument(
         "--context-len",
-        type=positive_int,
+        type=token_count,
         default=D.CONTEXT_LEN,
         help=f"calibration and evaluation context (default {D.CONTEXT_LEN})",
     )
-    p.add_argument("--continuation-len", type=positive_int, default=D.CONTINUATION_LEN, help="collect's")
+    p.add_argument("--continuation-len", type=token_count, default=D.CONTINUATION_LEN, help="collect's")
     p.add_argument(
         "--retrieval-mix",
         default="0",
@@ -104,7 +106,7 @@ def add_parser(sub) -> None:
         help=f"evaluation samples per task (default {EVAL_SAMPLES}; with --full {FULL_EVAL_SAMPLES})",
     )
     p.add_argument(
-        "--eval-context-len", type=positive_int, default=None, help="evaluation context (default: --context-len)"
+        "--eval-context-len", type=token_count, default=None, help="evaluation context (default: --context-len)"
     )
     p.add_argument("--suite", default="broad,ruler", help="score's --suite (default broad,ruler)")
     p.add_argument(
@@ -220,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
         str(signals),
     ]
     collect_check(build_parser().parse_args(collect_argv))  # --model, --device, --patterns, --budgets, lengths
+    score_args = build_parser().parse_args(["score", *common, "--context-len", str(eval_len), *fan_out, "--out", "-"])
+    flag = "--eval-context-len {}" if args.eval_context_len else "--context-len {}"
+    check_limits(score_args, resolve_tasks(args.suite), context_flag=flag)  # the evaluation's, before collect runs
     heads = out / H.HEADS_TABLE
     if args.head_level:
         H.check_head_level(args.calib_samples, args.head_cells, args.context_len)

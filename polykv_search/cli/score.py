@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from polykv_search.cli.arg_types import jobs_count, non_negative_int, positive_float, positive_int
+from polykv_search.cli.arg_types import at_most, jobs_count, positive_float, seed_value
 from polykv_search.cli.common import (
     CLIError,
     Interrupted,
@@ -21,6 +21,7 @@ from polykv_search.cli.common import (
     load_model_from_args,
     out,
 )
+from polykv_search.cli.limits import token_count
 from polykv_search.cli.outputs import check_not_an_input
 from polykv_search.cli.score_checks import (
     MAX_SAMPLES,
@@ -34,6 +35,7 @@ from polykv_search.cli.score_checks import (
 from polykv_search.cli.score_resume import DECODE_BATCH, open_checkpoint
 from polykv_search.progress import ProgressBar
 from polykv_search.runtime.architectures import model_spec
+from polykv_search.scoring.engine import MAX_BATCH_ENTRIES
 
 
 def add_parser(sub) -> None:
@@ -73,13 +75,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--context-len",
-        type=positive_int,
+        type=token_count,
         default=1024,
         help="prompt length in tokens (default 1024); a strategy that would hold more tokens at this length than "
         "the budget it states (a 'full' layer or head, keep-all heads built for a shorter context) is refused, not "
         "scored with a B that misstates its memory (one that holds less, at a shorter context, is scored)",
     )
-    p.add_argument("--seed", type=non_negative_int, default=0, help="sample generation seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="sample generation seed (default 0)")
     p.add_argument(
         "--corpus", default="austen", help="haystack corpus spec; its evaluation split is used (default austen)"
     )
@@ -91,28 +93,29 @@ def add_parser(sub) -> None:
         "diagnose on, never to report)",
     )
     p.add_argument("--longbench-source", help="LongBench data: a local folder of jsonl files or hf:NAME")
-    p.add_argument("--max-new-tokens", type=positive_int, help="override the tasks' generation lengths")
+    p.add_argument("--max-new-tokens", type=token_count, help="override the tasks' generation lengths")
     p.add_argument(
         "--generate-len",
-        type=positive_int,
+        type=token_count,
         metavar="N",
         help="decode suite: tokens FullKV generates and every entry is teacher-forced along (default 512)",
     )
     add_decode_interval_args(p, default=1, help="decoding evicts every k steps instead of every step (default 1)")
     p.add_argument(
         "--batch-entries",
-        type=positive_int,
+        type=at_most(MAX_BATCH_ENTRIES, "entries a batch"),
         default=16,
         metavar="N",
-        help="entries decoded together in one batch at most (memory cap; default 16)",
+        help=f"entries decoded together in one batch at most (memory cap; default 16; at most {MAX_BATCH_ENTRIES:,})",
     )
     p.add_argument(
         "--decode-batch",
-        type=positive_int,
+        type=at_most(MAX_BATCH_ENTRIES, "samples a batch"),
         default=DECODE_BATCH,
         metavar="N",
         help="decode suite: samples of one prompt length decoded together at most, FullKV a row beside the "
-        "entries (memory: N x (entries + 1) rows and N trajectories' logits; same results; default 8)",
+        "entries (memory: N x (entries + 1) rows and N trajectories' logits; same results; default 8; at most "
+        f"{MAX_BATCH_ENTRIES:,})",
     )
     p.add_argument(
         "--jobs",

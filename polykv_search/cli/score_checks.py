@@ -35,9 +35,27 @@ def check_fan_out(args: argparse.Namespace) -> None:
     check_backend(args.backend, args.address)
 
 
-def check_limits(args: argparse.Namespace, tasks: list, config: dict | None = None) -> None:
+#: What :func:`tokens_after` counts, as the length check names it.
+AFTER = "tokens decoded or teacher-forced after it"
+
+
+def tokens_after(tasks: list, max_new_tokens: int | None = None) -> int:
+    """The most tokens any of ``tasks`` runs after its prompt: its answer (``max_new_tokens`` overriding the
+    tasks'), a teacher-forced continuation, and the decode suite's trajectory."""
+    return max(
+        (getattr(t, "generate_len", 0) if t.suite == "decode" else 0)
+        + (t.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        + (getattr(t, "continuation_len", 0) if t.kind == "teacher_forced" else 0)
+        for t in tasks
+    )
+
+
+def check_limits(
+    args: argparse.Namespace, tasks: list, config: dict | None = None, context_flag: str = "--context-len {}"
+) -> None:
     """Refuse ``--generate-len`` without the decode suite, and a run longer than the model's positions or
-    this machine's memory (:mod:`polykv_search.cli.limits`; ``config``: the loaded model's, else read from disk)."""
+    this machine's memory (:mod:`polykv_search.cli.limits`; ``config``: the loaded model's, else read from disk;
+    ``context_flag``: the flag the context length came from, as :func:`~polykv_search.cli.limits.check_lengths`)."""
     from polykv_search.cli.limits import ModelShape, check_lengths, model_shape
 
     decode = [t for t in tasks if t.suite == "decode"]
@@ -47,22 +65,19 @@ def check_limits(args: argparse.Namespace, tasks: list, config: dict | None = No
         )
     if not tasks:  # lm-eval tasks alone (--suite none): --context-len builds no prompt; lm-eval sizes its own
         return
-    after = max(
-        (getattr(t, "generate_len", 0) if t.suite == "decode" else 0)
-        + (t.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens)
-        for t in tasks
-    )
+    after = tokens_after(tasks, args.max_new_tokens)
     shape = model_shape(args.model) if config is None else ModelShape.from_config(args.model, config)
     local = args.backend in (None, "loky") or not args.address
     check_lengths(
         shape,
         context_len=args.context_len,
         after=after,
-        after_flag="tokens decoded after it (--generate-len, answers)" if decode else "tokens decoded after it",
+        after_flag="tokens decoded after it (--generate-len, answers)" if decode else AFTER,
         dtype=args.dtype,
         attn=args.attn,
         device=args.device,
         workers=args.jobs if local else 1,
+        context_flag=context_flag,
     )
 
 

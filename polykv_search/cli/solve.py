@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         table = SignalTable.load(args.signals)
     elif cls.needs_table:
         raise CLIError(f"the {args.method!r} solver needs --signals (run `polykv-search collect` first)")
+    _check_window(settings, table)
     num_layers = args.num_layers
     if table is None and num_layers is None:
         from polykv_search.models import DEFAULT_MODEL
@@ -247,6 +248,32 @@ def run(args: argparse.Namespace) -> int:
     if pool:
         console.print(pool, highlight=False, markup=False)
     return 0
+
+
+def _check_window(settings, table) -> None:
+    """A solver that builds ``context_len``-token prompts of its tasks (optuna) is refused, before its model loads,
+    when they pass the model's window or this machine's memory (:func:`~polykv_search.cli.limits.check_lengths`)."""
+    if not hasattr(settings, "context_len"):
+        return
+    from polykv_search.cli.limits import check_lengths, model_shape
+    from polykv_search.cli.score_checks import AFTER, tokens_after
+    from polykv_search.models import DEFAULT_MODEL, ModelError
+    from polykv_search.scoring import ScoreError, resolve_tasks
+
+    model = settings.model or (table.provenance.get("model") if table is not None else None) or DEFAULT_MODEL
+    try:
+        shape, tasks = model_shape(model), resolve_tasks(settings.tasks)
+    except (ModelError, ScoreError):
+        return  # the solver's own one-line errors, where it reads them
+    check_lengths(
+        shape,
+        context_len=settings.context_len,
+        after=tokens_after(tasks),
+        after_flag=AFTER,
+        dtype=settings.dtype,
+        device=settings.device,
+        workers=settings.jobs,
+    )
 
 
 def _check_granularity(args: argparse.Namespace, settings, given: dict) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from contextlib import ExitStack
 
-from polykv_search.cli.arg_types import at_most
+from polykv_search.cli.arg_types import at_most, seed_value
 from polykv_search.cli.common import CLIError, console, out
 
 #: The flags this module adds to `solve` (they belong to no solver's settings).
@@ -30,7 +30,7 @@ def add_guard_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--guard-seed",
-        type=int,
+        type=seed_value,
         default=None,
         metavar="SEED",
         help="seed of the guard's samples (default: the table's seed + 1)",

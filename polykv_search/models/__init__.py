@@ -40,6 +40,7 @@ from polykv_search.models.options import _check_attn_implementation, parse_devic
 from polykv_search.models.sources import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
+    MAX_CONTEXT_LEN,
     SMOLLM2_CHAT_TEMPLATE,  # noqa: F401
     BuiltinModel,
     ModelError,
@@ -53,6 +54,7 @@ from polykv_search.runtime.reconstruction import ReconstructionInputs
 __all__ = [
     "BUILTIN_MODELS",
     "DEFAULT_MODEL",
+    "MAX_CONTEXT_LEN",
     "BuiltinModel",
     "ModelError",
     "cached_config",

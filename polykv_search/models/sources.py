@@ -11,6 +11,12 @@ from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
 
+#: The longest sequence (prompt plus the tokens generated or teacher-forced after it) any command builds, the
+#: ceiling of every length flag: a model's own window (``max_position_embeddings``) is checked where its config is
+#: at hand before it loads; this bounds the rest. 2**20 tokens, the longest windows of open models (Qwen2.5-1M);
+#: SmolLM2-135M's float32 KV cache alone is 48 GB at that length (46,080 bytes a token).
+MAX_CONTEXT_LEN = 2**20
+
 #: SmolLM2-Instruct's own chat template (ChatML with a default system prompt), as its GGUF carries it;
 #: set explicitly should a conversion ever drop it.
 SMOLLM2_CHAT_TEMPLATE = (

@@ -54,7 +54,7 @@ def entry_record(
         "extra": {r.task: r.extra for r in results if r.extra},
         "kv_bytes": kv,
         "full_kv_bytes": full,
-        "kv_ratio": kv / full if full else None,
+        "kv_ratio": kv / full if kv is not None and full else None,
         "seconds": seconds,
         "tasks": {r.task: r.to_dict() for r in results},
     }

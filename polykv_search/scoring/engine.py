@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,9 @@ from polykv_search.scoring.task_protocol import check_task_protocol
 from strategies import Strategy
 
 ENGINES = ("shared", "per-entry")
+#: The most rows a batch cap (``batch_entries``, ``decode_batch``) takes: 1,024 rows of a 1,024-token prompt hold
+#: 48 GB of SmolLM2-135M's float32 KV cache; a cap over that caps nothing on any one machine.
+MAX_BATCH_ENTRIES = 1024
 
 
 def score_entries(
@@ -199,8 +202,8 @@ class SampleRunner:
         self.model, self.tokenizer, self.entries, self.settings = model, tokenizer, list(entries), settings
         self.eos = frozenset(eos_token_ids(model, tokenizer))
         self.caller = _Caller(model)
-        self.scorer = None
-        self._context = nullcontext()
+        self.scorer: SharedScorer | None = None
+        self._context: AbstractContextManager[Any] = nullcontext()
 
     def __enter__(self) -> SampleRunner:
         s = self.settings

@@ -31,6 +31,13 @@ class SampleJob:
     def trajectory(self) -> bool:
         return self.kind == "trajectory"
 
+    @property
+    def targets(self) -> list[int]:
+        """The teacher-forced continuation's ids (``target_ids``, which every teacher-forced job has)."""
+        if self.target_ids is None:
+            raise ValueError(f"a {self.kind} job has no target ids")
+        return self.target_ids
+
 
 @dataclass
 class SampleOutcome:

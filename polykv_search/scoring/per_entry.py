@@ -7,6 +7,7 @@ the plain use of the runtime: ``apply_strategy`` around the evaluation runner's 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from polykv_search.evaluation.fidelity import continuation_outcome, log_probs
 from polykv_search.evaluation.runner import _Caller, greedy_generate, teacher_forced_logits
@@ -33,10 +34,13 @@ def run_sample(
         settings = {"decode_interval": decode_interval, "interval_mode": interval_mode}
         return _run_trajectory(model, entries, job, caller, **settings)
     order = sorted(range(len(entries)), key=lambda i: not entries[i].strategy.is_full)  # FullKV first: the reference
+    pred: Any  # the continuation outcome (teacher-forced) or the generated ids
+    new: list[int]
+    logits: Any  # teacher-forced: the continuation's logits; None otherwise
     reference = None
     if job.teacher_forced and fidelity and not entries[order[0]].strategy.is_full:
         with apply_strategy(model, Strategy.full(entries[0].strategy.num_layers), decode_interval=decode_interval):
-            logits, _ = teacher_forced_logits(model, job.context_ids, job.target_ids, caller, stepwise=job.stepwise)
+            logits, _ = teacher_forced_logits(model, job.context_ids, job.targets, caller, stepwise=job.stepwise)
         reference = log_probs(logits)
     outcomes: list[SampleOutcome | None] = [None] * len(entries)
     for i in order:
@@ -45,11 +49,11 @@ def run_sample(
         ) as rt:
             if job.teacher_forced:
                 logits, timing = teacher_forced_logits(
-                    model, job.context_ids, job.target_ids, caller, stepwise=job.stepwise
+                    model, job.context_ids, job.targets, caller, stepwise=job.stepwise
                 )
                 if fidelity and reference is None:  # the FullKV entry, run first
                     reference = log_probs(logits)
-                pred, new = continuation_outcome(logits, job.target_ids, reference if fidelity else None), []
+                pred, new = continuation_outcome(logits, job.targets, reference if fidelity else None), []
             else:
                 logits = None
                 new, timing = greedy_generate(model, job.context_ids, job.question_ids, job.limit, job.eos, caller)

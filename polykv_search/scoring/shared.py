@@ -25,9 +25,9 @@ from polykv_search.evaluation.runner import _Caller, _sync
 from polykv_search.evaluation.trajectory import TrajectoryMeter, force, full_trajectory
 from polykv_search.runtime import (
     FULL_PLAN,
-    EvictingLayer,
     PhasePlan,
     PolyKVCache,
+    RuntimeLayer,
     cache_report,
     fanout_layer,
 )
@@ -129,7 +129,7 @@ class SharedScorer:
         dtype_bytes = next(model.parameters()).element_size()
         self.fixed_cost = param_bytes / runtime.spec.bytes_per_token(dtype_bytes)
 
-    def _row(self, plan: Plans, groups: dict[int, list[HeadGroupPlan]] | None = None) -> list[EvictingLayer]:
+    def _row(self, plan: Plans, groups: dict[int, list[HeadGroupPlan]] | None = None) -> list[RuntimeLayer]:
         # an entry with a model-level pattern (kvzip) keeps its prompt until the runtime's reconstruction
         # pass, which runs once per context call for every such entry (fanout_layer)
         groups = groups or {}
@@ -139,7 +139,7 @@ class SharedScorer:
             cache_layer(l, p, d, groups.get(l), defer_prefill=defer, **detached[l]) for l, (p, d) in enumerate(plan)
         ]
 
-    def _stacked(self, rows: Sequence[list[EvictingLayer]]) -> PolyKVCache:
+    def _stacked(self, rows: Sequence[list[RuntimeLayer]]) -> PolyKVCache:
         """One decoding batch's cache: per layer, the rows' layers as one row batch, or as parts
         (:func:`~polykv_search.scoring.stacking.stacked_layer`: a long row's part, the rows of one head split)."""
         return PolyKVCache(
@@ -149,7 +149,7 @@ class SharedScorer:
             ]
         )
 
-    def _groups(self, rows: Sequence[list[EvictingLayer]]) -> list[list[int]]:
+    def _groups(self, rows: Sequence[list[RuntimeLayer]]) -> list[list[int]]:
         """Decoding batches: :func:`plan_groups` over every row (a row with head groups counts its longest
         group in each layer)."""
         return plan_groups(
@@ -189,11 +189,11 @@ class SharedScorer:
                 results[i] = value
                 timings[i] = {"context_s": context_s, **timing}
         outcomes = []
-        reference = log_probs(results[ref]) if job.teacher_forced and fidelity else None
+        reference = log_probs(results[ref]) if job.teacher_forced and fidelity and ref is not None else None
         for i in range(len(self.plans)):
             report = cache_report(rows[i])
             if job.teacher_forced:
-                pred, new, logits = continuation_outcome(results[i], job.target_ids, reference), [], results[i]
+                pred, new, logits = continuation_outcome(results[i], job.targets, reference), [], results[i]
             else:
                 pred = new = results[i]
                 logits = None
@@ -230,7 +230,7 @@ class SharedScorer:
 
     def _teacher_forced(self, job: SampleJob, rows, first: torch.Tensor):
         t0 = time.perf_counter()
-        target = list(job.target_ids)
+        target = list(job.targets)
         if len(target) > 1:
             cache = self._stacked(rows)
             if job.stepwise:  # one token per call: the decoding plans evict at every step

@@ -123,4 +123,4 @@ def _outcomes(scorer, trajectory: Trajectory, meter: TrajectoryMeter, rows, new,
     for j, i in enumerate(evicting):
         report = cache_report(rows[j])
         outcomes[i] = SampleOutcome(meter.outcome(j), timing, report.kv_bytes, report.full_kv_bytes, list(new[j]))
-    return outcomes  # type: ignore[return-value]
+    return outcomes
