@@ -11,7 +11,7 @@ import torch
 from polykv_search import scoring
 from polykv_search.cli import main
 from polykv_search.evaluation import get_task
-from polykv_search.runtime import PolyKVCache, apply_strategy, strategy_plans
+from polykv_search.runtime import PolyKVCache, RowBatchLayer, apply_strategy, strategy_plans
 from polykv_search.runtime.layouts import row_parts
 from polykv_search.scoring import per_entry, stacking
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner, shared_scorer
@@ -169,11 +169,11 @@ def grouped(*groups) -> LayerChoice:
 @pytest.mark.parametrize("family,question", list(zip(FAMILIES, [False, True] * 2)))
 def test_head_group_rows_of_one_split_share_row_batches_and_equal_the_per_entry_path(family, question, monkeypatch):
     """Three samples (two stepped together) of two head-group strategies beside a layer-level one: the batched
-    path, whose rows of one head split share a row batch per head set (``SharedHeadGroups``), gives each entry
+    path, whose rows of one head split share a row batch per head set (``shared_head_groups``), gives each entry
     what it gets alone inside its own ``apply_strategy`` (the per-entry reference), and so does the reference
     of the shared engine (FullKV apart, one sample at a time)."""
     shared = []
-    monkeypatch.setattr(stacking, "SharedHeadGroups", counted_shared_groups(shared))
+    monkeypatch.setattr(stacking, "shared_head_groups", counted_shared_groups(shared))
     model, tok = tiny_model(family), char_tokenizer()
     jobs = [job_at(tok, 0, question=question), job_at(tok, 300, question=question)]
     jobs.append(job_at(tok, 600, prompt=48, question=question))
@@ -190,23 +190,29 @@ def test_head_group_rows_of_one_split_share_row_batches_and_equal_the_per_entry_
         assert_same_outcomes(ref, new, names)
         assert_same_outcomes(ref, alone, names)
     assert all(o.pred["kl"] > 0 for o in got[0][1:])  # every evicting entry drifts: a test that can fail
-    assert len({tuple(g.members) for g in shared}) > 1 and max(len(g.members) for g in shared) == 4
+    assert len({tuple(rows) for rows in shared}) > 1 and max(len(rows) for rows in shared) == 4
 
 
 def counted_shared_groups(seen: list):
-    """A ``SharedHeadGroups`` that appends every instance to ``seen`` (patched in: which rows were shared)."""
+    """``shared_head_groups`` appending the rows of every layer it builds to ``seen`` (patched in: which rows were
+    shared)."""
+    build = stacking.shared_head_groups
 
-    class Counted(stacking.SharedHeadGroups):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            seen.append(self)
+    def counted(layer_idx, rows, **kwargs):
+        seen.append(list(rows))
+        return build(layer_idx, rows, **kwargs)
 
-    return Counted
+    return counted
+
+
+def is_shared_head_groups(layer) -> bool:
+    """True for a layer :func:`stacking.shared_head_groups` built: head groups, each a row batch."""
+    return all(g.heads is not None and isinstance(g.layer, RowBatchLayer) for g in layer.kernel_groups)
 
 
 def test_a_batch_of_head_group_rows_only_is_one_shared_layer_and_keeps_what_rows_apart_keep():
     """Rows of the two head-group strategies alone, twice each, stepped 30 tokens: a layer both split is one
-    ``SharedHeadGroups`` (every row of one head split); in layer 0, where keep-prompt is layer-level, keep-all's two
+    ``shared_head_groups`` (every row of one head split); in layer 0, where keep-prompt is layer-level, keep-all's two
     rows share one beside the others' row batch. Every row keeps the positions and gives the logits it does with
     each row's groups in stores of their own (``row_parts``)."""
     model, tok = tiny_model("qwen2"), char_tokenizer()
@@ -221,8 +227,9 @@ def test_a_batch_of_head_group_rows_only_is_one_shared_layer_and_keeps_what_rows
             cache = PolyKVCache([layout(l, [r[l] for r in rows], None, **runtime.layer_kwargs(l)) for l in range(L)])
             if name == "shared":
                 first, *split = cache.layers
-                assert all(isinstance(layer, stacking.SharedHeadGroups) for layer in split)
-                assert [type(part).__name__ for part in first.parts] == ["RowBatchLayer", "SharedHeadGroups"]
+                assert all(is_shared_head_groups(layer) for layer in split)
+                batch, shared_rows = first.parts
+                assert isinstance(batch, RowBatchLayer) and is_shared_head_groups(shared_rows)
             logits[name] = torch.cat([scorer._call([[t]] * len(rows), cache) for t in job.context_ids[:30]], dim=1)
             for layer in cache.layers:
                 layer.write_back()

@@ -76,7 +76,7 @@ def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_pa
     from tests.test_scoring_head_groups import run_both as run_both_heads
 
     shared_groups: list = []
-    monkeypatch.setattr(stacking, "SharedHeadGroups", counted_shared_groups(shared_groups))
+    monkeypatch.setattr(stacking, "shared_head_groups", counted_shared_groups(shared_groups))
     model, tok = tiny_model("llama"), char_tokenizer()
     forced, gen = jobs(tok)
     job = forced if kind == "teacher_forced" else gen
@@ -84,7 +84,7 @@ def test_head_group_rows_decode_in_the_batch_as_parts_and_equal_the_per_entry_pa
     # head-group rows share the batch (one forward) with the layer-level rows; in each layer the head-group rows
     # (one head split) are one part, a row batch per head set (polykv_search.scoring.stacking): three rows in
     # layers 0 and 1, two in layer 2 (heads-mixed is layer-level there)
-    assert sorted(len(g.members) for g in shared_groups) == [2, 3, 3]
+    assert sorted(len(rows) for rows in shared_groups) == [2, 3, 3]
     assert_same(reference, shared, job)
 
 

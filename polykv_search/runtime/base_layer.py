@@ -1,16 +1,17 @@
 """`RuntimeLayer`: what every cache layer of the runtime shares, evicting or composite.
 
-The tensors the attention function reads (``keys``/``values`` ``[B, Hkv, n, D]``, ``positions`` and
-``valid`` ``[B, Hkv, n]``), the counters (tokens seen, calls, evictions), the transformers
-``CacheLayerMixin`` API, the read side patterns use (:class:`~polykv_search.runtime.view.ViewOps`, the
-:class:`~polykv_search.patterns.base.LayerView` protocol) and :meth:`RuntimeLayer.attention_call`,
-the one place that runs the hook points. Subclasses say what a call does: :meth:`update`,
-:meth:`begin_call`, :meth:`observers` and :meth:`end_call`.
+The counters (tokens seen, calls, evictions), the transformers ``CacheLayerMixin`` API and
+:meth:`RuntimeLayer.attention_call`, the one place that runs the hook points. The cached tensors the attention
+function reads (``keys``/``values`` ``[B, Hkv, n, D]``, ``positions`` and ``valid`` ``[B, Hkv, n]``) are
+:class:`~polykv_search.runtime.storage.StoreViews`; the read side patterns use (masks, attention statistics, the
+:class:`~polykv_search.patterns.base.LayerView` protocol) is :class:`~polykv_search.runtime.view.ViewOps`, so a
+pattern reading a layer during a call never calls back into this module. Subclasses say what a call does:
+:meth:`update`, :meth:`begin_call`, :meth:`observers` and :meth:`end_call`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.patterns.base import PassInputs
 from polykv_search.runtime.report import LayerReport, report_of
-from polykv_search.runtime.storage import TokenStore
+from polykv_search.runtime.storage import StoreViews
 from polykv_search.runtime.view import ViewOps
 from strategies import PHASES
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from polykv_search.runtime.layer import EvictingLayer
 
 
-class RuntimeLayer(CacheLayerMixin, ViewOps):
+class RuntimeLayer(StoreViews, CacheLayerMixin, ViewOps):
     """Base of the runtime's cache layers (see the module docstring).
 
     ``get_seq_length`` reports tokens *seen*, so ``generate()`` keeps absolute positions.
@@ -49,14 +50,6 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
 
     is_sliding = False
     is_croppable = False
-
-    # The cached tensors behind the properties below (None until the first update) and their store.
-    _keys: Any
-    _values: Any
-    _positions: Any
-    _valid: Any
-    _store: TokenStore | None
-    _all_valid: bool | None
 
     def __init__(
         self,
@@ -88,35 +81,6 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         self.mask = mask
         self.watchers = list(watchers)
         self.reset()
-
-    # ------------------------------------------------- the cached tensors
-    # Views of the layer's own :class:`TokenStore`, or tensors assigned from outside (then the next
-    # append moves them into a store of the layer's own).
-    keys = property(lambda self: self._keys, lambda self, t: self._assign("_keys", t))
-    values = property(lambda self: self._values, lambda self, t: self._assign("_values", t))
-    positions = property(lambda self: self._positions, lambda self, t: self._assign("_positions", t))
-    valid = property(lambda self: self._valid, lambda self, t: self._assign("_valid", t))
-
-    def _assign(self, name: str, tensor: torch.Tensor | None) -> None:
-        setattr(self, name, tensor)
-        self._store = None
-        if name == "_valid":
-            self._all_valid = None
-
-    def _expose(self, store: TokenStore, n: int) -> None:
-        self._keys, self._values, self._positions, self._valid = store.views(n)
-        self._store = store
-
-    @property
-    def all_valid(self) -> bool:
-        """True when every cached token of every row and head is a real token (no padding)."""
-        if self._all_valid is None:
-            self._all_valid = self._valid is None or bool(self._valid.all())
-        return bool(self._all_valid)
-
-    def _slack(self) -> int:
-        """Free slots a store keeps past its tokens: a decoding interval's worth, plus some."""
-        return self.decode_interval + 16
 
     def _notify_update(self, call: dict | None) -> None:
         """Hand this layer to the attention call that follows (``call``: the ``kwargs`` dict the model gave
@@ -172,17 +136,6 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         """Apply ``fn`` to every tensor of this layer that has one entry per batch row."""
         raise RuntimeError(f"polykv-search: a {type(self).__name__} cannot move its batch rows")
 
-    # ------------------------------------------------------------ runtime side
-    @property
-    def length(self) -> int:
-        """Tokens physically held per (batch row, KV head)."""
-        return 0 if self._keys is None else self._keys.shape[-2]
-
-    @property
-    def query_positions(self) -> torch.Tensor:
-        """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
-        return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
-
     #: The prompt length while a reconstruction pass runs (its calls feed :meth:`observe_pass`), else None.
     pass_prompt: int | None = None
 
@@ -214,6 +167,11 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
         head groups' layers, or none (a decoding batch of rows, which no pass or pool reaches)."""
         return []
 
+    def as_row(self) -> EvictingLayer | None:
+        """This layer as one row of a row batch (:class:`~polykv_search.runtime.row_batch.RowBatchLayer`): itself
+        when it is one store whose KV heads hold equally many tokens, else None."""
+        return None
+
     def entries(self) -> list[list[EvictingLayer]]:
         """Per entry (a cache's own layers: one; the scorer's shared context layers: one per row), the
         evicting layers whose KV heads a pooled allocation ranks (:func:`~polykv_search.runtime.pooled.allocate`)."""
@@ -222,11 +180,6 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
     def layer_report(self) -> LayerReport:
         """What this layer holds now (:func:`~polykv_search.runtime.report.layer_report`)."""
         return report_of(self, None)
-
-    def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
-        if self.mask is not None:
-            return self.mask(self, query_positions)
-        return super().allowed(query_positions)
 
     def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None, inputs: PassInputs | None = None) -> None:
         """A reconstruction-pass call: hand ``query``, the kernel's log-sum-exp ``lse`` (None: none) and the
@@ -275,16 +228,6 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
             return kernel(query, self.keys, self.values, mask, scaling, is_causal=is_causal, lse=lse)
 
         return self.attention_call(query, _align_padding(padding, self.seen, q_len), run, inputs=inputs, riders=riders)
-
-    def kernel_mask(self, q_len: int) -> tuple[torch.Tensor | None, bool]:
-        """This call's mask, or ``None`` (+ causal flag) when a plain kernel call is exact."""
-        window_ok = self.sliding_window is None or self.seen <= self.sliding_window
-        if window_ok and self.all_valid:
-            if q_len == 1:
-                return None, False  # every kept key is in the past
-            if self.length == q_len and self.num_evictions == 0:
-                return None, True  # a fresh prompt: plain causal
-        return self.allowed(self.query_range), False
 
     def attention_call(
         self,
@@ -341,19 +284,6 @@ class RuntimeLayer(CacheLayerMixin, ViewOps):
             f"polykv-search: a {type(self).__name__} made inside torch.inference_mode cannot be used outside "
             "it; run its forwards in one mode"
         )
-
-    def _thaw_tensors(self) -> None:
-        """:meth:`thaw` of the four cached tensors; the next append moves them into a new store."""
-        for name in ("_keys", "_values", "_positions", "_valid"):
-            tensor = getattr(self, name)
-            if tensor is not None and tensor.is_inference():
-                setattr(self, name, tensor.clone())
-        self._store = None
-
-    def kv_bytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
 
 
 def _align_padding(padding: torch.Tensor | None, seen: int, q_len: int) -> torch.Tensor | None:

@@ -97,11 +97,8 @@ class SharedCells:
     def end_call(self, passing: bool) -> None:
         if not passing:
             with small_ops():
-                for cell, _ in self.members:
+                for cell, _ in self.members:  # a row of head groups counts its groups' calls
                     cell.end_call()
-                for row in self.rows:
-                    if row.cells()[0][0] is not row:  # a row of head groups counts its own calls
-                        row.calls += 1
         self.pattern_groups = {}
 
     def end_pass(self) -> None:

@@ -149,6 +149,9 @@ class EvictingLayer(RuntimeLayer):
     def cells(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
         return [(self, None)]
 
+    def as_row(self) -> EvictingLayer | None:
+        return None if self.ragged else self
+
     def layer_report(self) -> LayerReport:
         return report_of(self, self.plans)
 

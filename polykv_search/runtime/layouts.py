@@ -79,8 +79,7 @@ class GroupedLayer(RuntimeLayer):
         if not self.kernel_groups or (rows and split):
             raise ValueError(f"layer {layer_idx}: kernel groups split the rows or the heads, not both")
         first = self.parts[0]
-        self.seen, self.calls = first.seen, first.calls
-        if rows:  # the rows' layers hold tokens already (head groups are built empty)
+        if first.is_initialized:  # rows' layers and row batches hold tokens already (head groups are built empty)
             self.device = first.device
         self._rows = [None if g.rows is None else _index(g.rows, first.device) for g in self.kernel_groups]
         heads = [g.heads for g in self.kernel_groups]
@@ -90,6 +89,15 @@ class GroupedLayer(RuntimeLayer):
 
     keys = property(lambda self: self.parts[0].keys if self.parts else None, lambda self, t: None)
     values = property(lambda self: self.parts[0].values if self.parts else None, lambda self, t: None)
+
+    # Tokens seen and calls are the groups' (they see every token and call): nothing to write back to a layer whose
+    # groups were decoded elsewhere. Setting them sets every group's.
+    seen = property(lambda self: self.parts[0].seen if self.parts else 0, lambda self, n: self._set_parts("seen", n))
+    calls = property(lambda self: self.parts[0].calls if self.parts else 0, lambda self, n: self._set_parts("calls", n))
+
+    def _set_parts(self, name: str, n: int) -> None:
+        for part in self.parts:
+            setattr(part, name, n)
 
     @property
     def length(self) -> int:
@@ -108,7 +116,6 @@ class GroupedLayer(RuntimeLayer):
                 group.riders.update(key_states, value_states)
             group.layer.update(_take(key_states, rows, kv), _take(value_states, rows, kv))
         self.device = key_states.device
-        self.seen += key_states.shape[-2]
         self._notify_update(kwargs.get("kwargs"))
         return self.keys, self.values
 
@@ -134,10 +141,6 @@ class GroupedLayer(RuntimeLayer):
                 out[:, :, q.to(query.device)] = got
             else:
                 out[rows] = got
-        if self.parts[0].pass_prompt is not None:  # a reconstruction call: the groups cut back themselves
-            self.seen = self.parts[0].seen
-        else:
-            self.calls += 1
         assert out is not None  # a layer has at least one group
         return out
 
@@ -359,8 +362,7 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
         cut = None if split is None else best_split([members[i].length for i in run], split)
         return [run] if cut is None else [run[:cut], run[cut:]]
 
-    # the rows a row batch may hold: a layer that is its own one cell, every KV head as long as the others
-    rows_of = {i: c for i, m in enumerate(members) for c, _ in m.cells()[:1] if c is m and not m.ragged}
+    rows_of = {i: row for i, m in enumerate(members) if (row := m.as_row()) is not None}
 
     def grouped(piece: list[int]) -> list[int]:
         return [piece[i] for i in by_decoding_group([rows_of[i] for i in piece])]

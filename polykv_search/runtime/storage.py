@@ -12,6 +12,8 @@ slots invalid). Its operations, each written once:
 - :meth:`write` / :meth:`pad`: a row's slots from another layer's tensors, or back to padding;
 - :meth:`grown`: the same tokens in a larger store.
 
+:class:`StoreViews` is a layer's side of it: the cached tensors it shows, views of its store's first slots.
+
 A store only ever grows within its buffers, so views handed out earlier (e.g. to forked layers that share
 the prompt) never see an append: appends land past every earlier view's end. Slots no view shows hold
 stale data (:meth:`holding`) or finite padding (:meth:`padded`, for stores whose padding is attended over,
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -144,3 +147,62 @@ class TokenStore:
     def views(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first ``n`` slots of every buffer."""
         return self.keys[:, :, :n], self.values[:, :, :n], self.positions[:, :, :n], self.valid[:, :, :n]
+
+
+class StoreViews:
+    """A layer's cached tensors ``keys``/``values`` ``[B, Hkv, n, D]`` and ``positions``/``valid`` ``[B, Hkv, n]`` (None
+    until the first update): views of the first ``n`` slots of its own :class:`TokenStore`, or tensors assigned from
+    outside (the next append then moves them into a store of the layer's own)."""
+
+    _keys: Any
+    _values: Any
+    _positions: Any
+    _valid: Any
+    _store: TokenStore | None
+    _all_valid: bool | None
+    decode_interval: int
+
+    keys = property(lambda self: self._keys, lambda self, t: self._assign("_keys", t))
+    values = property(lambda self: self._values, lambda self, t: self._assign("_values", t))
+    positions = property(lambda self: self._positions, lambda self, t: self._assign("_positions", t))
+    valid = property(lambda self: self._valid, lambda self, t: self._assign("_valid", t))
+
+    def _assign(self, name: str, tensor: torch.Tensor | None) -> None:
+        setattr(self, name, tensor)
+        self._store = None
+        if name == "_valid":
+            self._all_valid = None
+
+    def _expose(self, store: TokenStore, n: int) -> None:
+        self._keys, self._values, self._positions, self._valid = store.views(n)
+        self._store = store
+
+    @property
+    def all_valid(self) -> bool:
+        """True when every cached token of every row and head is a real token (no padding)."""
+        if self._all_valid is None:
+            self._all_valid = self._valid is None or bool(self._valid.all())
+        return bool(self._all_valid)
+
+    @property
+    def length(self) -> int:
+        """Tokens physically held per (batch row, KV head)."""
+        return 0 if self._keys is None else self._keys.shape[-2]
+
+    def _slack(self) -> int:
+        """Free slots a store keeps past its tokens: a decoding interval's worth, plus some."""
+        return self.decode_interval + 16
+
+    def _thaw_tensors(self) -> None:
+        """Copies of the cached tensors made inside ``torch.inference_mode``; the next append moves them into a new
+        store."""
+        for name in ("_keys", "_values", "_positions", "_valid"):
+            tensor = getattr(self, name)
+            if tensor is not None and tensor.is_inference():
+                setattr(self, name, tensor.clone())
+        self._store = None
+
+    def kv_bytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()

@@ -44,6 +44,8 @@ class ViewOps:
     keys: torch.Tensor
     positions: torch.Tensor
     valid: torch.Tensor
+    #: ``mask(layer, query_positions)`` replaces :meth:`allowed` (None: the kept positions decide).
+    mask: Callable[..., torch.Tensor] | None = None
 
     if TYPE_CHECKING:  # read-only here: some views compute them
 
@@ -62,6 +64,8 @@ class ViewOps:
         Before any eviction and without padding, every row and head holds positions ``0..n-1``, so the
         mask is one ``[1, 1, q, n]`` causal (and sliding-window) pattern shared by all of them.
         """
+        if self.mask is not None:
+            return self.mask(self, query_positions)
         qpos = _as_tensor(query_positions, self.device)
         if self.num_evictions == 0 and self.all_valid:
             kpos = torch.arange(self.positions.shape[-1], device=self.device)[None, :]
@@ -78,6 +82,22 @@ class ViewOps:
             return allowed
         # A padding query sees only itself, so no row is empty and no NaN can leak into the cache.
         return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
+
+    @property
+    def query_positions(self) -> torch.Tensor:
+        """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
+        return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
+
+    def kernel_mask(self, q_len: int) -> tuple[torch.Tensor | None, bool]:
+        """The mask of the call in progress for the attention kernel, or ``None`` (+ causal flag) when a plain kernel
+        call is exact."""
+        window_ok = self.sliding_window is None or self.seen <= self.sliding_window
+        if window_ok and self.all_valid:
+            if q_len == 1:
+                return None, False  # every kept key is in the past
+            if self.length == q_len and self.num_evictions == 0:
+                return None, True  # a fresh prompt: plain causal
+        return self.allowed(self.query_range), False
 
     def row_counts(self) -> torch.Tensor | None:
         """None: rows are not known to be stored compactly (see :class:`~polykv_search.runtime.row_batch.GroupView`)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from polykv_search.runtime import EvictingLayer, RowBatchLayer
+from polykv_search.runtime import RowBatchLayer
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.layouts import GroupedLayer, KernelGroup, row_parts
 
@@ -26,47 +26,33 @@ HeadSplit = tuple[tuple[int, ...], ...]
 
 
 def head_split(layer: RuntimeLayer) -> HeadSplit | None:
-    """The sorted head sets of ``layer``'s head groups when a :class:`SharedHeadGroups` can hold it (every group
-    one plain, non-pooled ``EvictingLayer`` over some heads, past its prefill); else None."""
-    if not isinstance(layer, GroupedLayer):
-        return None
-    groups = layer.kernel_groups
-    plain = all(
-        g.heads is not None and type(g.layer) is EvictingLayer and not g.layer.ragged and g.layer.calls >= 1
-        for g in groups
-    )
-    return tuple(sorted(g.heads for g in groups)) if plain else None  # type: ignore[misc]
+    """The sorted head sets of ``layer``'s cells when :func:`shared_head_groups` can hold it (every cell a row of a
+    row batch over some of the heads, past its prefill); else None."""
+    cells = layer.cells()
+    heads = [h for cell, h in cells if h is not None and cell.as_row() is not None and cell.calls >= 1]
+    return tuple(sorted(heads)) if cells and len(heads) == len(cells) else None
 
 
-class SharedHeadGroups(GroupedLayer):
-    """Rows (layers of one :func:`head_split`) as head groups, each a row batch of every row's group over those
-    heads. :meth:`write_back` hands the groups their rows' tokens and the rows' own layers their counters."""
-
-    def __init__(self, layer_idx: int, rows: Sequence[GroupedLayer], **kwargs):
-        self.members = list(rows)
-        split = head_split(self.members[0])
-        if split is None or any(head_split(row) != split for row in self.members):
-            raise ValueError(f"layer {layer_idx}: shared head groups need rows of one head split")
-        parts = [{g.heads: g.layer for g in row.kernel_groups} for row in self.members]
-        batches = [
-            KernelGroup(
-                RowBatchLayer(layer_idx, [part[heads] for part in parts], **{**kwargs, "num_kv_heads": len(heads)}),
-                heads=heads,
-            )
-            for heads in split
-        ]
-        super().__init__(layer_idx, batches, **kwargs)
-        self.device = batches[0].layer.device
-
-    def write_back(self) -> None:
-        super().write_back()
-        for row in self.members:
-            row.seen, row.calls = self.seen, self.calls
+def shared_head_groups(layer_idx: int, rows: Sequence[RuntimeLayer], **kwargs) -> GroupedLayer:
+    """Rows (layers of one :func:`head_split`) as head groups, each a row batch of every row's cell over those heads.
+    Its ``write_back`` hands the cells their rows' tokens; the rows' counters are their cells'."""
+    split = head_split(rows[0])
+    if split is None or any(head_split(row) != split for row in rows):
+        raise ValueError(f"layer {layer_idx}: shared head groups need rows of one head split")
+    cells = [{heads: cell for cell, heads in row.cells()} for row in rows]
+    batches = [
+        KernelGroup(
+            RowBatchLayer(layer_idx, [row[heads] for row in cells], **{**kwargs, "num_kv_heads": len(heads)}),
+            heads=heads,
+        )
+        for heads in split
+    ]
+    return GroupedLayer(layer_idx, batches, **kwargs)
 
 
 def stacked_layer(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None, **kwargs) -> RuntimeLayer:
     """Layer ``layer_idx`` of a decoding batch over ``members`` (the rows' own layers, in batch order): the rows
-    of each :func:`head_split` shared by two or more rows in one :class:`SharedHeadGroups`, every other row
+    of each :func:`head_split` shared by two or more rows in one :func:`shared_head_groups`, every other row
     through :func:`~polykv_search.runtime.layouts.row_parts` (``split``: its row-cut setting)."""
     by_split: dict[HeadSplit, list[int]] = {}
     for i, member in enumerate(members):
@@ -79,12 +65,11 @@ def stacked_layer(layer_idx: int, members: Sequence[RuntimeLayer], split: int | 
     taken = {i for rows in shared for i in rows}
     rest = [i for i in range(len(members)) if i not in taken]
     if not rest and len(shared) == 1:  # every row of one split: the shared layer is the layer
-        return SharedHeadGroups(layer_idx, list(members), **kwargs)
+        return shared_head_groups(layer_idx, list(members), **kwargs)
     sub = {**kwargs, "on_update": None}
     groups = []
     if rest:
         groups.append(KernelGroup(row_parts(layer_idx, [members[i] for i in rest], split, **sub), rows=tuple(rest)))
-    groups += [
-        KernelGroup(SharedHeadGroups(layer_idx, [members[i] for i in rows], **sub), rows=tuple(rows)) for rows in shared
-    ]
+    for rows in shared:
+        groups.append(KernelGroup(shared_head_groups(layer_idx, [members[i] for i in rows], **sub), rows=tuple(rows)))
     return GroupedLayer(layer_idx, groups, **kwargs)
