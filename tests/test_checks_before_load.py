@@ -48,8 +48,8 @@ def test_collect_refuses_more_samples_than_the_corpus_holds_before_the_model_loa
 ):
     ckpt, corpus = checkpoint
     argv = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--budgets", "8,16", "--context-len", "64"]
-    argv += ["--continuation-len", "8", "--samples", "100000", "--out", str(tmp_path / "sig.json")]
-    refused(argv, "100000 requested", tmp_path, capsys)
+    argv += ["--continuation-len", "8", "--samples", "9000", "--out", str(tmp_path / "sig.json")]
+    refused(argv, "9000 requested", tmp_path, capsys)
 
 
 def test_collect_refuses_more_head_samples_than_the_corpus_holds_before_the_model_loads(
@@ -58,8 +58,8 @@ def test_collect_refuses_more_head_samples_than_the_corpus_holds_before_the_mode
     """--retrieval-heads' evidence samples are drawn with the calibration samples, not after the collection."""
     ckpt, corpus = checkpoint
     argv = ["collect", "--model", str(ckpt), "--calib", str(corpus), "--budgets", "8,16", "--context-len", "64"]
-    argv += ["--continuation-len", "8", "--samples", "2", "--retrieval-heads", "100000", "--out", str(tmp_path / "s")]
-    refused(argv, "100000 requested", tmp_path, capsys)
+    argv += ["--continuation-len", "8", "--samples", "2", "--retrieval-heads", "9000", "--out", str(tmp_path / "s")]
+    refused(argv, "9000 requested", tmp_path, capsys)
 
 
 def test_generate_refuses_a_run_past_the_models_positions_before_the_model_loads(
