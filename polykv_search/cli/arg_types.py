@@ -24,12 +24,16 @@ def _number(text: str, kind: Callable[[str], Any], what: str) -> Any:
     return value
 
 
+def _int_at_least(text: str, least: int, what: str) -> int:
+    value = _number(text, int, what)
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
-    value = _number(text, int, "a positive integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def at_most(most: int, unit: str, *, zero: bool = False):
@@ -46,10 +50,7 @@ def at_most(most: int, unit: str, *, zero: bool = False):
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (seeds, counts that may be zero)."""
-    value = _number(text, int, "a non-negative integer")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+    return _int_at_least(text, 0, "a non-negative integer")
 
 
 def seed_value(text: str) -> int:
