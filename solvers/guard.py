@@ -29,6 +29,7 @@ import numpy as np
 from polykv_search.data import load_corpus
 from polykv_search.data.evidence import make_calibration_samples, parse_retrieval_mix
 from polykv_search.patterns.spec import parse_spec
+from polykv_search.protocol import AGNOSTIC
 from polykv_search.stats import LEVEL, Interval, paired_difference_interval, stratified_mean_interval
 from signals.strategy_kl import strategies_kl
 from solvers.base import Problem, SolverError
@@ -151,10 +152,13 @@ def uniform_candidates(problem: Problem, solved: Strategy) -> list[tuple[str, St
     return out
 
 
-def guard_samples(tokenizer, table, n: int, *, seed: int | None = None, mix: str | None = None):
-    """``n`` calibration samples drawn like the table's (its corpus, calibration split, lengths,
-    protocol, evidence records) with ``seed`` (default: the table's + :data:`SEED_OFFSET`) and ``mix``
-    (default: the table's share of evidence samples); returns ``(samples, description)``."""
+def guard_samples(
+    tokenizer, table, n: int, *, seed: int | None = None, mix: str | None = None, protocol: str | None = None
+):
+    """``n`` calibration samples drawn like the table's (its corpus, calibration split, lengths, evidence
+    records) with ``seed`` (default: the table's + :data:`SEED_OFFSET`), ``mix`` (default: the table's share of
+    evidence samples) and ``protocol`` (default: the table's; the other one measures whole strategies where the
+    query will sit when they are deployed); returns ``(samples, description)``."""
     prov = table.provenance
     calib = prov.get("calibration") or {}
     retrieval = prov.get("retrieval") or {}
@@ -174,7 +178,7 @@ def guard_samples(tokenizer, table, n: int, *, seed: int | None = None, mix: str
             continuation_len=int(prov["continuation_len"]),
             seed=seed,
             mix=parsed,
-            protocol=retrieval.get("protocol", "question-agnostic"),
+            protocol=protocol or retrieval.get("protocol", AGNOSTIC),
         )
     except ValueError as err:  # DataError is a ValueError
         raise SolverError(f"guard samples: {str(err).splitlines()[0]}") from None
@@ -189,6 +193,8 @@ def guard_samples(tokenizer, table, n: int, *, seed: int | None = None, mix: str
         "corpus": calib["spec"],
         "windows_overlapping_the_table": shared,
     }
+    if protocol is not None:  # recorded when chosen, so that journals of the table's protocol still resume
+        description["protocol"] = protocol
     return samples, description
 
 

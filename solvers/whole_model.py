@@ -41,6 +41,7 @@ from rich.console import Console
 from polykv_search.data import samples_fingerprint
 from polykv_search.models import ModelError, load_model, model_fingerprint
 from polykv_search.progress import ProgressBar
+from polykv_search.protocol import PROTOCOLS
 from polykv_search.scoring.engine import MAX_BATCH_ENTRIES
 from signals.journal import JournalError
 from solvers import get_solver_class
@@ -76,6 +77,11 @@ class MeasureSettings(Settings):
         None,
         "evidence samples among them, a count or a fraction (default: the table's share, or half when the table "
         "has none: prose alone cannot see a lost fact)",
+    )
+    protocol: str | None = setting(
+        None,
+        "protocol of those samples (default: the table's): where the query sits when the strategy is deployed",
+        choices=PROTOCOLS,
     )
     level: float = setting(0.95, "confidence level of the acceptance intervals (Bonferroni over the candidates)")
     seed: int = setting(0, "seed of the bootstrap (and of the search's move order)", most=MAX_SEED)
@@ -246,7 +252,12 @@ class WholeModelSolver(Solver):
         s = self.settings
         model, tokenizer = self._model(problem)
         samples, described = guard_samples(
-            tokenizer, problem.table, s.samples, seed=s.sample_seed, mix=measure_mix(s.mix, problem.table)
+            tokenizer,
+            problem.table,
+            s.samples,
+            seed=s.sample_seed,
+            mix=measure_mix(s.mix, problem.table),
+            protocol=s.protocol,
         )
         described = {  # the journal's key: the samples' tokens and scored spans, not only how they were drawn
             **described,

@@ -388,3 +388,38 @@ def test_the_search_measures_half_evidence_samples_when_the_table_has_none():
     assert measure_mix(None, table(None)) == "0.5"
     assert measure_mix("0", table({"evidence_samples": 0, "prose_samples": 4})) == "0"
     assert measure_mix(None, table({"evidence_samples": 2, "prose_samples": 2})) is None
+
+
+def test_the_samples_follow_the_chosen_protocol_and_default_to_the_tables(table_path):
+    """``protocol`` draws the same facts with the query where the strategy will be deployed (closing the compressed
+    context, question-aware); omitted, the table's protocol, and the journal's key as before."""
+    from transformers import AutoTokenizer
+
+    from polykv_search.protocol import AGNOSTIC, AWARE
+    from signals.table import SignalTable
+    from solvers.guard import guard_samples
+
+    ckpt, path = table_path
+    tokenizer, table = AutoTokenizer.from_pretrained(ckpt), SignalTable.load(path)
+    default, described = guard_samples(tokenizer, table, 4, mix="4")
+    agnostic, _ = guard_samples(tokenizer, table, 4, mix="4", protocol=AGNOSTIC)
+    aware, aware_described = guard_samples(tokenizer, table, 4, mix="4", protocol=AWARE)
+    assert "protocol" not in described and aware_described["protocol"] == AWARE
+    assert [s.protocol for s in default] == [AGNOSTIC] * 4 == [s.protocol for s in agnostic]
+    assert [s.protocol for s in aware] == [AWARE] * 4
+    for a, b in zip(agnostic, aware):
+        assert (a.statements, a.queried, len(a.context_ids)) == (b.statements, b.queried, len(b.context_ids))
+        query = len(b.context_ids) - b.prose_context - sum(end - start for start, end in b.evidence_spans)
+        assert query > 0 and list(b.context_ids[-query:]) == list(a.continuation_ids[:query])
+
+
+def test_a_protocol_that_does_not_exist_is_refused_before_anything_runs(table_path, tmp_path, capsys):
+    from polykv_search.cli import main
+
+    _, table = table_path
+    out = tmp_path / "s.json"
+    argv = ["solve", "--method", "search", "--signals", str(table), "--budget", "24", "--out", str(out)]
+    assert main([*argv, "--protocol", "question-first"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "protocol: 'question-first' is not one of" in err and len(err.splitlines()) == 1
+    assert not out.exists()
