@@ -161,6 +161,7 @@ class Solver(ABC):
             raise SolverError(f"{self.name}: internal error, budgets break the constraints ({unused})")
         strategy.provenance["unused_budget"] = dict(unused)
         predicted = predictions(table, strategy, problem.phases)
+        # every layer of a solved strategy has a budget (it has a global budget; Strategy checks it)
         choices = [
             Choice(layer, phase, c.pattern, c.budget, phase in problem.phases)  # type: ignore[arg-type]
             for phase in PHASES

@@ -74,6 +74,7 @@ class Move:
             return f"layers {r.start}-{r.stop - 1}" if len(r) > 1 else f"layer {r.start}"
 
         if self.kind == "budget":
+            # a budget move has a source block (Move.kind says which fields are set)
             return f"{self.phase}: budget {name(self.source)} -> {name(self.target)}"  # type: ignore[arg-type]
         if self.kind == "fill":
             return f"{self.phase}: unused budget -> {name(self.target)}"
@@ -251,6 +252,7 @@ class SearchSpace:
     def _shift(self, move: Move, rows) -> bool:
         n = self.per_layer(move.phase)
         taken = 0
+        # a budget move has a source block (Move.kind says which fields are set)
         for l in self.blocks[move.source]:  # type: ignore[index]
             row = list(rows[l])
             floor = 1 if n > 1 else self.problem.b_min
@@ -276,6 +278,7 @@ class SearchSpace:
         for l, i in self._movable(move.target, rows):
             s, b = rows[l][i]
             if _canon(s) == move.replaces:
+                # a pattern move carries its pattern (Move.kind says which fields are set)
                 rows[l][i] = (self.literal[move.pattern], b)  # type: ignore[index]
                 changed = True
         return changed
@@ -309,6 +312,7 @@ def _moved_prior(pattern, move: Move, budget: int):
         floors, caps = _each(pattern.floor), _each(pattern.cap)
         n = max(len(floors), len(caps))
         floors, caps = (floors * n if len(floors) == 1 else floors), (caps * n if len(caps) == 1 else caps)
+        # a floor or cap move carries its amount (Move.kind says which fields are set)
         step = int(move.amount)  # type: ignore[arg-type]
         if move.kind == "floor":
             values = floors
