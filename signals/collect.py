@@ -159,7 +159,7 @@ def collect_signals(
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     device = str(next(model.parameters()).device)
 
-    key = {
+    key: dict[str, Any] = {
         "model": model_name(model),
         "model_fingerprint": model_fingerprint(model),
         "calibration": samples_fingerprint(samples),

@@ -84,8 +84,8 @@ def assemble(
     G = len(settings.budgets)
     for layer in settings.layers:
         for phase in settings.phases:
-            recs = [jr.units.get((s, layer, phase)) for s in range(S)]
-            if any(r is None for r in recs):
+            recs = [jr.units[(s, layer, phase)] for s in range(S) if (s, layer, phase) in jr.units]
+            if len(recs) < S:
                 continue
             blocks = {
                 k: [np.asarray(r[k], dtype=np.float64) for r in recs] for k in ("cosine", "nll", "kl")

@@ -113,7 +113,9 @@ class PrefillCells(CellArrays):
     __hash__ = None  # type: ignore[assignment]
 
 
-def decode_kl(where: str, block: dict, shape: tuple[int, int, int]) -> list[np.ndarray]:
+def decode_kl(
+    where: str, block: dict, shape: tuple[int, int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``[answer mean, answer se, prose mean, prose se]`` of a cells block; errors name the field."""
     arrays = []
     for signal in ("kl_answer", "kl_prose"):
@@ -128,7 +130,8 @@ def decode_kl(where: str, block: dict, shape: tuple[int, int, int]) -> list[np.n
             if (arr < 0).any():
                 raise SignalTableError(f"{name}: values must be >= 0")
             arrays.append(arr)
-    return arrays
+    answer_mean, answer_se, prose_mean, prose_se = arrays
+    return answer_mean, answer_se, prose_mean, prose_se
 
 
 def prefill_cells_from_json(blocks: Any, num_layers: int, num_kv_heads: int) -> tuple[PrefillCells, ...]:

@@ -96,7 +96,7 @@ class HeadSignals:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_cells", tuple(self.prefill_cells))
-        named = [("heads.cells", self.cells)] if self.cells is not None else []
+        named: list[tuple[str, CellArrays]] = [("heads.cells", self.cells)] if self.cells is not None else []
         named += [(f"heads.prefill_cells[{i}]", c) for i, c in enumerate(self.prefill_cells)]
         for where, cells in named:
             if cells.kl_answer_mean.shape[:2] != self.retrieval.mean.shape:
@@ -151,6 +151,7 @@ def heads_from_json(block: Any, num_layers: int, version: int = 4) -> HeadSignal
     h = block.get("num_kv_heads")
     if not is_int(h) or h < 1:
         raise SignalTableError(f"heads.num_kv_heads: must be a positive integer, got {h!r}")
+    h = int(h)
     r = block.get("retrieval")
     if not isinstance(r, dict) or sorted(r) != ["mean", "per_sample", "se"]:
         raise SignalTableError("heads.retrieval: expected an object with the keys mean, se, per_sample")
@@ -170,9 +171,9 @@ def heads_from_json(block: Any, num_layers: int, version: int = 4) -> HeadSignal
     if not isinstance(provenance, dict):
         raise SignalTableError("heads.provenance: must be an object")
     cells = block.get("cells")
-    cells = None if cells is None else cells_from_json(cells, num_layers, int(h))
+    cells = None if cells is None else cells_from_json(cells, num_layers, h)
     scored = block.get("prefill_cells")
-    scored = () if scored is None else prefill_cells_from_json(scored, num_layers, int(h))
+    scored = () if scored is None else prefill_cells_from_json(scored, num_layers, h)
     return HeadSignals(RetrievalScores(mean, se, per_sample), dict(provenance), cells, scored)
 
 

@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, TypeVar
 
 from strategies.io import atomic_write_text
 
@@ -53,6 +53,9 @@ def journal_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".journal")
 
 
+_J = TypeVar("_J", bound="Journal")
+
+
 class Journal:
     """Finished records of one collection, on disk and in memory.
 
@@ -69,11 +72,11 @@ class Journal:
         self.key = dict(key)
         self.full: dict[int, dict] = {}
         self.units: dict[tuple[int, int, str], dict] = {}
-        self._fh = None
+        self._fh: TextIO | None = None
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, path: str | Path, key: Mapping[str, Any], *, fresh: bool = False) -> Journal:
+    def open(cls: type[_J], path: str | Path | None, key: Mapping[str, Any], *, fresh: bool = False) -> _J:
         """Load an existing journal (checking its key) or start a new one (``path=None``: in memory)."""
         journal = cls(path, key)
         if journal.path is None:
@@ -81,7 +84,7 @@ class Journal:
         if fresh and journal.path.exists():
             journal.path.unlink()
         if journal.path.exists():
-            journal._load()
+            journal._load(journal.path)
         else:
             journal.path.parent.mkdir(parents=True, exist_ok=True)
             journal._append({"format": cls.format, "version": cls.version, "key": journal.key})
@@ -91,9 +94,9 @@ class Journal:
     def resumed(self) -> bool:
         return bool(self.full or self.units)
 
-    def _load(self) -> None:
+    def _load(self, path: Path) -> None:
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as err:
             raise JournalError(f"cannot read the journal {self.path}: {err}") from None
         header = _parse(lines[0]) if lines else None
@@ -115,7 +118,7 @@ class Journal:
             good = i + 1
         if good < len(lines):
             # rewrite without the torn line so that appends start on a fresh line
-            atomic_write_text(self.path, "\n".join(lines[:good]) + "\n")  # fsynced, then renamed
+            atomic_write_text(path, "\n".join(lines[:good]) + "\n")  # fsynced, then renamed
 
     def check_key(self, other: Mapping[str, Any]) -> None:
         for field, words in self.key_fields.items():

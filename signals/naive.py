@@ -25,7 +25,7 @@ from strategies import LayerChoice, Strategy
 
 
 def single_layer_strategy(
-    num_layers: int, layer: int, phase: str, pattern: str, budget: int | None, params: Mapping[str, Any] | None = None
+    num_layers: int, layer: int, phase: str, pattern: str, budget: int, params: Mapping[str, Any] | None = None
 ) -> Strategy:
     """FullKV everywhere except ``layer`` in ``phase``: ``pattern`` with ``budget``."""
     full = LayerChoice("full", None)
@@ -77,8 +77,8 @@ def naive_run(
         for h in handles:
             h.remove()
     outputs = {j: torch.cat(v, dim=1) for j, v in captured.items()}
-    logits = torch.cat(logits)  # [m, V]
-    return outputs, token_nll(logits[None], cont[0])[0].cpu(), logits
+    stacked = torch.cat(logits)  # [m, V]
+    return outputs, token_nll(stacked[None], cont[0])[0].cpu(), stacked
 
 
 class NaiveReference:

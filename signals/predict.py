@@ -103,12 +103,11 @@ def predict_degradation(
     for phase in phases:
         if phase not in table.phases:
             return None
-        choices = strategy.phase(phase)
-        columns = [_column(c) for c in choices]
-        if any(col not in table.patterns or c.budget is None for col, c in zip(columns, choices)):
-            return None
         f = table.phase_index(phase)
-        for layer, (choice, column) in enumerate(zip(choices, columns)):
+        for layer, choice in enumerate(strategy.phase(phase)):
+            column = _column(choice)
+            if column is None or column not in table.patterns or choice.budget is None:
+                return None
             row = costs[layer, f, table.pattern_index(column)]
             x = math.log2(max(choice.budget, 1))
             j = int(np.searchsorted(grid, x))

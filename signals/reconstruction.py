@@ -38,6 +38,9 @@ def reconstruction_states(
     ids = torch.as_tensor(list(context_ids), dtype=torch.long, device=device)[None]
     n = record.context_len
     for pattern in model_level(patterns):
+        size = pattern.chunk_size
+        if size is None:
+            raise ValueError(f"{pattern!r}: a model-level pattern must declare its chunk_size")
         layers = []
         for j in range(len(record.keys)):
             # prefill keeps all, decoding is the pattern: the pass feeds its state, nothing evicts
@@ -45,6 +48,6 @@ def reconstruction_states(
             layer.update(record.keys[j], record.values[j])
             layer.attention_call(record.queries[j], None)  # the prompt's hooks, no kernel; defers
             layers.append(layer)
-        run_pass(model, PolyKVCache(layers), runtime.pass_inputs(), ids, None, pattern.chunk_size)
+        run_pass(model, PolyKVCache(layers), runtime.pass_inputs(), ids, None, size)
         out[pattern] = [layer.states[pattern] for layer in layers]
     return out

@@ -328,7 +328,11 @@ class SignalTable(TableFileMixin):
             and all(same(getattr(self, f"_{k}"), getattr(other, f"_{k}")) for k in (*CELL_SIGNALS, *LAYER_SIGNALS))
             and all(same(self._se[k], other._se[k]) for k in self.signals)
             and (self.n_samples == other.n_samples)
-            and (self._per_sample is None or all(same(self._per_sample[k], other._per_sample[k]) for k in self.signals))
+            and (
+                self._per_sample is None
+                or other._per_sample is not None
+                and all(same(self._per_sample[k], other._per_sample[k]) for k in self.signals)
+            )
             and self.se_dof == other.se_dof
             and self.full_ppl == other.full_ppl
             and self.provenance == other.provenance

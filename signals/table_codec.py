@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -21,7 +21,7 @@ class SignalTableError(ValueError):
     """A signal table file or object that breaks the schema; the message names the field."""
 
 
-def is_int(x: Any) -> bool:
+def is_int(x: Any) -> TypeGuard[int | np.integer]:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
@@ -107,7 +107,9 @@ def encode(arr: np.ndarray) -> Any:
     """Nested lists with ``None`` for NaN (values are finite by construction)."""
     if not arr.size:
         return arr.tolist()
-    return np.where(np.isnan(arr), None, arr).tolist()
+    out = arr.astype(object)
+    out[np.isnan(arr)] = None
+    return out.tolist()
 
 
 def decode(name: str, data: Any, shape: tuple[int, ...], dims: tuple[str, ...] = DIM_NAMES) -> np.ndarray:

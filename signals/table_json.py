@@ -85,6 +85,7 @@ def table_from_json(cls, data: Any):
             f"version: unsupported signal table version {version!r} (this polykv-search reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}); recollect it with `polykv-search collect`"
         )
+    version = int(version)
     for key in _COMMON:
         if key not in data:
             raise SignalTableError(f"{key}: missing")
@@ -140,6 +141,7 @@ def _uncertainty(block: Any, signals: list[str], cell: tuple[int, ...]) -> dict[
         n = block.get("n_samples")
         if not is_int(n) or n < 1:
             raise SignalTableError(f"uncertainty.n_samples: must be a positive integer with per_sample, got {n!r}")
+        n = int(n)
         if not isinstance(per, dict) or sorted(per) != sorted(signals):
             raise SignalTableError(f"uncertainty.per_sample: expected an object with the keys {signals}")
         out["per_sample"] = {k: decode(f"uncertainty.per_sample.{k}", per[k], (*cell, n)) for k in signals}

@@ -55,10 +55,10 @@ from signals.predict import cost_tensor as _table_costs
 from signals.predict import predict_degradation as _table_prediction
 from signals.table import SignalTable, SignalTableError
 from solvers.allocation import allocate, round_to_total
-from solvers.problem import UNOPTIMIZED_RULE, Problem, layer_choice
+from solvers.problem import UNOPTIMIZED_RULE, Problem, layer_budgets, layer_choice
 from solvers.result import Choice, Plan, SolveResult, jsonable
 from solvers.settings import SettingInfo, Settings, SolverError, setting
-from strategies.head_groups import mean_budget
+from solvers.settings import Settings as SolverSettings
 from strategies.strategy import PHASES, LayerChoice, Strategy, StrategyError
 
 #: What the phases a head-level plan does not optimize get (``Plan.follows``; :mod:`solvers.heads`).
@@ -74,9 +74,11 @@ class Solver(ABC):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     needs_table: ClassVar[bool] = False
-    Settings: ClassVar[type[Settings]] = Settings
+    Settings: ClassVar[type[SolverSettings]] = SolverSettings
+    #: An instance of ``Settings`` (a subclass narrows the type to its own settings class).
+    settings: SolverSettings
 
-    def __init__(self, settings: Settings | None = None, **kwargs: Any) -> None:
+    def __init__(self, settings: SolverSettings | None = None, **kwargs: Any) -> None:
         if settings is not None:
             if kwargs:
                 raise SolverError("give either a settings object or keyword settings, not both")
@@ -159,6 +161,7 @@ class Solver(ABC):
             raise SolverError(f"{self.name}: internal error, budgets break the constraints ({unused})")
         strategy.provenance["unused_budget"] = dict(unused)
         predicted = predictions(table, strategy, problem.phases)
+        # every layer of a solved strategy has a budget (it has a global budget; Strategy checks it)
         choices = [
             Choice(layer, phase, c.pattern, c.budget, phase in problem.phases)  # type: ignore[arg-type]
             for phase in PHASES
@@ -201,12 +204,7 @@ def _phase_choices(name: str, problem: Problem, plan: Plan, chosen: Sequence) ->
 def unused_tokens(total: int, strategy: Strategy, phase: str) -> int | float:
     """``total − Σ_l b_l`` counted exactly (a head-level layer: the capped mean of its heads, a fraction; summing
     the float means could give ``-0.0`` or ``-2.8e-14`` for nothing unused): an int when whole, else a float."""
-    left = Fraction(total)
-    for c in strategy.phase(phase):
-        if c.head_groups is not None:
-            left -= mean_budget(c.head_groups, strategy.context_len, strategy.num_kv_heads)  # type: ignore[arg-type]
-        elif c.budget is not None:
-            left -= Fraction(c.budget)
+    left = Fraction(total) - sum(layer_budgets(strategy, phase), Fraction(0))
     return left.numerator if left.denominator == 1 else round(float(left), 9)
 
 

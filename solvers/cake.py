@@ -42,6 +42,7 @@ class CakeSolver(Solver):
     description = "CAKE baseline (offline approximation): budget proportional to entropy^(1/t1) * variance^(1/t2)"
     needs_table = True
     Settings = CakeSettings
+    settings: CakeSettings
 
     def _solve(self, problem: Problem) -> Plan:
         table = problem.require_table(self.name)

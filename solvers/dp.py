@@ -168,6 +168,7 @@ class DPSolver(Solver):
     description = "exact dynamic program for the ilp problem (knapsack over layers); agrees with ilp"
     needs_table = True
     Settings = DPSettings
+    settings: DPSettings
 
     def _solve(self, problem: Problem) -> Plan:
         s = self.settings

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -111,6 +112,7 @@ class DuoSolver(Solver):
     )
     needs_table = True
     Settings = DuoSettings
+    settings: DuoSettings
 
     def _solve(self, problem: Problem) -> Plan:
         s = self.settings
@@ -119,14 +121,14 @@ class DuoSolver(Solver):
         n = context_length(problem, s.target_context_len, self.name)
         floor = max(problem.b_min, min(s.n_sink + s.min_recent, int(problem.global_budget)))
         total = head_total(problem, H)
-        kept = ("full", n, {})
+        kept: tuple[str, int, dict[str, Any]] = ("full", n, {})
         if s.keep == "prompt":
             kept = ("evidence", n + s.recent, {"share": prompt_share(n, s.recent), "rule": "streaming_llm"})
         k, budget = fit(L * H, total, kept[1], floor, s.full_heads)
         order = np.lexsort((np.arange(L * H), -scores.reshape(-1)))  # score descending, then (layer, head)
         full = np.zeros(L * H, dtype=bool)
         full[order[:k]] = True
-        stream = ("streaming_llm", budget, {"n_sink": s.n_sink})
+        stream = ("streaming_llm", budget or 0, {"n_sink": s.n_sink})  # budget None: no head streams
         per_head = [[kept if full[l * H + h] else stream for h in range(H)] for l in range(L)]
         spent = k * kept[1] + (L * H - k) * (budget or 0)
         what = f"all {n} tokens" if s.keep == "all" else f"the {n}-token prompt and {s.recent} recent tokens"
@@ -134,7 +136,13 @@ class DuoSolver(Solver):
             f"{k} of {L * H} KV heads keep {what} (top retrieval scores), the rest streaming_llm at "
             f"{budget} (n_sink {s.n_sink}); mean budget {spent / (L * H):.4g} of B = {problem.global_budget:g}"
         )
-        info = {"full_heads": k, "streaming_budget": budget, "floor": floor, "context_len": n, "heads_total": total}
+        info: dict[str, Any] = {
+            "full_heads": k,
+            "streaming_budget": budget,
+            "floor": floor,
+            "context_len": n,
+            "heads_total": total,
+        }
         info |= {"keep": s.keep, "retrieval_head_budget": kept[1]}
         rule = "k = max with k*b + (N-k)*f <= H*floor(L*B), b = n (keep=all) or n + recent (keep=prompt); "
         rule += "s = floor((H*floor(L*B) - k*b)/(N-k))"

@@ -127,7 +127,7 @@ def decide(
 def offered_patterns(problem: Problem, solved: Strategy) -> list[str]:
     """The allowed patterns, then every pattern the solved strategy's head groups use that is not among them
     (a head-level solve offers its head patterns too, e.g. KVzip's pool), ``full`` left out."""
-    out = [p for p in problem.patterns if p != "full"]
+    out = [p for p in problem.allowed_patterns("guard") if p != "full"]
     seen = {short_label(*parse_spec(p)) for p in out}
     for phase in PHASES:
         for choice in solved.phase(phase):

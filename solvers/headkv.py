@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from polykv_search.patterns import PATTERNS
 from solvers.allocation import allocate
@@ -47,6 +48,7 @@ class HeadKVSolver(Solver):
     description = "HeadKV baseline: per-KV-head budgets in proportion to retrieval score, above a floor"
     needs_table = True
     Settings = HeadKVSettings
+    settings: HeadKVSettings
 
     def _solve(self, problem: Problem) -> Plan:
         s = self.settings
@@ -58,7 +60,9 @@ class HeadKVSolver(Solver):
         if L * H * floor > total:
             raise SolverError(f"infeasible: {L * H} KV heads at the floor {floor} exceed H*floor(L*B) = {total}")
         budgets = allocate(total, weights=scores.reshape(-1), base=floor, lo=floor, hi=n).reshape(L, H)
-        per_head = [[(s.pattern, int(budgets[l, h]), {}) for h in range(H)] for l in range(L)]
+        per_head: list[list[tuple[str, int, dict[str, Any]]]] = [
+            [(s.pattern, int(budgets[l, h]), {}) for h in range(H)] for l in range(L)
+        ]
         top = divmod(int(budgets.argmax()), H)
         message = (
             f"{s.pattern} per KV head: floor {floor}, budgets {int(budgets.min())}..{int(budgets.max())} "

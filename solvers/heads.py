@@ -72,7 +72,7 @@ class HeadCells:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return tuple(next(iter(self.mean.values())).shape)  # type: ignore[return-value]
+        return tuple(next(iter(self.mean.values())).shape)
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -138,7 +138,7 @@ def _read_cells(table, heads, cells, where: str, phases: tuple[str, ...]) -> Hea
         raise SolverError(f"{where}.budgets: must be a list of integers") from None
     if not grid or list(grid) != sorted(set(grid)) or grid[0] < 1:
         raise SolverError(f"{where}.budgets: must be increasing positive integers, got {list(grid)}")
-    L, H = table.num_layers, int(_get(heads, "num_kv_heads"))  # type: ignore[union-attr]
+    L, H = table.num_layers, int(_get(heads, "num_kv_heads"))
     shape = (L, H, len(grid))
     mean, se = {}, {}
     for name in CELL_SIGNALS:
@@ -203,7 +203,7 @@ def grouped_plan(
     (``[L][H]`` of ``(pattern, budget, params)``), and every other phase follows the first optimized one
     (module docstring); ``plan`` are the other Plan fields."""
     choices = [LayerChoice.grouped(group_heads(row, alone=_pooled)) for row in per_head]
-    optimized = list(problem.phases)  # type: ignore[arg-type]
+    optimized = list(problem.phases)
     follows = {phase: optimized[0] for phase in PHASES if phase not in optimized}
     return Plan(
         {phase: list(choices) for phase in optimized},

@@ -285,6 +285,7 @@ class ILPSolver(Solver):
     description = "exact MILP (scipy/HiGHS): one (pattern, budget) grid cell per layer minimizing predicted degradation"
     needs_table = True
     Settings = ILPSettings
+    settings: ILPSettings
 
     def _solve(self, problem: Problem) -> Plan:
         s = self.settings

@@ -24,6 +24,7 @@ def values_of(out: Any, two: bool, strategy) -> tuple[tuple[float, ...], dict[st
     """Normalize an evaluator's answer to objective values (+ extra trial attributes)."""
     extra: dict[str, Any] = {}
     memory = None
+    quality: Any
     if isinstance(out, dict):
         quality = out.get("quality")
         memory = out.get("memory")

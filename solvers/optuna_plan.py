@@ -23,12 +23,12 @@ class StudySetup:
     storage: Any
     storage_desc: str
     sampler: Any
-    sampler_desc: str
+    sampler_desc: dict[str, Any]
     config: dict[str, Any]
     calib: dict[str, Any]
     degradation: str
     uniform_best: str
-    uniform_pred: float
+    uniform_pred: float | None
 
 
 def study_plan(
@@ -59,7 +59,7 @@ def study_plan(
         best = max(front, key=lambda t: (t.values[0], -t.values[1], -t.number))
     else:
         best = max(complete, key=lambda t: (t.values[0], -t.number))  # ties -> earliest (anchors first)
-    choices = {phase: [tuple(c) for c in best.user_attrs["choices"][phase]] for phase in problem.phases}
+    choices = {phase: [(p, b) for p, b in best.user_attrs["choices"][phase]] for phase in problem.phases}
     best_row = trial_row(best)
     front_rows = [trial_row(t, with_choices=True) for t in front]
     provenance = {

@@ -82,7 +82,6 @@ from solvers.base import (
     Choice,
     Plan,
     Problem,
-    Settings,
     Solver,
     SolverError,
     SolveResult,
@@ -126,10 +125,11 @@ class OptunaSolver(Solver):
     description = "Optuna search over allocation-rule parameters, trials scored by the runtime"
     needs_table = True
     Settings = OptunaSettings
+    settings: OptunaSettings
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        settings: OptunaSettings | None = None,
         *,
         evaluator: Evaluator | None = None,
         loaded_model: tuple[Any, Any] | None = None,

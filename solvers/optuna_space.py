@@ -121,7 +121,7 @@ def best_uniform_pattern(problem: Problem, degradation: str = "dppl") -> tuple[s
     L = problem.num_layers
     for kind in (degradation, "1-cosine"):
         scored = []
-        for p in problem.patterns:
+        for p in problem.allowed_patterns("optuna"):
             s = Strategy([layer_choice(p, b)] * L, [layer_choice(p, b)] * L, problem.global_budget, problem.b_min)
             v = predict_degradation(table, s, problem.phases, kind)
             if v is not None:
@@ -129,7 +129,7 @@ def best_uniform_pattern(problem: Problem, degradation: str = "dppl") -> tuple[s
         if scored:
             v, p = min(scored, key=lambda t: t[0])  # min keeps the first listed on ties
             return p, float(v)
-    return problem.patterns[0], None
+    return problem.allowed_patterns("optuna")[0], None
 
 
 def ilp_objectives(problem: Problem) -> list[str]:
@@ -152,15 +152,15 @@ def resolve_degradation(s: OptunaSettings, problem: Problem) -> str:
 def anchor_params(s: OptunaSettings, problem: Problem, uniform_best: str) -> list[tuple[str, dict[str, Any]]]:
     """The enqueued first trials: proportional, ilp (on the degradation signal) and uniform-best."""
     if s.space == "rule":
-        proportional = {"family": "rule", **PROPORTIONAL_POINT}
+        proportional: dict[str, Any] = {"family": "rule", **PROPORTIONAL_POINT}
     else:
         plan = ProportionalSolver()._solve(problem)
         proportional = {"family": "per-layer"}
         for phase in problem.phases:
-            for layer, (p, _) in enumerate(plan.choices[phase]):
+            for layer, (p, _) in enumerate(plan.pairs(phase)):
                 proportional[pattern_param(phase, layer)] = p
         proportional.update({k: v for k, v in PROPORTIONAL_POINT.items() if k != "alpha"})
-    anchors = [
+    anchors: list[tuple[str, dict[str, Any]]] = [
         ("proportional", proportional),
         ("ilp", {"family": "ilp", "ilp_objective": resolve_degradation(s, problem)}),
         ("uniform-best", {"family": "uniform", "uniform_pattern": uniform_best}),
@@ -173,19 +173,19 @@ def anchor_params(s: OptunaSettings, problem: Problem, uniform_best: str) -> lis
 def build_choices(trial, family: str, problem: Problem, signals: RuleSignals) -> dict[str, list[tuple[str, int]]]:
     """The (pattern, budget) choices of every optimized phase for this trial's parameters."""
     if family == "uniform":
-        p = trial.suggest_categorical("uniform_pattern", list(problem.patterns))
+        p = trial.suggest_categorical("uniform_pattern", list(problem.allowed_patterns("optuna")))
         return {phase: [(p, problem.uniform_budget)] * problem.num_layers for phase in problem.phases}
     if family == "ilp":
         objective = trial.suggest_categorical("ilp_objective", ilp_objectives(problem))
         plan = ILPSolver(objective=objective)._solve(problem)
-        return {phase: [(p, int(b)) for p, b in plan.choices[phase]] for phase in problem.phases}
+        return {phase: [(p, int(b)) for p, b in plan.pairs(phase)] for phase in problem.phases}
     ref = problem.reference_budget()
     if family == "rule":
         alpha = trial.suggest_float("alpha", 0.0, 1.0)
     else:
         layer_patterns = {
             phase: [
-                trial.suggest_categorical(pattern_param(phase, l), list(problem.patterns))
+                trial.suggest_categorical(pattern_param(phase, l), list(problem.allowed_patterns("optuna")))
                 for l in range(problem.num_layers)
             ]
             for phase in problem.phases

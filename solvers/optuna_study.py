@@ -214,7 +214,8 @@ def check_storage(spec: str | None) -> None:
 
         url = make_url(spec)
         dialect = url.get_dialect()
-        dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else dialect.dbapi()
+        # SQLAlchemy 2 imports the driver with import_dbapi(); 1.4 (optuna allows it) with the classmethod dbapi()
+        dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else dialect.dbapi()  # type: ignore[operator,misc]
     except Exception as err:  # noqa: BLE001 - sqlalchemy's URL, dialect and driver errors
         raise SolverError(f"storage {desc}: {first_line(err)}") from None
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):

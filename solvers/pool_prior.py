@@ -45,6 +45,7 @@ import numpy as np
 from polykv_search.patterns import canonical_spec, make_pattern, pattern_spec, spec_label
 from solvers.base import Plan, Problem, SolverError, setting
 from solvers.guard import decide
+from solvers.measuring import MeasureSettings, MeasuringSolver
 from solvers.pool_prior_shape import (
     DEFAULT_LEVELS,
     HEAD_SIGNALS,
@@ -55,7 +56,6 @@ from solvers.pool_prior_shape import (
     prior_weights,
 )
 from solvers.problem import layer_choice
-from solvers.whole_model import MeasureSettings, WholeModelSolver
 from strategies import PHASES, Strategy
 
 
@@ -118,7 +118,7 @@ class PoolPriorSettings(MeasureSettings):
         return out
 
 
-class PoolPriorSolver(WholeModelSolver):
+class PoolPriorSolver(MeasuringSolver):
     name = "pool-prior"
     description = (
         "per-layer or per-head weights, floors or caps on KVzip's model-wide pool from the table's importance, "
@@ -126,6 +126,7 @@ class PoolPriorSolver(WholeModelSolver):
     )
     needs_table = True
     Settings = PoolPriorSettings
+    settings: PoolPriorSettings
 
     def _planned(self) -> int:
         return len(self.settings.grid()) + 1
@@ -187,7 +188,7 @@ class PoolPriorSolver(WholeModelSolver):
 
 @dataclass(frozen=True)
 class _Chosen:
-    """What :meth:`WholeModelSolver.solve` checks the written strategy against."""
+    """What :meth:`MeasuringSolver.solve` checks the written strategy against."""
 
     result: Strategy
 

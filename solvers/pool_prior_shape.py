@@ -64,7 +64,7 @@ def layer_importance(problem: Problem, pool, signal: str, reference: int | None)
     budgets = [g for g, b in enumerate(table.budgets) if b <= ref]
     own = [i for i, p in enumerate(table.patterns) if alone(p) == pool.alone()]
     out = {}
-    for phase in problem.phases:  # type: ignore[union-attr]
+    for phase in problem.phases:
         sub = costs[:, table.phase_index(phase)][:, :, budgets]  # (L, P, G)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN layer is reported below instead
@@ -99,7 +99,7 @@ def head_importance(problem: Problem, pool, signal: str, reference: int | None) 
         raise SolverError(f"signals: head cells of {_label(cells)} unknown up to budget {ref} in layers {bad}")
     rows = values.tolist()
     source = f"head cells {_label(cells)}, {'+'.join(keys)}, mean over budgets {[grid[j] for j in used]} (clip)"
-    return {phase: rows for phase in problem.phases}, source  # type: ignore[union-attr]
+    return {phase: rows for phase in problem.phases}, source
 
 
 def _label(cells) -> str:

@@ -21,6 +21,7 @@ is capped and its excess goes to the others in proportion to their ``s`` (see
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,7 @@ class ProportionalSolver(Solver):
     description = "PolyKV paper rule: best pattern per layer, budgets b_min + (LB - L b_min) * s_l / sum(s)"
     needs_table = True
     Settings = ProportionalSettings
+    settings: ProportionalSettings
 
     def _solve(self, problem: Problem) -> Plan:
         table = problem.require_table(self.name)
@@ -65,7 +67,7 @@ class ProportionalSolver(Solver):
         pidx = problem.pattern_indices()
         names = [table.patterns[i] for i in pidx]
         choices: dict[str, list[tuple[str, int]]] = {}
-        info: dict[str, dict] = {"reference_budget": ref}  # type: ignore[dict-item]
+        info: dict[str, Any] = {"reference_budget": ref}
         for phase in problem.phases:
             f = table.phase_index(phase)
             read = {k: table.signal_array(k)[:, f][:, pidx, g] for k in ("cosine", "dppl", "kl")}  # (L, P) each

@@ -59,6 +59,7 @@ class PyramidSolver(Solver):
     description = "PyramidKV baseline: budgets fall linearly from bottom to top layer (beta=20), mean B"
     needs_table = False
     Settings = PyramidSettings
+    settings: PyramidSettings
 
     def window(self) -> int:
         if self.settings.window is not None:

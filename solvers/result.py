@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ class Plan:
     solvers) one :class:`~strategies.LayerChoice` with head groups, with ``context_len`` and
     ``num_kv_heads`` set (a layer's budget is then the mean over its KV heads)."""
 
-    choices: dict[str, list[tuple[str, int] | LayerChoice]]
+    choices: Mapping[str, Sequence[tuple[str, int] | LayerChoice]]
     objective: float | None = None
     message: str = ""
     success: bool = True
@@ -30,6 +31,15 @@ class Plan:
     #: head-level plans: ``{phase not optimized: optimized phase whose choices it copies}`` (the head cells
     #: are measured in both phases, so a phase the table lacks follows the other, not the uniform default)
     follows: dict[str, str] = field(default_factory=dict)
+
+    def pairs(self, phase: str) -> list[tuple[str, int]]:
+        """One phase's ``(pattern, budget)`` per layer, of a layer-level plan."""
+        out = []
+        for c in self.choices[phase]:
+            if isinstance(c, LayerChoice):
+                raise TypeError(f"a head-level plan has no (pattern, budget) pairs ({phase})")
+            out.append(c)
+        return out
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ class SolveResult:
     message: str = ""
     success: bool = True
     info: dict[str, Any] = field(default_factory=dict)
-    unused_budget: dict[str, int] = field(default_factory=dict)
+    unused_budget: dict[str, int | float] = field(default_factory=dict)
 
     @property
     def fun(self) -> float | None:  # scipy's name for the objective value

@@ -42,9 +42,9 @@ from fractions import Fraction
 from typing import Any
 
 from polykv_search.patterns import PATTERNS, canonical_spec, checked_params, make_pattern, pattern_spec
-from solvers.problem import Problem
+from solvers.problem import Problem, layer_budgets
 from solvers.settings import SolverError
-from strategies.head_groups import group_heads, mean_budget
+from strategies.head_groups import group_heads
 from strategies.pattern_spec import spec_label
 from strategies.strategy import PHASES, LayerChoice, Strategy
 
@@ -74,6 +74,7 @@ class Move:
             return f"layers {r.start}-{r.stop - 1}" if len(r) > 1 else f"layer {r.start}"
 
         if self.kind == "budget":
+            # a budget move has a source block (Move.kind says which fields are set)
             return f"{self.phase}: budget {name(self.source)} -> {name(self.target)}"  # type: ignore[arg-type]
         if self.kind == "fill":
             return f"{self.phase}: unused budget -> {name(self.target)}"
@@ -92,6 +93,13 @@ def layer_blocks(num_layers: int, blocks: int) -> list[range]:
     k = max(1, min(blocks, num_layers))
     edges = [round(i * num_layers / k) for i in range(k + 1)]
     return [range(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def _budget(choice: LayerChoice) -> int:
+    """A layer-level choice's budget (every layer of a strategy with a global budget has one; Strategy checks it)."""
+    if choice.budget is None:
+        raise SolverError(f"search: internal error, a {choice.pattern} layer without a budget")
+    return int(choice.budget)
 
 
 def _key(pattern: str, params: Mapping[str, Any]) -> Key:
@@ -134,7 +142,7 @@ class SearchSpace:
         self.problem = problem
         self.start = start
         self.follows = dict(start.provenance.get("phases_following") or {})
-        self.phases = tuple(p for p in problem.phases if p not in self.follows)  # type: ignore[union-attr]
+        self.phases = tuple(p for p in problem.phases if p not in self.follows)
         self.blocks = layer_blocks(start.num_layers, blocks)
         self.step = int(step)
         self.headwise = {p: any(c.has_head_groups for c in start.phase(p)) for p in self.phases}
@@ -155,12 +163,12 @@ class SearchSpace:
         return min(caps) if caps else None
 
     def slots(self, strategy: Strategy, phase: str) -> Slots:
-        rows = []
+        rows: list[tuple[Slot, ...]] = []
         for c in strategy.phase(phase):
             if not self.headwise.get(phase, False):
-                rows.append(((_key(c.pattern, c.params), int(c.budget)),))
+                rows.append(((_key(c.pattern, c.params), _budget(c)),))
             elif c.head_groups is None:
-                rows.append(((_key(c.pattern, c.params), int(c.budget)),) * self.heads)
+                rows.append(((_key(c.pattern, c.params), _budget(c)),) * self.heads)
             else:
                 owner = {h: g for g in c.head_groups for h in g.heads}
                 row = (owner[h] for h in range(self.heads))
@@ -244,6 +252,7 @@ class SearchSpace:
     def _shift(self, move: Move, rows) -> bool:
         n = self.per_layer(move.phase)
         taken = 0
+        # a budget move has a source block (Move.kind says which fields are set)
         for l in self.blocks[move.source]:  # type: ignore[index]
             row = list(rows[l])
             floor = 1 if n > 1 else self.problem.b_min
@@ -269,6 +278,7 @@ class SearchSpace:
         for l, i in self._movable(move.target, rows):
             s, b = rows[l][i]
             if _canon(s) == move.replaces:
+                # a pattern move carries its pattern (Move.kind says which fields are set)
                 rows[l][i] = (self.literal[move.pattern], b)  # type: ignore[index]
                 changed = True
         return changed
@@ -297,11 +307,12 @@ def _moved_prior(pattern, move: Move, budget: int):
     None if unchanged."""
     if move.kind == "weight":
         values = _each(pattern.weight)
-        new = tuple(min(64.0, max(1 / 64, float(f"{w * move.amount:.3g}"))) for w in values)  # type: ignore[operator]
+        new = tuple(min(64.0, max(1 / 64, float(f"{w * move.amount:.3g}"))) for w in values)
     else:
         floors, caps = _each(pattern.floor), _each(pattern.cap)
         n = max(len(floors), len(caps))
         floors, caps = (floors * n if len(floors) == 1 else floors), (caps * n if len(caps) == 1 else caps)
+        # a floor or cap move carries its amount (Move.kind says which fields are set)
         step = int(move.amount)  # type: ignore[arg-type]
         if move.kind == "floor":
             values = floors
@@ -357,13 +368,8 @@ def _choice(key: Key, budget: int) -> tuple[str, int, dict[str, Any]]:
 def check_budgets(strategy: Strategy, problem: Problem) -> None:
     """Raise :class:`SolverError` unless every searched phase keeps ``Σ_l b_l <= floor(L·B)`` and
     ``b_l >= b_min`` (a head-level layer's budget: the capped mean of its heads)."""
-    for phase in problem.phases:  # type: ignore[union-attr]
-        budgets = []
-        for c in strategy.phase(phase):
-            if c.head_groups is not None:
-                budgets.append(mean_budget(c.head_groups, strategy.context_len, strategy.num_kv_heads))
-            else:
-                budgets.append(Fraction(c.budget))
+    for phase in problem.phases:
+        budgets = layer_budgets(strategy, phase)
         total = sum(budgets)
         if total > problem.total or min(budgets) < problem.b_min or not math.isfinite(float(total)):
             raise SolverError(

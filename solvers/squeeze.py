@@ -94,6 +94,7 @@ class SqueezeSolver(Solver):
     description = "SqueezeAttention baseline: 3-means on layer cosine, the most redundant group gets p*B"
     needs_table = True
     Settings = SqueezeSettings
+    settings: SqueezeSettings
 
     def _solve(self, problem: Problem) -> Plan:
         table = problem.require_table(self.name)

@@ -29,6 +29,7 @@ class UniformSolver(Solver):
     description = "uniform-X baseline: one pattern with budget floor(B) in every layer (no table needed)"
     needs_table = False
     Settings = UniformSettings
+    settings: UniformSettings
 
     def _solve(self, problem: Problem) -> Plan:
         b = problem.uniform_budget

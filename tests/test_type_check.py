@@ -12,11 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib")
-def test_mypy_checks_the_pattern_boundary_the_runtime_and_strategies():
+def test_mypy_checks_the_pattern_boundary_the_runtime_strategies_signals_and_solvers():
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
-    assert {"polykv_search/patterns", "polykv_search/runtime", "strategies"} <= set(config["files"])
+    checked = {"polykv_search/patterns", "polykv_search/runtime", "polykv_search/scoring", "strategies"}
+    assert checked | {"signals", "solvers"} <= set(config["files"])
     assert all((ROOT / path).is_dir() for path in config["files"])
 
 
