@@ -1,4 +1,5 @@
-"""The recall diagnosis's question-free scores (scripts/surprisal_scores.py): surprisal per token and per word."""
+"""The recall diagnosis's question-free scores (scripts/surprisal_scores.py): surprisal per token, per word, and a
+word's score carried to its sentence."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scripts.surprisal_scores import prompt_surprisal, rank_of, word_ids, word_sums
+from scripts.surprisal_scores import carried, prompt_surprisal, rank_of, sentence_ids, sentence_max, word_ids, word_sums
 
 
 class _Tokenizer:
@@ -56,3 +57,57 @@ def test_surprisal_is_the_next_token_loss_given_the_left_context():
 def test_ranks_count_from_the_highest_score_and_ties_go_to_the_older_token():
     score = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.5])
     assert rank_of(score, [1, 3, 2, 0, 4]) == [0, 1, 2, 3, 4]
+
+
+def test_a_sentence_ends_after_a_line_break_or_a_full_stop_question_or_exclamation_mark():
+    # 'Mr. Darcy!\n\nThe secret number of Mary is 40712.\nHe said "No." Then' as SmolLM2 writes it
+    pieces = ["Mr", ".", " Dar", "cy", "!", "\n", "\n", "The", " secret", " is", " ", "4", "0", ".", "\n"]
+    pieces += ["He", " said", ' "', "No", '."', " Then", ";", " and"]
+    sentences = sentence_ids(_Tokenizer(pieces), list(range(len(pieces))))
+    assert sentences.tolist() == [0, 0, 1, 1, 1, 2, 3, 4, 4, 4, 4, 4, 4, 4, 5, 6, 6, 6, 6, 6, 7, 7, 7]
+
+
+def _random_units(n: int, units: int, seed: int) -> torch.Tensor:
+    """Consecutive unit ids 0, 1, ... for ``n`` tokens (at most ``units`` of them)."""
+    ids = torch.tensor(sorted(torch.randint(0, units, (n,), generator=torch.Generator().manual_seed(seed)).tolist()))
+    return torch.unique(ids, return_inverse=True)[1]
+
+
+def test_every_token_of_a_sentence_is_scored_with_its_sentences_highest_value():
+    per_token = torch.rand(50, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 7 - 1
+    sentences = _random_units(50, 9, seed=3)
+    naive = [max(float(per_token[j]) for j in range(50) if sentences[j] == sentences[i]) for i in range(50)]
+    assert sentence_max(per_token, sentences).tolist() == naive
+
+
+@pytest.mark.parametrize("word", ["sum", "tail"])
+@pytest.mark.parametrize("sinks", [0, 4])
+def test_the_sentence_score_is_its_best_words_score_with_the_sinks_first(word, sinks):
+    n = 60
+    per_token = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 5
+    words = _random_units(n, 25, seed=5)
+    sentences = torch.tensor([int(words[i]) // 6 for i in range(n)])  # a sentence: six whole words
+    sentences = torch.unique(sentences, return_inverse=True)[1]
+
+    def word_score(w: int) -> float:  # the naive reference: the word's tokens, less its first with "tail"
+        tokens = [j for j in range(n) if words[j] == w]
+        return sum(float(per_token[j]) for j in (tokens[1:] if word == "tail" else tokens))
+
+    naive = [max(word_score(int(words[j])) for j in range(n) if sentences[j] == sentences[i]) for i in range(n)]
+    naive[:sinks] = [max(naive) + 1.0] * sinks
+    out = carried(per_token, words, sentences, word, sinks)
+    assert out.tolist() == pytest.approx(naive, rel=1e-12)
+    assert rank_of(out, list(range(sinks))) == list(range(sinks))
+
+
+def test_a_words_tail_leaves_out_its_first_token():
+    per_token = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    words = torch.tensor([0, 0, 1, 2, 2])
+    sentences = torch.tensor([0, 1, 2, 3, 4])  # one sentence a token: the word scores themselves
+    assert carried(per_token, words, sentences, "tail").tolist() == [2.0, 2.0, 0.0, 5.0, 5.0]
+    assert carried(per_token, words, sentences, "sum").tolist() == [3.0, 3.0, 3.0, 9.0, 9.0]
+
+
+def test_an_unknown_word_score_is_refused():
+    with pytest.raises(ValueError, match="word must be sum or tail"):
+        carried(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), "max")
