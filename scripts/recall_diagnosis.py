@@ -41,6 +41,7 @@ from scripts.surprisal_scores import (  # noqa: E402
     prompt_surprisal,
     rank_of,
     sentence_ids,
+    token_kinds,
     word_ids,
     word_sums,
 )
@@ -93,8 +94,9 @@ SURPRISAL: dict[str, torch.Tensor] = {}
 class Surprisal(Evidence):
     """Diagnosis only: the ``evidence`` share scored by FullKV's surprisal of each prompt token (``unit="token"``),
     by its word's summed surprisal (``unit="word"``; Li et al., EMNLP 2023, https://arxiv.org/abs/2310.06201), or
-    by the highest word score of its sentence (``unit="sentence"``; ``word``: ``sum`` or ``tail``, the word's
-    tokens after its first), the first ``sinks`` tokens ranked first; the same ranking in every head."""
+    by the highest word score of its sentence (``unit="sentence"``; ``word``: ``sum``, ``tail``, the word's
+    tokens after its first, or ``rest``, after its first visible one), the first ``sinks`` tokens ranked first;
+    the same ranking in every head."""
 
     name: ClassVar[str] = "surprisal"
     unit: str = "token"
@@ -105,8 +107,8 @@ class Surprisal(Evidence):
         super().__post_init__()
         if self.unit not in ("token", "word", "sentence"):
             raise ValueError(f"unit must be token, word or sentence, got {self.unit!r}")
-        if self.word not in ("sum", "tail"):
-            raise ValueError(f"word must be sum or tail, got {self.word!r}")
+        if self.word not in ("sum", "tail", "rest"):
+            raise ValueError(f"word must be sum, tail or rest, got {self.word!r}")
         if self.unit != "sentence" and (self.word != "sum" or self.sinks):
             raise ValueError("word and sinks apply to unit=sentence only")
 
@@ -117,7 +119,7 @@ class Surprisal(Evidence):
             return per_token
         if self.unit == "word":
             return word_sums(per_token, words)
-        return carried(per_token, words, SURPRISAL["sentences"], self.word, self.sinks)
+        return carried(per_token, words, SURPRISAL["sentences"], self.word, self.sinks, SURPRISAL["kinds"])
 
     def post_kernel(self, layer, state, query) -> None:
         first = "evidence" not in state.token
@@ -227,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             SURPRISAL["token"] = prompt_surprisal(model, context_ids)
             SURPRISAL["words"] = word_ids(tok, context_ids)
             SURPRISAL["sentences"] = sentence_ids(tok, context_ids)
+            SURPRISAL["kinds"] = token_kinds(tok, context_ids)
             per_token, words, sentences = SURPRISAL["token"], SURPRISAL["words"], SURPRISAL["sentences"]
             ranks = {
                 "surprisal": [round(float(SURPRISAL["token"][k]), 3) for k in spans["value"]],
@@ -234,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                 "rank_word": rank_of(word_sums(per_token, words), spans["value"]),
                 **{  # the last of the asked statement's tokens to enter the share, with the 4 sinks protected
                     f"statement_rank_sentence_{w}": max(
-                        rank_of(carried(per_token, words, sentences, w, 4), spans["statement"])
+                        rank_of(carried(per_token, words, sentences, w, 4, SURPRISAL["kinds"]), spans["statement"])
                     )
-                    for w in ("sum", "tail")
+                    for w in ("sum", "tail", "rest")
                 },
             }
             print(f"{sample.id}: the asked number's tokens (ranks of {len(context_ids)}, 0 = most surprising) {ranks}")

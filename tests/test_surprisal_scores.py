@@ -9,14 +9,27 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from scripts.surprisal_scores import carried, prompt_surprisal, rank_of, sentence_ids, sentence_max, word_ids, word_sums
+from scripts.surprisal_scores import (
+    BLANK,
+    SPECIAL,
+    VISIBLE,
+    carried,
+    prompt_surprisal,
+    rank_of,
+    sentence_ids,
+    sentence_max,
+    token_kinds,
+    word_ids,
+    word_sums,
+)
 
 
 class _Tokenizer:
     """Decodes each id to a fixed piece of text."""
 
-    def __init__(self, pieces: list[str]):
+    def __init__(self, pieces: list[str], special: tuple[int, ...] = ()):
         self.pieces = pieces
+        self.all_special_ids = list(special)
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.pieces[i] for i in ids)
@@ -80,22 +93,28 @@ def test_every_token_of_a_sentence_is_scored_with_its_sentences_highest_value():
     assert sentence_max(per_token, sentences).tolist() == naive
 
 
-@pytest.mark.parametrize("word", ["sum", "tail"])
+@pytest.mark.parametrize("word", ["sum", "tail", "rest"])
 @pytest.mark.parametrize("sinks", [0, 4])
 def test_the_sentence_score_is_its_best_words_score_with_the_sinks_first(word, sinks):
     n = 60
     per_token = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 5
     words = _random_units(n, 25, seed=5)
+    kinds = torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(6))
     sentences = torch.tensor([int(words[i]) // 6 for i in range(n)])  # a sentence: six whole words
     sentences = torch.unique(sentences, return_inverse=True)[1]
 
-    def word_score(w: int) -> float:  # the naive reference: the word's tokens, less its first with "tail"
+    def word_score(w: int) -> float:  # the naive reference, token by token
         tokens = [j for j in range(n) if words[j] == w]
-        return sum(float(per_token[j]) for j in (tokens[1:] if word == "tail" else tokens))
+        if word == "tail":
+            tokens = tokens[1:]
+        if word == "rest":  # after the first visible token, special tokens left out
+            visible = [j for j in tokens if kinds[j] == VISIBLE]
+            tokens = [j for j in tokens if visible and j > visible[0] and kinds[j] != SPECIAL]
+        return sum(float(per_token[j]) for j in tokens)
 
     naive = [max(word_score(int(words[j])) for j in range(n) if sentences[j] == sentences[i]) for i in range(n)]
     naive[:sinks] = [max(naive) + 1.0] * sinks
-    out = carried(per_token, words, sentences, word, sinks)
+    out = carried(per_token, words, sentences, word, sinks, kinds)
     assert out.tolist() == pytest.approx(naive, rel=1e-12)
     assert rank_of(out, list(range(sinks))) == list(range(sinks))
 
@@ -108,6 +127,23 @@ def test_a_words_tail_leaves_out_its_first_token():
     assert carried(per_token, words, sentences, "sum").tolist() == [3.0, 3.0, 3.0, 9.0, 9.0]
 
 
-def test_an_unknown_word_score_is_refused():
-    with pytest.raises(ValueError, match="word must be sum or tail"):
-        carried(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), "max")
+def test_a_words_rest_starts_after_its_first_visible_token_and_leaves_out_special_tokens():
+    # "\n", "Bing", "ley", "!"  |  " ", "4", "0"  |  " not", "<|im_end|>"
+    per_token = torch.tensor([9.0, 8.0, 3.0, 1.0, 0.5, 2.0, 2.5, 4.0, 20.0])
+    words = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2])
+    kinds = torch.tensor([BLANK, VISIBLE, VISIBLE, VISIBLE, BLANK, VISIBLE, VISIBLE, VISIBLE, SPECIAL])
+    out = carried(per_token, words, torch.arange(9), "rest", kinds=kinds)
+    assert out.tolist() == [4.0, 4.0, 4.0, 4.0, 2.5, 2.5, 2.5, 0.0, 0.0]
+
+
+def test_a_tokens_kind_is_special_blank_or_visible():
+    tok = _Tokenizer(["<|im_end|>", "\n", " ", "The", " 4"], special=(0,))
+    assert token_kinds(tok, [0, 1, 2, 3, 4]).tolist() == [SPECIAL, BLANK, BLANK, VISIBLE, VISIBLE]
+
+
+def test_an_unknown_word_score_is_refused_and_rest_needs_the_kinds():
+    none = torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match="word must be sum, tail or rest"):
+        carried(torch.zeros(3), none, none, "max")
+    with pytest.raises(ValueError, match="needs the tokens' kinds"):
+        carried(torch.zeros(3), none, none, "rest")
