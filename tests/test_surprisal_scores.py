@@ -147,3 +147,16 @@ def test_an_unknown_word_score_is_refused_and_rest_needs_the_kinds():
         carried(torch.zeros(3), none, none, "max")
     with pytest.raises(ValueError, match="needs the tokens' kinds"):
         carried(torch.zeros(3), none, none, "rest")
+
+
+def test_the_asked_statement_is_every_token_of_its_fact_and_nothing_around_it():
+    from scripts.recall_diagnosis import fact_spans
+
+    pieces = ["Facts", ".", "\n", "The", " secret", " number", " of", " Mary", " is", " ", "4", "0", ".", "\n"]
+    pieces += ["The", " secret", " number", " of", " Bob", " is", " ", "7", "1", ".", "\n", "Go"]
+    facts = ["The secret number of Mary is 40.", "The secret number of Bob is 71."]
+    spans = fact_spans(_Tokenizer(pieces), list(range(len(pieces))), facts, "Bob", "71")
+    assert spans["statement"] == list(range(14, 24))
+    assert spans["value"] == [21, 22]
+    assert spans["name"] == [18]
+    assert spans["facts"] == list(range(3, 13)) + list(range(14, 24))
