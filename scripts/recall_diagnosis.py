@@ -3,11 +3,15 @@
 For ``decode/recall`` samples drawn from the calibration split (never the evaluation one), FullKV generates
 ``--generate-len`` tokens; every plan is then teacher-forced along them (as the decode suite does), and after
 the prefill and at a few generated steps the script records, per layer and KV head, which of the asked fact's
-value tokens (the digits of its number), its name tokens and the other facts' tokens are still cached. Then
-the question follows and the plan answers. Writes a JSON file and prints a table.
+value tokens (the digits of its number), its name tokens, its whole statement and the other facts' tokens are
+still cached. Then the question follows and the plan answers. Writes a JSON file and prints a table. Besides the
+registered patterns it runs the diagnosis-only plans ``oracle_facts``, ``oracle_values`` and ``surprisal`` (the
+question-free scores of ``scripts/surprisal_scores.py``; docs/decode.md, "Keeping the facts").
 
     python scripts/recall_diagnosis.py --samples 4 --budget 128 --generate-len 256 \\
         --plan "kvzip[allocation=model,evidence=0.5]" --plan evidence --out diag.json
+    python scripts/recall_diagnosis.py --first 4 --samples 4 --threads 1 \\
+        --plan "surprisal[unit=sentence,word=rest,sinks=4,share=0.75]" --out carry.json
 """
 
 from __future__ import annotations
