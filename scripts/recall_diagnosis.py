@@ -3,11 +3,15 @@
 For ``decode/recall`` samples drawn from the calibration split (never the evaluation one), FullKV generates
 ``--generate-len`` tokens; every plan is then teacher-forced along them (as the decode suite does), and after
 the prefill and at a few generated steps the script records, per layer and KV head, which of the asked fact's
-value tokens (the digits of its number), its name tokens and the other facts' tokens are still cached. Then
-the question follows and the plan answers. Writes a JSON file and prints a table.
+value tokens (the digits of its number), its name tokens, its whole statement and the other facts' tokens are
+still cached. Then the question follows and the plan answers. Writes a JSON file and prints a table. Besides the
+registered patterns it runs the diagnosis-only plans ``oracle_facts``, ``oracle_values`` and ``surprisal`` (the
+question-free scores of ``scripts/surprisal_scores.py``; docs/decode.md, "Keeping the facts").
 
     python scripts/recall_diagnosis.py --samples 4 --budget 128 --generate-len 256 \\
         --plan "kvzip[allocation=model,evidence=0.5]" --plan evidence --out diag.json
+    python scripts/recall_diagnosis.py --first 4 --samples 4 --threads 1 \\
+        --plan "surprisal[unit=sentence,word=rest,sinks=4,share=0.75]" --out carry.json
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from polykv_search.cli.arg_types import non_negative_int, positive_int  # noqa: E402
 from polykv_search.cli.baselines import baseline  # noqa: E402
 from polykv_search.data import load_corpus, split_corpus  # noqa: E402
 from polykv_search.evaluation import get_task  # noqa: E402
@@ -35,7 +40,15 @@ from polykv_search.models import load_model  # noqa: E402
 from polykv_search.patterns import PATTERNS  # noqa: E402
 from polykv_search.patterns.evidence import Evidence  # noqa: E402
 from polykv_search.runtime import apply_strategy  # noqa: E402
-from scripts.surprisal_scores import prompt_surprisal, rank_of, word_ids, word_sums  # noqa: E402
+from scripts.surprisal_scores import (  # noqa: E402
+    carried,
+    prompt_surprisal,
+    rank_of,
+    sentence_ids,
+    token_kinds,
+    word_ids,
+    word_sums,
+)
 
 #: The prompt slots of the facts, for the diagnostic ``oracle_facts`` plan (an upper bound, not a pattern to ship),
 #: and of the facts' numbers alone, for ``oracle_values``.
@@ -83,25 +96,42 @@ SURPRISAL: dict[str, torch.Tensor] = {}
 
 @dataclass(frozen=True)
 class Surprisal(Evidence):
-    """Diagnosis only: the ``evidence`` share scored by FullKV's surprisal of each prompt token (``unit="token"``)
-    or by its word's summed surprisal (``unit="word"``; Li et al., EMNLP 2023, https://arxiv.org/abs/2310.06201),
+    """Diagnosis only: the ``evidence`` share scored by FullKV's surprisal of each prompt token (``unit="token"``),
+    by its word's summed surprisal (``unit="word"``; Li et al., EMNLP 2023, https://arxiv.org/abs/2310.06201), or
+    by the highest word score of its sentence (``unit="sentence"``; ``word``: ``sum``, ``tail``, the word's
+    tokens after its first, or ``rest``, after its first visible one), the first ``sinks`` tokens ranked first;
     the same ranking in every head."""
 
     name: ClassVar[str] = "surprisal"
     unit: str = "token"
+    word: str = "sum"
+    sinks: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.unit not in ("token", "word"):
-            raise ValueError(f"unit must be token or word, got {self.unit!r}")
+        if self.unit not in ("token", "word", "sentence"):
+            raise ValueError(f"unit must be token, word or sentence, got {self.unit!r}")
+        if self.word not in ("sum", "tail", "rest"):
+            raise ValueError(f"word must be sum, tail or rest, got {self.word!r}")
+        if self.unit != "sentence" and (self.word != "sum" or self.sinks):
+            raise ValueError("word and sinks apply to unit=sentence only")
+
+    def prompt_score(self) -> torch.Tensor:
+        """This plan's score of every prompt token, from :data:`SURPRISAL`."""
+        per_token, words = SURPRISAL["token"], SURPRISAL["words"]
+        if self.unit == "token":
+            return per_token
+        if self.unit == "word":
+            return word_sums(per_token, words)
+        return carried(per_token, words, SURPRISAL["sentences"], self.word, self.sinks, SURPRISAL["kinds"])
 
     def post_kernel(self, layer, state, query) -> None:
         first = "evidence" not in state.token
         super().post_kernel(layer, state, query)
         if first:
-            score = SURPRISAL["token"] if self.unit == "token" else word_sums(SURPRISAL["token"], SURPRISAL["words"])
             mark = state.token["evidence"]
-            state.token["evidence"] = score.to(mark)[: mark.shape[-1]].expand_as(mark).masked_fill(~layer.valid, 0.0)
+            score = self.prompt_score().to(mark)[: mark.shape[-1]]
+            state.token["evidence"] = score.expand_as(mark).masked_fill(~layer.valid, 0.0)
 
 
 PATTERNS["surprisal"] = Surprisal
@@ -118,7 +148,7 @@ def fact_spans(tokenizer, ids: list[int], facts: list[str], asked: str, answer_t
     def tokens(lo: int, hi: int) -> list[int]:
         return [k for k, (a, b) in enumerate(zip(starts, ends)) if a < hi and b > lo]
 
-    out = {"value": [], "name": [], "facts": [], "values": []}
+    out = {"value": [], "name": [], "statement": [], "facts": [], "values": []}
     for fact in facts:
         at = text.find(fact)
         if at < 0:
@@ -132,6 +162,7 @@ def fact_spans(tokenizer, ids: list[int], facts: list[str], asked: str, answer_t
             out["value"] = tokens(at + v, at + v + len(answer_text))
             n = fact.index(asked)
             out["name"] = tokens(at + n, at + n + len(asked))
+            out["statement"] = tokens(at, at + len(fact))
     return out
 
 
@@ -151,23 +182,26 @@ def kept_positions(cache) -> list[list[set[int]]]:
 def survival(kept: list[list[set[int]]], spans: dict[str, list[int]], prompt_len: int) -> dict:
     """Shares of the spans' tokens kept, per layer (mean over heads), and the heads keeping the whole number."""
     per_layer = {k: [] for k in spans}
-    whole = []
+    whole, stated = [], []
     prompt = []
     for heads in kept:
         for k, idx in spans.items():
             per_layer[k].append(sum(len(set(idx) & h) / max(1, len(idx)) for h in heads) / len(heads))
         whole.append(sum(set(spans["value"]) <= h for h in heads))
+        stated.append(sum(set(spans["statement"]) <= h for h in heads))
         prompt.append(sum(sum(p < prompt_len for p in h) for h in heads) / len(heads))
     return {
         **{f"{k}_kept": [round(v, 3) for v in vals] for k, vals in per_layer.items()},
         "heads_with_whole_value": whole,
+        "heads_with_whole_statement": stated,
         "prompt_tokens_per_head": [round(v, 1) for v in prompt],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--samples", type=positive_int, default=4)
+    p.add_argument("--first", type=non_negative_int, default=0, help="first calibration sample index")
     p.add_argument("--context-len", type=int, default=512)
     p.add_argument("--generate-len", type=int, default=256)
     p.add_argument("--budget", type=float, default=128)
@@ -185,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     L = model.config.num_hidden_layers
     texts = [d.text for d in split_corpus(load_corpus("austen"), "calib")]
     task = get_task(args.task, generate_len=args.generate_len)
-    samples = task.generate(tok, texts, args.samples, args.context_len, split_seed(args.seed, "calib"))
+    seed = split_seed(args.seed, "calib")
+    samples = task.generate(tok, texts, args.first + args.samples, args.context_len, seed)[args.first :]
     caller = _Caller(model)
     banned = frozenset(eos_token_ids(model, tok))
     entries = [baseline(f"uniform:{plan}", L, args.budget) for plan in args.plan]
@@ -197,10 +232,19 @@ def main(argv: list[str] | None = None) -> int:
         if any(plan.startswith("surprisal") for plan in args.plan):
             SURPRISAL["token"] = prompt_surprisal(model, context_ids)
             SURPRISAL["words"] = word_ids(tok, context_ids)
+            SURPRISAL["sentences"] = sentence_ids(tok, context_ids)
+            SURPRISAL["kinds"] = token_kinds(tok, context_ids)
+            per_token, words, sentences = SURPRISAL["token"], SURPRISAL["words"], SURPRISAL["sentences"]
             ranks = {
                 "surprisal": [round(float(SURPRISAL["token"][k]), 3) for k in spans["value"]],
                 "rank_token": rank_of(SURPRISAL["token"], spans["value"]),
-                "rank_word": rank_of(word_sums(SURPRISAL["token"], SURPRISAL["words"]), spans["value"]),
+                "rank_word": rank_of(word_sums(per_token, words), spans["value"]),
+                **{  # the last of the asked statement's tokens to enter the share, with the 4 sinks protected
+                    f"statement_rank_sentence_{w}": max(
+                        rank_of(carried(per_token, words, sentences, w, 4, SURPRISAL["kinds"]), spans["statement"])
+                    )
+                    for w in ("sum", "tail", "rest")
+                },
             }
             print(f"{sample.id}: the asked number's tokens (ranks of {len(context_ids)}, 0 = most surprising) {ranks}")
         t0 = time.perf_counter()
