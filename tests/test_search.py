@@ -423,3 +423,27 @@ def test_a_protocol_that_does_not_exist_is_refused_before_anything_runs(table_pa
     err = capsys.readouterr().err.strip()
     assert "protocol: 'question-first' is not one of" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_start_whose_lower_mean_is_inside_its_interval_does_not_replace_the_calibrated_solve():
+    """The guard's rule picks the start: a uniform with a lower mean KL that is not resolved below the calibrated
+    solve (noisy, as 8 calibration samples are) leaves the solve as the start; one resolved below replaces it."""
+    p = problem()
+    solved = uniform(p, "tova")
+    starts = [("ilp", solved), *uniform_candidates(p, solved)]
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0.0, 0.5, size=(len(KINDS), len(starts)))
+
+    def run(offsets):
+        def objective(strategies):
+            names = {s.digest(): j for j, (_, s) in enumerate(starts)}
+            cols = [names.get(s.digest(), 0) for s in strategies]
+            return np.stack([1.5 + offsets[j] + noise[:, j] for j in cols], 1)
+
+        return local_search(starts, space_for(p), objective, KINDS, max_evaluations=len(starts))
+
+    unresolved = run([0.0, -0.05, 0.3])  # snapkv's mean is lower by less than the noise
+    assert unresolved.starts["uniform-snapkv"].estimate < unresolved.starts["ilp"].estimate
+    assert unresolved.start == "ilp"
+    resolved = run([0.0, -1.5, 0.3])  # far below the solve on every sample
+    assert resolved.start == "uniform-snapkv"
