@@ -161,6 +161,8 @@ class StoreViews:
     _store: TokenStore | None
     _all_valid: bool | None
     decode_interval: int
+    #: Tokens per row of a store of rows (a row batch: row ``r``'s first in slots ``0..counts[r]-1``), else None.
+    counts: list[int] | None
 
     keys = property(lambda self: self._keys, lambda self, t: self._assign("_keys", t))
     values = property(lambda self: self._values, lambda self, t: self._assign("_values", t))
@@ -176,6 +178,22 @@ class StoreViews:
     def _expose(self, store: TokenStore, n: int) -> None:
         self._keys, self._values, self._positions, self._valid = store.views(n)
         self._store = store
+
+    def hold_rows(self, store: TokenStore, counts: list[int]) -> None:
+        """Show the padded ``store`` of rows that hold ``counts[r]`` tokens each, first in their slots."""
+        self.counts = counts
+        self._expose(store, max(counts))
+        self._all_valid = min(counts) == max(counts)
+
+    def compact_rows(self, rows: list[int], keep: torch.Tensor, kept: torch.Tensor, budgets: list[int]) -> None:
+        """Evict rows ``rows`` of a store of rows in place (:meth:`TokenStore.compact`); row ``rows[e]`` then holds
+        ``budgets[e]`` tokens."""
+        assert self._store is not None and self.counts is not None
+        self._store.compact(torch.tensor(rows, device=keep.device), keep, kept)
+        counts = list(self.counts)
+        for r, b in zip(rows, budgets):
+            counts[r] = b
+        self.hold_rows(self._store, counts)
 
     @property
     def all_valid(self) -> bool:
