@@ -72,7 +72,7 @@ def test_compact_rows_protection_mask_equals_the_ranked_one():
     store.hold_rows(TokenStore(keys, keys, positions, valid), counts)
     store.device, store.seen, store.calls, store.query_range = torch.device("cpu"), n, 1, range(n - 1, n)
     view = RowCell(store, make_pattern("h2o"), [0, 1, 2, 3], [1] * 4, PatternState())
-    view.show(store, num_evictions=1)
+    view.show(store, counts, num_evictions=1)
     for budget, sink, recent in [(10, 4, 10), (10, 0, 5), (23, 4, 23), (5, 8, 8), (7, 0, 0), (1, 0, 32)]:
         fast = protected_ends(view, budget, sink, recent)
         assert torch.equal(fast, sinks_and_recent(valid, budget, sink, recent))

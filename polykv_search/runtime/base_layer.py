@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.patterns.base import PassInputs
-from polykv_search.runtime.report import LayerReport, report_of
+from polykv_search.runtime.report import LayerReport
 from polykv_search.runtime.storage import StoreViews
 from polykv_search.runtime.view import ViewOps
 from strategies import PHASES
@@ -181,7 +181,7 @@ class RuntimeLayer(StoreViews, CacheLayerMixin, ViewOps):
 
     def layer_report(self) -> LayerReport:
         """What this layer holds now (:func:`~polykv_search.runtime.report.layer_report`)."""
-        return report_of(self, None)
+        raise NotImplementedError
 
     def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None, inputs: PassInputs | None = None) -> None:
         """A reconstruction-pass call: hand ``query``, the kernel's log-sum-exp ``lse`` (None: none) and the

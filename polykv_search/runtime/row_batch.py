@@ -40,7 +40,7 @@ class RowCell(ViewOps):
     all_valid: bool
 
     def __init__(
-        self, store: EvictingLayer, pattern: Pattern, rows: list[int], budgets: list[int], state: PatternState
+        self, store: EvictingLayer, pattern: Pattern, rows: list[int], budgets: list[int | None], state: PatternState
     ):
         self.layer_idx = store.layer_idx
         self.num_kv_heads = store.num_kv_heads
@@ -66,9 +66,9 @@ class RowCell(ViewOps):
         """True when the pattern ranks rows with the default batched variant (``selection_key``)."""
         return type(self.pattern).cache_update_rows is Pattern.cache_update_rows
 
-    def show(self, store: EvictingLayer, num_evictions: int) -> None:
-        """Show this cell's rows of ``store`` (their longest prefix of its slots) and its counters."""
-        counts = [store.counts[r] for r in self.rows]  # type: ignore[index]
+    def show(self, store: EvictingLayer, counts: list[int], num_evictions: int) -> None:
+        """Show this cell's rows of ``store`` (their longest prefix of its slots; ``counts``: their tokens) and its
+        counters."""
         n, index = max(counts), self.index
 
         def take(t: torch.Tensor) -> torch.Tensor:
@@ -163,9 +163,15 @@ class RowCells:
             pattern = key if isinstance(key, Pattern) else key[0]
             states = [self.rows[r].states.get(pattern) or PatternState() for r in idx]
             state = PatternState.stack(states, [counts[r] for r in idx])
-            budgets = [_budget(self.rows[r].plans[DECODING]) for r in idx]
+            budgets = [self.rows[r].plans[DECODING].budget for r in idx]  # a row that evicts has a budget
             cells.append(RowCell(self.store, pattern, idx, budgets, state))
         return cells
+
+    @property
+    def counts(self) -> list[int]:
+        """Tokens each row holds now (the store's per-row counts)."""
+        assert self.store.counts is not None
+        return self.store.counts
 
     # ------------------------------------------------- riding the store's calls
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -182,7 +188,7 @@ class RowCells:
         if padding_mask is not None:
             raise ValueError("a row batch does not support padding")
         for cell in self.row_groups:
-            cell.show(self.store, max(self.row_evictions[r] for r in cell.rows))
+            cell.show(self.store, [self.counts[r] for r in cell.rows], max(self.row_evictions[r] for r in cell.rows))
 
     def observers(self, passing: bool) -> list:
         return [(cell, None) for cell in self.row_groups]
@@ -198,9 +204,7 @@ class RowCells:
 
     def end_call(self, passing: bool) -> None:
         """Each row over its budget evicts as :func:`eviction_target` says, with its cell's pattern."""
-        store = self.store
-        counts = store.counts
-        assert counts is not None
+        store, counts = self.store, self.counts
         self.row_steps = [s + 1 for s in self.row_steps]
         picks = []
         for cell in self.row_groups:
@@ -219,16 +223,16 @@ class RowCells:
             if targets:
                 picks.append((cell, targets))
         if picks:
-            counts = self._evict(picks, counts)
-        self.row_peaks = [max(p, c) for p, c in zip(self.row_peaks, counts)]
+            self._evict(picks, counts)
+        self.row_peaks = [max(p, c) for p, c in zip(self.row_peaks, self.counts)]
 
-    def _evict(self, picks: list[tuple[RowCell, dict[int, int]]], counts: list[int]) -> list[int]:
+    def _evict(self, picks: list[tuple[RowCell, dict[int, int]]], counts: list[int]) -> None:
         """Keep ``targets[j]`` tokens of each cell's ``j``-th row (for the rows in ``targets``), chosen by the cell
         pattern's ``cache_update_rows``; then one compaction of the store serves every cell.
 
         Cells whose pattern uses the default batched variant (rank by ``selection_key``, then
         :func:`~polykv_search.patterns.selection.keep_per_row`) share one ``keep_per_row`` call: its
-        rows are independent, so each row gets what its own cell's call would give it. Returns the new counts."""
+        rows are independent, so each row gets what its own cell's call would give it."""
         end = max(counts[c.rows[j]] for c, targets in picks for j in targets)  # the picked rows' slots
         parts: list[tuple[RowCell, list[int], list[int], tuple[torch.Tensor, torch.Tensor] | None]] = []
         shared_keys: list[torch.Tensor] = []
@@ -275,13 +279,10 @@ class RowCells:
             self.row_evictions[r] += 1
             self.row_steps[r] = 0
         self.store.num_evictions = max(self.row_evictions)
-        return self.store.counts or []
 
     def write_back(self) -> None:
         """Give every row its tokens, counters and pattern state again (compact, unpadded)."""
-        store = self.store
-        counts = store.counts
-        assert counts is not None
+        store, counts = self.store, self.counts
         states = {r: row.states for r, row in enumerate(self.rows)}
         for cell in self.row_groups:
             for j, r in enumerate(cell.rows):
@@ -300,12 +301,6 @@ class RowCells:
                 peak_length=self.row_peaks[r],
                 states=states[r],
             )
-
-
-def _budget(plan) -> int:
-    if plan.budget is None:
-        raise ValueError("a row cell's rows evict in decoding: their plans have budgets")
-    return plan.budget
 
 
 def decoding_group(row: EvictingLayer, r: int) -> Any:

@@ -9,10 +9,11 @@ slots invalid). Its operations, each written once:
 - :meth:`append`: new tokens into free slots, at one slot for every row or at each row's own;
 - :meth:`gathered`: an eviction into a fresh store (one copy; the old, larger buffers are released);
 - :meth:`compact`: an eviction of some rows in place (the kept slots first, then padding);
-- :meth:`write` / :meth:`pad`: a row's slots from another layer's tensors, or back to padding;
+- :meth:`write`: a row's slots from another layer's tensors;
 - :meth:`grown`: the same tokens in a larger store.
 
-:class:`StoreViews` is a layer's side of it: the cached tensors it shows, views of its store's first slots.
+:class:`StoreViews` is a layer's side of it: the cached tensors it shows, views of its store's first slots, and for a
+store of rows (a row batch's) each row's count (:meth:`StoreViews.hold_rows`, :meth:`StoreViews.compact_rows`).
 
 A store only ever grows within its buffers, so views handed out earlier (e.g. to forked layers that share
 the prompt) never see an append: appends land past every earlier view's end. Slots no view shows hold
@@ -112,11 +113,6 @@ class TokenStore:
         self.values[row, :, start:stop] = values
         self.positions[row, :, start:stop] = positions
         self.valid[row, :, start:stop] = valid
-
-    def pad(self, row: int, start: int, stop: int) -> None:
-        """Slots ``start..stop-1`` of row ``row`` are padding again (their keys and values are never shown)."""
-        self.positions[row, :, start:stop] = -1
-        self.valid[row, :, start:stop] = False
 
     # --------------------------------------------------------------- evicting
     def gathered(self, keep: torch.Tensor, capacity: int) -> TokenStore:

@@ -83,11 +83,6 @@ class ViewOps:
         # A padding query sees only itself, so no row is empty and no NaN can leak into the cache.
         return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
 
-    @property
-    def query_positions(self) -> torch.Tensor:
-        """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
-        return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
-
     def kernel_mask(self, q_len: int) -> tuple[torch.Tensor | None, bool]:
         """The mask of the call in progress for the attention kernel, or ``None`` (+ causal flag) when a plain kernel
         call is exact."""
