@@ -11,8 +11,9 @@ import torch
 from polykv_search import scoring
 from polykv_search.cli import main
 from polykv_search.evaluation import get_task
-from polykv_search.runtime import PolyKVCache, RowBatchLayer, apply_strategy, strategy_plans
+from polykv_search.runtime import PolyKVCache, apply_strategy, strategy_plans
 from polykv_search.runtime.layouts import row_parts
+from polykv_search.runtime.row_batch import RowCells
 from polykv_search.scoring import per_entry, stacking
 from polykv_search.scoring.engine import RunnerSettings, SampleRunner, shared_scorer
 from polykv_search.scoring.job import SampleJob
@@ -207,7 +208,7 @@ def counted_shared_groups(seen: list):
 
 def is_shared_head_groups(layer) -> bool:
     """True for a layer :func:`stacking.shared_head_groups` built: head groups, each a row batch."""
-    return all(g.heads is not None and isinstance(g.layer, RowBatchLayer) for g in layer.kernel_groups)
+    return all(g.heads is not None and isinstance(g.riders, RowCells) for g in layer.kernel_groups)
 
 
 def test_a_batch_of_head_group_rows_only_is_one_shared_layer_and_keeps_what_rows_apart_keep():
@@ -229,7 +230,7 @@ def test_a_batch_of_head_group_rows_only_is_one_shared_layer_and_keeps_what_rows
                 first, *split = cache.layers
                 assert all(is_shared_head_groups(layer) for layer in split)
                 batch, shared_rows = first.parts
-                assert isinstance(batch, RowBatchLayer) and is_shared_head_groups(shared_rows)
+                assert isinstance(batch.kernel_groups[0].riders, RowCells) and is_shared_head_groups(shared_rows)
             logits[name] = torch.cat([scorer._call([[t]] * len(rows), cache) for t in job.context_ids[:30]], dim=1)
             for layer in cache.layers:
                 layer.write_back()

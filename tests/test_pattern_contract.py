@@ -21,16 +21,16 @@ from polykv_search.runtime import (
     EvictingLayer,
     PhasePlan,
     PolyKVRuntime,
-    RowBatchLayer,
     apply_strategy,
     cache_report,
     eviction_target,
 )
-from polykv_search.runtime.layouts import row_parts
+from polykv_search.runtime.layouts import row_batch, row_parts
 from signals.collect import collect_signals
 from strategies import Strategy
 from tests.test_collect import assert_tables_close, make_samples
 from tests.test_eval_support import char_tokenizer
+from tests.test_row_batch import call
 from tests.test_scoring_engines import assert_same, jobs, run_both
 from tests.tiny import tiny_model
 
@@ -85,7 +85,7 @@ def test_overriding_pattern_keeps_the_same_tokens_alone_and_row_batched(interval
     plans += [(PhasePlan(p, n + 4), PhasePlan(p, 15)), (PhasePlan(p, 5), PhasePlan(p, 3))]
     alone = [_prefilled(a, b, prompt, query, **kw) for a, b in plans]
     batched = copy.deepcopy(alone)
-    batch = RowBatchLayer(0, batched, **KW, **kw)
+    batch = row_batch(0, batched, **KW, **kw)
     for _ in range(12):
         k, v = torch.randn(len(alone), H, 1, D, generator=gen), torch.randn(len(alone), H, 1, D, generator=gen)
         q = torch.randn(len(alone), H * G, 1, D, generator=gen)
@@ -93,7 +93,7 @@ def test_overriding_pattern_keeps_the_same_tokens_alone_and_row_batched(interval
             row.update(k[r : r + 1], v[r : r + 1])
             row.attention_call(q[r : r + 1], None)
         batch.update(k, v)
-        batch.attention_call(q, None)
+        call(batch, q)
     batch.write_back()
     for got, want in zip(batched, alone):
         assert torch.equal(got.positions, want.positions) and torch.equal(got.keys, want.keys)

@@ -1,4 +1,4 @@
-"""RowBatchLayer decodes rows as one padded batch and keeps, for every row, exactly the tokens (and
+"""A row batch (the row_batch layout) decodes rows as one padded batch and keeps, for every row, exactly the tokens (and
 pattern state) the row keeps alone: every registry pattern, per-row budgets inside one pattern group,
 both interval modes, a multi-token call, GQA, rows leaving the batch."""
 
@@ -13,13 +13,22 @@ import torch
 from polykv_search.patterns import PATTERNS, make_pattern
 from polykv_search.patterns.selection import keep_per_row
 from polykv_search.runtime import FULL_PLAN, EvictingLayer, PhasePlan
+from polykv_search.runtime.layouts import row_batch
 from polykv_search.runtime.reconstruction import needs_pass
-from polykv_search.runtime.row_batch import RowBatchLayer
 from tests.tiny import rope
 
 H, G, D = 2, 2, 4
 KW = {"num_kv_heads": H, "groups": G, "scaling": 0.5, "rotary": rope(D)}
 EVICTING = [p for p in PATTERNS if p != "full"]
+
+
+def call(batch, query) -> None:
+    """One attention call of a row batch whose kernel returns its queries: its store's call, the cells riding it."""
+
+    def attend(store, q, inputs, riders):
+        return store.attention_call(q, None, lambda: q.transpose(1, 2), riders=riders)
+
+    batch.attention_call_grouped(query, attend)
 
 
 def prefilled(prefill: PhasePlan, decoding: PhasePlan, prompt, query, **kw) -> EvictingLayer:
@@ -77,7 +86,7 @@ def test_each_row_keeps_what_it_keeps_alone(pattern, interval, mode):
     kw = {"decode_interval": interval, "interval_mode": mode}
     alone = rows_for(pattern, 20, gen, **kw)
     batched = copy.deepcopy(alone)
-    batch = RowBatchLayer(0, batched, **KW, **kw)
+    batch = row_batch(0, batched, **KW, **kw)
     active = list(range(len(alone)))
     for step in range(14):
         q = 5 if step == 0 else 1  # the question call, then decoding steps
@@ -87,12 +96,12 @@ def test_each_row_keeps_what_it_keeps_alone(pattern, interval, mode):
             alone[r].update(k[j : j + 1], v[j : j + 1])
             alone[r].attention_call(query[j : j + 1], None)
         batch.update(k, v)
-        batch.attention_call(query, None)
+        call(batch, query)
         batch.write_back()
         assert_rows_equal([batched[r] for r in active], [alone[r] for r in active])
         if step == 8:  # two rows leave; the others go on in a new batch built from the written-back rows
             active = [r for r in active if r not in (1, 3)]
-            batch = RowBatchLayer(0, [batched[r] for r in active], **KW, **kw)
+            batch = row_batch(0, [batched[r] for r in active], **KW, **kw)
     assert any(row.num_evictions > 1 for row in alone)
 
 
@@ -105,7 +114,7 @@ def test_a_row_under_budget_keeps_its_state_while_shorter_rows_of_its_group_evic
     query = torch.randn(1, H * G, 20, D, generator=gen)
     alone = [prefilled(a, b, prompt, query) for a, b in plans]
     batched = copy.deepcopy(alone)
-    batch = RowBatchLayer(0, batched, **KW)
+    batch = row_batch(0, batched, **KW)
     for _ in range(6):  # row 0 evicts every step; row 1 (20+ tokens, budget 40) never does
         k, v = torch.randn(3, H, 1, D, generator=gen), torch.randn(3, H, 1, D, generator=gen)
         q = torch.randn(3, H * G, 1, D, generator=gen)
@@ -113,7 +122,7 @@ def test_a_row_under_budget_keeps_its_state_while_shorter_rows_of_its_group_evic
             alone[r].update(k[r : r + 1], v[r : r + 1])
             alone[r].attention_call(q[r : r + 1], None)
         batch.update(k, v)
-        batch.attention_call(q, None)
+        call(batch, q)
     batch.write_back()
     assert alone[0].num_evictions > 3 and alone[1].num_evictions == 0
     assert_rows_equal(batched, alone)
@@ -122,17 +131,19 @@ def test_a_row_under_budget_keeps_its_state_while_shorter_rows_of_its_group_evic
 def test_the_batch_is_the_rows_right_padded():
     gen = torch.Generator().manual_seed(0)
     rows = rows_for("h2o", 20, gen)
-    batch = RowBatchLayer(0, copy.deepcopy(rows), **KW)
+    batch = row_batch(0, copy.deepcopy(rows), **KW)
+    ((store, cells),) = [(group.layer, group.riders) for group in batch.kernel_groups]
     n = max(r.length for r in rows)
-    assert batch.keys.shape == (len(rows), H, n, D) and not batch.all_valid
+    assert batch.keys.shape == (len(rows), H, n, D) and not store.all_valid
     for i, row in enumerate(rows):
-        assert torch.equal(batch.positions[i, :, : row.length], row.positions[0])
-        assert not batch.valid[i, :, row.length :].any() and (batch.positions[i, :, row.length :] == -1).all()
-    batch.begin_call(0, None)
-    for group in batch.row_groups:  # a group's view shows its rows' slots, values too (built when read)
-        n = group.view.length
-        assert torch.equal(group.view.values, batch.values[group.rows, :, :n])
-        assert torch.equal(group.view.keys, batch.keys[group.rows, :, :n])
+        assert torch.equal(store.positions[i, :, : row.length], row.positions[0])
+        assert not store.valid[i, :, row.length :].any() and (store.positions[i, :, row.length :] == -1).all()
+    store.begin_call(0, None)
+    cells.begin_call(0, None, False)
+    for group in cells.row_groups:  # a group's view shows its rows' slots, values too (built when read)
+        n = group.length
+        assert torch.equal(group.values, batch.values[group.rows, :, :n])
+        assert torch.equal(group.keys, batch.keys[group.rows, :, :n])
 
 
 def test_keep_per_row_is_each_rows_stable_top_budget():
@@ -174,6 +185,6 @@ def test_rows_must_share_the_prompt_and_be_past_prefill():
     a, b = rows_for("tova", 20, gen)[:2]
     b.seen += 1
     with pytest.raises(ValueError, match="same prompt"):
-        RowBatchLayer(0, [a, b], **KW)
+        row_batch(0, [a, b], **KW)
     with pytest.raises(ValueError, match="at least one row"):
-        RowBatchLayer(0, [], **KW)
+        row_batch(0, [], **KW)

@@ -11,7 +11,7 @@ from polykv_search.patterns import make_pattern
 from polykv_search.runtime import FULL_PLAN, GroupedLayer, PhasePlan
 from polykv_search.runtime import layouts as layouts_module
 from polykv_search.runtime.layouts import best_split, layer_slots, row_parts
-from polykv_search.runtime.row_batch import RowBatchLayer
+from polykv_search.runtime.row_batch import RowCells
 from polykv_search.scoring import stacking
 from polykv_search.scoring.shared import plan_groups
 from tests.test_eval_support import char_tokenizer
@@ -97,15 +97,15 @@ def test_each_decoding_group_is_consecutive_in_its_row_batch_and_outputs_come_ba
     query = torch.randn(1, h * g, n, d, generator=gen)
     members = [prefilled(PhasePlan(make_pattern("tova"), 10), plan, prompt, query) for plan in decoding]
     layer = row_parts(0, members, None, **KW)
-    (part,) = layer.parts
-    assert isinstance(part, RowBatchLayer) and part.rows == [members[i] for i in (0, 3, 1, 4, 2)]
-    assert [grp.index for grp in part.row_groups] == [slice(0, 2), slice(2, 4)]  # slices: no gather
+    ((part, cells),) = [(group.layer, group.riders) for group in layer.kernel_groups]
+    assert isinstance(cells, RowCells) and cells.rows == [members[i] for i in (0, 3, 1, 4, 2)]
+    assert [grp.index for grp in cells.row_groups] == [slice(0, 2), slice(2, 4)]  # slices: no gather
     k, v = torch.randn(5, h, 1, d, generator=gen), torch.randn(5, h, 1, d, generator=gen)
     layer.update(k, v)
     for slot, row in enumerate((0, 3, 1, 4, 2)):  # each row's new token went to its own store row
         assert torch.equal(part.keys[slot, :, part.counts[slot] - 1], k[row, :, 0])
     q = torch.randn(5, h * g, 1, d, generator=gen)
-    out = layer.attention_call_grouped(q, lambda part, query, inputs: query.transpose(1, 2))  # the kernel's layout
+    out = layer.attention_call_grouped(q, lambda part, query, *_: query.transpose(1, 2))  # the kernel's layout
     assert torch.equal(out, q.transpose(1, 2))
 
 
@@ -116,4 +116,5 @@ def test_a_batch_already_in_group_order_stays_one_row_batch():
     prompt = (torch.randn(1, h, n, d, generator=gen), torch.randn(1, h, n, d, generator=gen))
     query = torch.randn(1, h * g, n, d, generator=gen)
     members = [prefilled(snap, plan, prompt, query) for plan in (snap, snap, FULL_PLAN)]
-    assert type(row_parts(0, members, None, **KW)) is RowBatchLayer
+    (group,) = row_parts(0, members, None, **KW).kernel_groups
+    assert group.rows is None and isinstance(group.riders, RowCells)

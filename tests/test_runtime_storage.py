@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from polykv_search.patterns import make_pattern
 from polykv_search.patterns.base import protected_ends, select_keep, sinks_and_recent
+from polykv_search.patterns.state import PatternState
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan
-from polykv_search.runtime.row_batch import GroupView
+from polykv_search.runtime.row_batch import RowCell
+from polykv_search.runtime.storage import TokenStore
 
 
 def layer(prefill=FULL_PLAN, decoding=FULL_PLAN, **kw) -> EvictingLayer:
@@ -63,22 +65,14 @@ def test_unpadded_protection_mask_equals_the_ranked_one():
 
 def test_compact_rows_protection_mask_equals_the_ranked_one():
     counts, n = [23, 9, 1, 17], 23
-    view = GroupView(0, num_kv_heads=2, groups=1, scaling=1.0, sliding_window=None, device="cpu")
     valid = (torch.arange(n)[None, None, :] < torch.tensor(counts)[:, None, None]).expand(4, 2, n)
     positions = torch.arange(n).expand(4, 2, n).masked_fill(~valid, -1)
     keys = torch.zeros(4, 2, n, 8)
-    view.show(
-        keys,
-        lambda: keys,
-        positions,
-        valid,
-        counts=counts,
-        all_valid=False,
-        seen=n,
-        calls=1,
-        num_evictions=1,
-        query_range=range(n - 1, n),
-    )
+    store = EvictingLayer(0, FULL_PLAN, FULL_PLAN, num_kv_heads=2, groups=1, scaling=1.0)  # a row batch's store
+    store.hold_rows(TokenStore(keys, keys, positions, valid), counts)
+    store.device, store.seen, store.calls, store.query_range = torch.device("cpu"), n, 1, range(n - 1, n)
+    view = RowCell(store, make_pattern("h2o"), [0, 1, 2, 3], [1] * 4, PatternState())
+    view.show(store, counts, num_evictions=1)
     for budget, sink, recent in [(10, 4, 10), (10, 0, 5), (23, 4, 23), (5, 8, 8), (7, 0, 0), (1, 0, 32)]:
         fast = protected_ends(view, budget, sink, recent)
         assert torch.equal(fast, sinks_and_recent(valid, budget, sink, recent))

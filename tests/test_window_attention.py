@@ -16,13 +16,13 @@ import torch
 from polykv_search.patterns import make_pattern, window_attention
 from polykv_search.patterns.snapkv import SnapKV
 from polykv_search.runtime import EvictingLayer, PhasePlan
-from polykv_search.runtime.row_batch import RowBatchLayer
+from polykv_search.runtime.layouts import row_batch
 from polykv_search.scoring import Entry
 from polykv_search.scoring.trajectories import run_trajectories
 from strategies import LayerChoice, Strategy
 from tests.test_decode_batched import assert_same_outcomes, job_at, scorers
 from tests.test_eval_support import char_tokenizer
-from tests.test_row_batch import KW, D, G, H, assert_rows_equal, prefilled
+from tests.test_row_batch import KW, D, G, H, assert_rows_equal, call, prefilled
 from tests.test_scoring_engines import L
 from tests.tiny import FAMILIES, tiny_model
 
@@ -83,32 +83,33 @@ def test_row_batched_snapkv_keeps_what_the_recomputed_window_keeps(interval, mod
     reference = snap_rows(20, gen, **kw)
     rows = copy.deepcopy(reference)
     ref_alone, alone = copy.deepcopy(reference), copy.deepcopy(reference)
-    batch, ref_batch = RowBatchLayer(0, rows, **KW, **kw), RowBatchLayer(0, reference, **KW, **kw)
+    batch, ref_batch = row_batch(0, rows, **KW, **kw), row_batch(0, reference, **KW, **kw)
     active = list(range(len(rows)))
     for step in range(24):
         q = 3 if step == 0 else 1
         k, v = torch.randn(len(active), H, q, D, generator=gen), torch.randn(len(active), H, q, D, generator=gen)
         query = torch.randn(len(active), H * G, q, D, generator=gen)
         batch.update(k, v)
-        batch.attention_call(query, None)
+        call(batch, query)
         for j, r in enumerate(active):
             alone[r].update(k[j : j + 1], v[j : j + 1])
             alone[r].attention_call(query[j : j + 1], None)
         with recomputed():
             ref_batch.update(k, v)
-            ref_batch.attention_call(query, None)
+            call(ref_batch, query)
             for j, r in enumerate(active):
                 ref_alone[r].update(k[j : j + 1], v[j : j + 1])
                 ref_alone[r].attention_call(query[j : j + 1], None)
-        assert torch.equal(batch.positions, ref_batch.positions) and batch.counts == ref_batch.counts
+        store, ref_store = batch.kernel_groups[0].layer, ref_batch.kernel_groups[0].layer
+        assert torch.equal(store.positions, ref_store.positions) and store.counts == ref_store.counts
         batch.write_back()
         ref_batch.write_back()
         assert_rows_equal([rows[r] for r in active], [reference[r] for r in active])
         assert_rows_equal([alone[r] for r in active], [ref_alone[r] for r in active])
         if step == 12:  # two rows leave; the others go on in new batches (their memos start again)
             active = [r for r in active if r not in (1, 3)]
-            batch = RowBatchLayer(0, [rows[r] for r in active], **KW, **kw)
-            ref_batch = RowBatchLayer(0, [reference[r] for r in active], **KW, **kw)
+            batch = row_batch(0, [rows[r] for r in active], **KW, **kw)
+            ref_batch = row_batch(0, [reference[r] for r in active], **KW, **kw)
     assert all(row.num_evictions > 3 for row in reference)
     # the kept weights served: most calls computed the new queries only (the interval's steps at most)
     assert sum(c <= interval for c in served) > 16

@@ -4,9 +4,8 @@ from polykv_search.runtime.architectures import SUPPORTED, UnsupportedModelError
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.fanout import fanout_layer
 from polykv_search.runtime.layer import FULL_PLAN, EvictingLayer, PhasePlan, eviction_target
-from polykv_search.runtime.layouts import GroupedLayer, HeadGroupPlan, KernelGroup
+from polykv_search.runtime.layouts import GroupedLayer, HeadGroupPlan, KernelGroup, row_batch
 from polykv_search.runtime.report import CacheReport, LayerReport, cache_report
-from polykv_search.runtime.row_batch import RowBatchLayer
 from polykv_search.runtime.runtime import PolyKVCache, PolyKVRuntime, apply_strategy, strategy_plans
 
 __all__ = [
@@ -21,7 +20,6 @@ __all__ = [
     "PhasePlan",
     "PolyKVCache",
     "PolyKVRuntime",
-    "RowBatchLayer",
     "RuntimeLayer",
     "UnsupportedModelError",
     "apply_strategy",
@@ -29,5 +27,6 @@ __all__ = [
     "eviction_target",
     "fanout_layer",
     "model_spec",
+    "row_batch",
     "strategy_plans",
 ]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import CacheLayerMixin
 
 from polykv_search.patterns.base import PassInputs
-from polykv_search.runtime.report import LayerReport, report_of
+from polykv_search.runtime.report import LayerReport
 from polykv_search.runtime.storage import StoreViews
 from polykv_search.runtime.view import ViewOps
 from strategies import PHASES
@@ -32,6 +32,7 @@ INTERVAL_MODES = ("within", "over")
 if TYPE_CHECKING:  # pragma: no cover
     from polykv_search.runtime.fanout import SharedCells
     from polykv_search.runtime.layer import EvictingLayer
+    from polykv_search.runtime.row_batch import RowCells
 
 
 class RuntimeLayer(StoreViews, CacheLayerMixin, ViewOps):
@@ -92,6 +93,7 @@ class RuntimeLayer(StoreViews, CacheLayerMixin, ViewOps):
     def reset(self) -> None:
         self._keys = self._values = self._positions = self._valid = None
         self._store = None
+        self.counts = None
         self._all_valid = True
         self.is_initialized = False
         self.seen = 0
@@ -168,7 +170,7 @@ class RuntimeLayer(StoreViews, CacheLayerMixin, ViewOps):
         return []
 
     def as_row(self) -> EvictingLayer | None:
-        """This layer as one row of a row batch (:class:`~polykv_search.runtime.row_batch.RowBatchLayer`): itself
+        """This layer as one row of a row batch (:func:`~polykv_search.runtime.layouts.row_batch`): itself
         when it is one store whose KV heads hold equally many tokens, else None."""
         return None
 
@@ -179,7 +181,7 @@ class RuntimeLayer(StoreViews, CacheLayerMixin, ViewOps):
 
     def layer_report(self) -> LayerReport:
         """What this layer holds now (:func:`~polykv_search.runtime.report.layer_report`)."""
-        return report_of(self, None)
+        raise NotImplementedError
 
     def observe_pass(self, query: torch.Tensor, lse: torch.Tensor | None, inputs: PassInputs | None = None) -> None:
         """A reconstruction-pass call: hand ``query``, the kernel's log-sum-exp ``lse`` (None: none) and the
@@ -237,7 +239,7 @@ class RuntimeLayer(StoreViews, CacheLayerMixin, ViewOps):
         *,
         finish: bool = True,
         inputs: PassInputs | None = None,
-        riders: SharedCells | None = None,
+        riders: SharedCells | RowCells | None = None,
     ):
         """Run one attention call of this layer: :meth:`begin_call`, the observers' ``pre_kernel``,
         ``kernel()`` (``None``: no kernel, e.g. a replay of recorded queries; it returns the output, or the

@@ -50,6 +50,17 @@ class SharedCells:
     def cells(self) -> list[tuple[EvictingLayer, tuple[int, ...] | None]]:
         return [cell for row in self.rows for cell in row.cells()]
 
+    def entries(self) -> list[list[EvictingLayer]]:
+        """One entry per row (each row's pool is its own)."""
+        return [entry for row in self.rows for entry in row.entries()]
+
+    def thaw(self) -> None:
+        for row in self.rows:
+            row.thaw()
+
+    def write_back(self) -> None:
+        """Nothing: the rows hold their own tokens."""
+
     def begin_call(self, q_len: int, padding_mask: torch.Tensor | None, passing: bool) -> None:
         """Begin every row's call and group its observers by (pattern, query heads); in a reconstruction pass
         (``passing``) group the deferred rows' model-level patterns by (pattern, KV heads) instead."""

@@ -114,13 +114,19 @@ class EvictingLayer(RuntimeLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
-        n = self.length
-        store = self._store
+        n, counts, store = self.length, self.counts, self._store
         if store is None or store.capacity < n + q:
             capacity = capacity_for(n + q, self._slack())
-            store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, capacity)
-        store.append(n, key_states, value_states, self.seen)
-        self._expose(store, n + q)
+            if counts is None or store is None:
+                store = TokenStore.holding(self._keys, self._values, self._positions, self._valid, capacity)
+            else:  # a store of rows keeps its padding finite (it is attended over, masked)
+                store = store.grown(n, capacity)
+        # a store of rows appends at each row's own slot (every row as long: one slice)
+        store.append(n if counts is None or min(counts) == n else counts, key_states, value_states, self.seen)
+        if counts is None:
+            self._expose(store, n + q)
+        else:
+            self.hold_rows(store, [c + q for c in counts])
         self.seen += q
         self._notify_update(kwargs.get("kwargs"))
         return self._keys, self._values

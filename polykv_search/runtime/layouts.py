@@ -1,8 +1,8 @@
 """Layouts: the functions that arrange one layer's cache as *kernel groups*, and the layer made of them.
 
 A kernel group (:class:`KernelGroup`) is a layer of its own store and attention kernel (an
-:class:`~polykv_search.runtime.layer.EvictingLayer`, a :class:`~polykv_search.runtime.row_batch.RowBatchLayer`,
-or itself a :class:`GroupedLayer`) plus the batch rows and KV heads of the layer it serves. A
+:class:`~polykv_search.runtime.layer.EvictingLayer`, or itself a :class:`GroupedLayer`) plus the batch rows and KV
+heads of the layer it serves, and the cells that ride its store's calls, if any (a row batch's, a fan-out's). A
 :class:`GroupedLayer` is a layer made of several: ``update`` hands each group its rows and heads of the new
 keys/values, an attention call runs each group's own call on its rows and query heads (GQA), and the outputs
 go back in batch-row and head order. Nothing is masked or padded across groups, so the KV bytes reported are
@@ -12,6 +12,8 @@ what the groups hold. Each layout is one function:
 - :func:`head_group_layer`: k head groups (e.g. retrieval heads that keep everything beside heads that keep
   sinks + recent tokens, DuoAttention's layout), each a dense ``[B, h_g, n_g, D]`` store with its own plans;
   a pooled allocation gets one group per KV head (:func:`per_head_groups`);
+- :func:`row_batch`: rows decoded as one padded store whose cells are the rows that share a decoding pattern
+  (:mod:`~polykv_search.runtime.row_batch`);
 - :func:`row_parts`: a decoding batch's rows in row batches of their own order and length (a FullKV row of
   2,048 tokens beside rows of 64 need not pad them all to 2,048), a row of head groups a group of its own.
 """
@@ -24,13 +26,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from polykv_search.patterns import make_pattern
 from polykv_search.patterns.base import PassInputs
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.layer import EvictingLayer, PhasePlan
 from polykv_search.runtime.pooled import check_groups
 from polykv_search.runtime.report import LayerReport, layer_report
-from polykv_search.runtime.row_batch import RowBatchLayer, decoding_group
+from polykv_search.runtime.row_batch import RowCells, decoding_group
 
 if TYPE_CHECKING:  # pragma: no cover
     from polykv_search.runtime.fanout import SharedCells
@@ -44,13 +45,14 @@ SPLIT_MIN_SAVING = 4096
 class KernelGroup:
     """One kernel's share of a layer: its own ``layer``, the batch ``rows`` it holds, in its order (None:
     every row), and the KV ``heads`` it holds (None: every head). A group splits rows or heads, not both.
-    ``riders``: cells fed the group's tokens that observe its calls without a kernel of their own (the
-    fan-out, :func:`~polykv_search.runtime.fanout.fanout_layer`); the layer's cells are then theirs."""
+    ``riders``: cells that observe its calls without a kernel of their own (the fan-out's rows, fed the group's
+    tokens, :func:`~polykv_search.runtime.fanout.fanout_layer`; a row batch's cells, :func:`row_batch`); the layer's
+    cells are then theirs."""
 
     layer: RuntimeLayer
     rows: tuple[int, ...] | None = None
     heads: tuple[int, ...] | None = None
-    riders: SharedCells | None = None
+    riders: SharedCells | RowCells | None = None
 
 
 def query_heads(kv_heads: Sequence[int], groups: int) -> list[int]:
@@ -146,17 +148,20 @@ class GroupedLayer(RuntimeLayer):
 
     def write_back(self) -> None:
         """Hand the rows of the row batches among the groups back to their own layers."""
-        for part in self.parts:
-            part.write_back()
+        for group in self.kernel_groups:
+            group.layer.write_back()
+            if group.riders is not None:
+                group.riders.write_back()
 
     def thaw(self) -> None:
-        for part in self.parts:
-            part.thaw()
         for group in self.kernel_groups:
-            for row in [] if group.riders is None else group.riders.rows:
-                row.thaw()
+            if group.riders is not None:
+                group.riders.thaw()
+            group.layer.thaw()
 
     def _map_batch(self, fn) -> None:
+        if any(group.riders is not None for group in self.kernel_groups):
+            super()._map_batch(fn)  # cells that ride a store do not move with it: refused
         for part in self.parts:
             part._map_batch(fn)
 
@@ -177,8 +182,8 @@ class GroupedLayer(RuntimeLayer):
 
     def entries(self) -> list[list[EvictingLayer]]:
         """One entry per rider (the scorer's shared context layer: one per row), else the layer's cells."""
-        riders = [row for g in self.kernel_groups if g.riders is not None for row in g.riders.rows]
-        return [entry for row in riders for entry in row.entries()] if riders else super().entries()
+        riders = [entry for g in self.kernel_groups if g.riders is not None for entry in g.riders.entries()]
+        return riders or super().entries()
 
     def begin_pass(self, prompt_len: int) -> None:
         """Every group's store enters the pass (the riders hold no pass tokens: their stores' calls see them)."""
@@ -284,34 +289,6 @@ def cache_layer(
     return EvictingLayer(layer_idx, prefill, decoding, defer_prefill=defer_prefill, **kwargs)
 
 
-def choice_head_groups(prefill, decoding, num_kv_heads: int) -> list[HeadGroupPlan] | None:
-    """The head groups of one layer's ``(prefill, decoding)`` strategy choices, or None for a layer-level
-    layer. A choice's ``head_groups`` (each with ``heads``, ``pattern``, ``params``, ``budget``) split the
-    layer's KV heads; both phases must split them the same way, or one phase not at all (its choice then
-    applies to every group)."""
-
-    def plans(choice):
-        groups = choice.head_groups
-        if not groups:
-            return None
-        return {tuple(g.heads): PhasePlan(make_pattern(g.pattern, **dict(g.params)), g.budget) for g in groups}
-
-    p, d = plans(prefill), plans(decoding)
-    if p is None and d is None:
-        return None
-    if p is not None and d is not None and set(p) != set(d):
-        raise ValueError(
-            f"head groups differ between prefill {sorted(p)} and decoding {sorted(d)}: a layer's KV heads are "
-            "stored in one split for both phases"
-        )
-
-    def whole(choice) -> PhasePlan:
-        return PhasePlan(make_pattern(choice.pattern, **dict(choice.params)), choice.budget)
-
-    keys = list(p or d or {})
-    return [HeadGroupPlan(h, p[h] if p else whole(prefill), d[h] if d else whole(decoding)) for h in keys]
-
-
 # -------------------------------------------------------------------------------- row splits
 def best_split(lengths: Sequence[int], min_saving: int = SPLIT_MIN_SAVING) -> int | None:
     """Where to cut consecutive rows of ``lengths`` tokens into two parts (the second part's first row),
@@ -339,7 +316,7 @@ def layer_slots(lengths: Sequence[int], min_saving: int | None) -> int:
 
 def by_decoding_group(members: Sequence[EvictingLayer]) -> list[int]:
     """``members``' indices reordered so that the rows of each :func:`decoding_group` (the rows a
-    :class:`RowBatchLayer` scores and evicts as one call) are consecutive: a group's view is then a
+    row batch's cell scores and evicts as one call) are consecutive: a cell's view is then a
     slice of the store, not a gather of it. Groups keep their first row's order; rows that never evict
     in decoding go last."""
     rank: dict = {}
@@ -350,13 +327,28 @@ def by_decoding_group(members: Sequence[EvictingLayer]) -> list[int]:
     return sorted(range(len(members)), key=lambda i: len(rank) if keys[i] is None else rank[keys[i]])
 
 
+def row_group(
+    layer_idx: int, members: Sequence[EvictingLayer], rows: tuple[int, ...] | None = None, heads=None, **kwargs
+) -> KernelGroup:
+    """A row batch as a kernel group serving batch ``rows`` or KV ``heads`` of a layer: a padded store of the
+    ``members``' tokens whose riders are its cells (:class:`~polykv_search.runtime.row_batch.RowCells`)."""
+    cells = RowCells(layer_idx, members, **kwargs)
+    return KernelGroup(cells.store, rows=rows, heads=heads, riders=cells)
+
+
+def row_batch(layer_idx: int, rows: Sequence[EvictingLayer], **kwargs) -> GroupedLayer:
+    """Rows (detached single-sequence layers past their prefill) decoded as one padded batch: one
+    :func:`row_group`, every row kept as it keeps alone."""
+    return GroupedLayer(layer_idx, [row_group(layer_idx, rows, **kwargs)], **kwargs)
+
+
 def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None, **kwargs) -> RuntimeLayer:
     """One layer of a decoding batch over ``members`` (the rows' own layers, in batch order): runs of
-    consecutive :class:`EvictingLayer` rows share a :class:`RowBatchLayer` (cut in two by :func:`best_split`
+    consecutive :class:`EvictingLayer` rows share a :func:`row_group` (cut in two by :func:`best_split`
     when that saves ``split`` padded slots; None: never), its rows in :func:`by_decoding_group` order, so that
     a pattern group's rows are a slice of its store; any other row's layer (head groups; a pooled allocation's
     heads of different lengths, ``EvictingLayer.ragged``) is a group of its own. A single row batch whose rows
-    need no reordering is returned as is; else a :class:`GroupedLayer` of row groups."""
+    need no reordering is one :func:`row_batch`; else a :class:`GroupedLayer` of row groups."""
 
     def pieces(run: list[int]) -> list[list[int]]:
         cut = None if split is None else best_split([members[i].length for i in run], split)
@@ -371,7 +363,7 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
     if len(rows_of) == len(members):
         (only, *more) = pieces(everyone)
         if not more and grouped(only) == only:
-            return RowBatchLayer(layer_idx, [rows_of[i] for i in everyone], **kwargs)
+            return row_batch(layer_idx, [rows_of[i] for i in everyone], **kwargs)
     sub = {**kwargs, "on_update": None}
     groups: list[KernelGroup] = []
     run: list[int] = []
@@ -381,7 +373,7 @@ def row_parts(layer_idx: int, members: Sequence[RuntimeLayer], split: int | None
             continue
         for piece in pieces(run) if run else []:
             rows = grouped(piece)
-            groups.append(KernelGroup(RowBatchLayer(layer_idx, [rows_of[r] for r in rows], **sub), rows=tuple(rows)))
+            groups.append(row_group(layer_idx, [rows_of[r] for r in rows], rows=tuple(rows), **sub))
         run = []
         if i is not None:
             groups.append(KernelGroup(members[i], rows=(i,)))

@@ -54,9 +54,8 @@ def layer_report(layer) -> LayerReport:
     return layer.layer_report()
 
 
-def report_of(layer, plans: dict | None) -> LayerReport:
-    """What a layer of one store holds now, with its ``(prefill, decoding)`` ``plans`` by phase (None: a composite
-    of rows, which has no plans of its own)."""
+def report_of(layer, plans: dict) -> LayerReport:
+    """What a layer of one store holds now, with its ``(prefill, decoding)`` ``plans`` by phase."""
     return LayerReport(
         layer=layer.layer_idx,
         seen=layer.seen,
@@ -64,8 +63,8 @@ def report_of(layer, plans: dict | None) -> LayerReport:
         kv_bytes=layer.kv_bytes(),
         peak_kv_bytes=_peak_bytes(layer),
         full_kv_bytes=_full_bytes(layer),
-        prefill_budget=plans["prefill"].budget if plans else None,
-        decoding_budget=plans["decoding"].budget if plans else None,
+        prefill_budget=plans["prefill"].budget,
+        decoding_budget=plans["decoding"].budget,
     )
 
 

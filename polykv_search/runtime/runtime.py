@@ -25,11 +25,16 @@ from polykv_search.runtime import attention as attn
 from polykv_search.runtime.architectures import ModelSpec, model_spec
 from polykv_search.runtime.base_layer import RuntimeLayer
 from polykv_search.runtime.layer import FULL_PLAN, INTERVAL_MODES, PhasePlan
-from polykv_search.runtime.layouts import HeadGroupPlan, cache_layer, choice_head_groups
+from polykv_search.runtime.layouts import HeadGroupPlan, cache_layer
 from polykv_search.runtime.pooled import check_plans
 from polykv_search.runtime.reconstruction import ReconstructionInputs, chunk_size, needs_pass, run_pass
 from polykv_search.runtime.report import CacheReport, cache_report
 from strategies import Strategy
+
+
+def choice_plan(choice) -> PhasePlan:
+    """The plan of one strategy choice, or of one of its head groups (``pattern``, ``params``, ``budget``)."""
+    return PhasePlan(make_pattern(choice.pattern, **dict(choice.params)), choice.budget)
 
 
 def strategy_plans(strategy: Strategy) -> list[tuple[PhasePlan, PhasePlan]]:
@@ -37,20 +42,33 @@ def strategy_plans(strategy: Strategy) -> list[tuple[PhasePlan, PhasePlan]]:
     ``FULL_PLAN`` here (its groups' plans are :func:`strategy_head_groups`'s)."""
 
     def plan(choice) -> PhasePlan:
-        if choice.head_groups is not None:
-            return FULL_PLAN
-        return PhasePlan(make_pattern(choice.pattern, **choice.params), choice.budget)
+        return FULL_PLAN if choice.head_groups is not None else choice_plan(choice)
 
     return [(plan(p), plan(d)) for p, d in zip(strategy.prefill, strategy.decoding)]
 
 
 def strategy_head_groups(strategy: Strategy, num_kv_heads: int) -> dict[int, list[HeadGroupPlan]]:
-    """The layers of ``strategy`` split into head groups, with their groups' plans."""
+    """The layers of ``strategy`` split into head groups, with their groups' plans. A choice's ``head_groups``
+    split the layer's KV heads; both phases must split them the same way, or one phase not at all (its choice
+    then applies to every group)."""
+
+    def plans(choice) -> dict[tuple[int, ...], PhasePlan] | None:
+        return {tuple(g.heads): choice_plan(g) for g in choice.head_groups} if choice.head_groups else None
+
     out = {}
-    for i, (p, d) in enumerate(zip(strategy.prefill, strategy.decoding)):
-        groups = choice_head_groups(p, d, num_kv_heads)
-        if groups is not None:
-            out[i] = groups
+    for i, (prefill, decoding) in enumerate(zip(strategy.prefill, strategy.decoding)):
+        p, d = plans(prefill), plans(decoding)
+        if p is not None and d is not None and set(p) != set(d):
+            raise ValueError(
+                f"head groups differ between prefill {sorted(p)} and decoding {sorted(d)}: a layer's KV heads are "
+                "stored in one split for both phases"
+            )
+        if p is not None or d is not None:
+            heads = list(p or d or {})
+            out[i] = [
+                HeadGroupPlan(h, p[h] if p else choice_plan(prefill), d[h] if d else choice_plan(decoding))
+                for h in heads
+            ]
     return out
 
 

@@ -9,10 +9,11 @@ slots invalid). Its operations, each written once:
 - :meth:`append`: new tokens into free slots, at one slot for every row or at each row's own;
 - :meth:`gathered`: an eviction into a fresh store (one copy; the old, larger buffers are released);
 - :meth:`compact`: an eviction of some rows in place (the kept slots first, then padding);
-- :meth:`write` / :meth:`pad`: a row's slots from another layer's tensors, or back to padding;
+- :meth:`write`: a row's slots from another layer's tensors;
 - :meth:`grown`: the same tokens in a larger store.
 
-:class:`StoreViews` is a layer's side of it: the cached tensors it shows, views of its store's first slots.
+:class:`StoreViews` is a layer's side of it: the cached tensors it shows, views of its store's first slots, and for a
+store of rows (a row batch's) each row's count (:meth:`StoreViews.hold_rows`, :meth:`StoreViews.compact_rows`).
 
 A store only ever grows within its buffers, so views handed out earlier (e.g. to forked layers that share
 the prompt) never see an append: appends land past every earlier view's end. Slots no view shows hold
@@ -113,11 +114,6 @@ class TokenStore:
         self.positions[row, :, start:stop] = positions
         self.valid[row, :, start:stop] = valid
 
-    def pad(self, row: int, start: int, stop: int) -> None:
-        """Slots ``start..stop-1`` of row ``row`` are padding again (their keys and values are never shown)."""
-        self.positions[row, :, start:stop] = -1
-        self.valid[row, :, start:stop] = False
-
     # --------------------------------------------------------------- evicting
     def gathered(self, keep: torch.Tensor, capacity: int) -> TokenStore:
         """A new store of ``capacity`` slots holding, first, the tokens ``keep`` ``[B, Hkv, b]`` of this
@@ -161,6 +157,8 @@ class StoreViews:
     _store: TokenStore | None
     _all_valid: bool | None
     decode_interval: int
+    #: Tokens per row of a store of rows (a row batch: row ``r``'s first in slots ``0..counts[r]-1``), else None.
+    counts: list[int] | None
 
     keys = property(lambda self: self._keys, lambda self, t: self._assign("_keys", t))
     values = property(lambda self: self._values, lambda self, t: self._assign("_values", t))
@@ -176,6 +174,22 @@ class StoreViews:
     def _expose(self, store: TokenStore, n: int) -> None:
         self._keys, self._values, self._positions, self._valid = store.views(n)
         self._store = store
+
+    def hold_rows(self, store: TokenStore, counts: list[int]) -> None:
+        """Show the padded ``store`` of rows that hold ``counts[r]`` tokens each, first in their slots."""
+        self.counts = counts
+        self._expose(store, max(counts))
+        self._all_valid = min(counts) == max(counts)
+
+    def compact_rows(self, rows: list[int], keep: torch.Tensor, kept: torch.Tensor, budgets: list[int]) -> None:
+        """Evict rows ``rows`` of a store of rows in place (:meth:`TokenStore.compact`); row ``rows[e]`` then holds
+        ``budgets[e]`` tokens."""
+        assert self._store is not None and self.counts is not None
+        self._store.compact(torch.tensor(rows, device=keep.device), keep, kept)
+        counts = list(self.counts)
+        for r, b in zip(rows, budgets):
+            counts[r] = b
+        self.hold_rows(self._store, counts)
 
     @property
     def all_valid(self) -> bool:

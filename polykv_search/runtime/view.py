@@ -59,13 +59,13 @@ class ViewOps:
         def length(self) -> int: ...
 
     def allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
-        """Bool mask broadcastable to ``[B, Hkv, q, n]``: which cached keys each query may attend to.
+        """Bool mask broadcastable to ``[B, Hkv, q, n]``: which cached keys each query may attend to (``mask``'s, else
+        :meth:`kept_allowed`)."""
+        return self.kept_allowed(query_positions) if self.mask is None else self.mask(self, query_positions)
 
-        Before any eviction and without padding, every row and head holds positions ``0..n-1``, so the
-        mask is one ``[1, 1, q, n]`` causal (and sliding-window) pattern shared by all of them.
-        """
-        if self.mask is not None:
-            return self.mask(self, query_positions)
+    def kept_allowed(self, query_positions: torch.Tensor | range) -> torch.Tensor:
+        """:meth:`allowed` by the kept positions. Before any eviction and without padding, every row and head holds
+        positions ``0..n-1``, so the mask is one ``[1, 1, q, n]`` causal (and sliding-window) pattern for all."""
         qpos = _as_tensor(query_positions, self.device)
         if self.num_evictions == 0 and self.all_valid:
             kpos = torch.arange(self.positions.shape[-1], device=self.device)[None, :]
@@ -83,11 +83,6 @@ class ViewOps:
         # A padding query sees only itself, so no row is empty and no NaN can leak into the cache.
         return (self.valid[:, :, None, :] & allowed) | (kpos == qpos)
 
-    @property
-    def query_positions(self) -> torch.Tensor:
-        """Sequence positions ``[q]`` of the call in progress (``query_range`` as a tensor)."""
-        return torch.arange(self.query_range.start, self.query_range.stop, device=self.device)
-
     def kernel_mask(self, q_len: int) -> tuple[torch.Tensor | None, bool]:
         """The mask of the call in progress for the attention kernel, or ``None`` (+ causal flag) when a plain kernel
         call is exact."""
@@ -100,7 +95,7 @@ class ViewOps:
         return self.allowed(self.query_range), False
 
     def row_counts(self) -> torch.Tensor | None:
-        """None: rows are not known to be stored compactly (see :class:`~polykv_search.runtime.row_batch.GroupView`)."""
+        """None: rows are not known to be stored compactly (see :class:`~polykv_search.runtime.row_batch.RowCell`)."""
         return None
 
     def real_prefix(self) -> int | None:
@@ -212,14 +207,12 @@ def newest_only(layer, query_positions) -> bool:
     )
 
 
-class RowsMask:
-    """``allowed`` for compactly stored rows: the newest query sees exactly the valid slots, one
-    ``[R, 1, 1, n]`` mask for all heads."""
-
-    def allowed(self, query_positions):
-        if not self.all_valid and newest_only(self, query_positions):
-            return self.valid[:, :1, None, :]
-        return super().allowed(query_positions)
+def rows_mask(layer, query_positions) -> torch.Tensor:
+    """The ``mask`` of compactly stored rows (a row batch): the newest query sees exactly the valid slots, one
+    ``[R, 1, 1, n]`` mask for all heads; other queries see what :meth:`ViewOps.kept_allowed` says."""
+    if not layer.all_valid and newest_only(layer, query_positions):
+        return layer.valid[:, :1, None, :]
+    return layer.kept_allowed(query_positions)
 
 
 # ------------------------------------------------------------------------ the attention kernels

@@ -5,7 +5,7 @@ per-layer prompt K/V are the same for every entry. One context call therefore se
 :func:`~polykv_search.runtime.fanout_layer` per layer hands every entry's row the prompt's keys and
 values, runs each distinct pattern's hooks once, and compresses each row with its own prefill plan.
 The question call and greedy decoding (or the teacher-forced continuation) of the entries then run as
-one batch per group (:func:`plan_groups`), through :class:`~polykv_search.runtime.RowBatchLayer`: rows
+one batch per group (:func:`plan_groups`), through row batches (:func:`~polykv_search.runtime.layouts.row_batch`): rows
 hold different per-layer lengths in one padded store, and the rows that share a decoding pattern score
 and evict together, each to its own budget. A layer may hold the batch in parts sharing the forward
 (:func:`~polykv_search.runtime.layouts.row_parts`): a long row (FullKV) in a row batch of its own length,

@@ -8,7 +8,7 @@ streaming group beside a keep-all or keep-prompt group).
 
 :func:`stacked_layer` gives the rows whose layers split the KV heads into the same groups (the same head sets,
 in any order; each group a plain, non-pooled :class:`~polykv_search.runtime.EvictingLayer`) one kernel group
-together: per head set, one :class:`~polykv_search.runtime.RowBatchLayer` over those rows' groups, which
+together: per head set, one row batch (:func:`~polykv_search.runtime.layouts.row_group`) over those rows' groups, which
 scores and evicts rows of one decoding pattern as one call, each row to its own budget. A row batch keeps every
 row's tokens as the row keeps them alone (its module's contract), so every row keeps the same tokens; only the
 number of calls changes. The other rows go through ``row_parts`` as before.
@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from polykv_search.runtime import RowBatchLayer
 from polykv_search.runtime.base_layer import RuntimeLayer
-from polykv_search.runtime.layouts import GroupedLayer, KernelGroup, row_parts
+from polykv_search.runtime.layouts import GroupedLayer, KernelGroup, row_group, row_parts
 
 HeadSplit = tuple[tuple[int, ...], ...]
 
@@ -41,10 +40,7 @@ def shared_head_groups(layer_idx: int, rows: Sequence[RuntimeLayer], **kwargs) -
         raise ValueError(f"layer {layer_idx}: shared head groups need rows of one head split")
     cells = [{heads: cell for cell, heads in row.cells()} for row in rows]
     batches = [
-        KernelGroup(
-            RowBatchLayer(layer_idx, [row[heads] for row in cells], **{**kwargs, "num_kv_heads": len(heads)}),
-            heads=heads,
-        )
+        row_group(layer_idx, [row[heads] for row in cells], heads=heads, **{**kwargs, "num_kv_heads": len(heads)})
         for heads in split
     ]
     return GroupedLayer(layer_idx, batches, **kwargs)
