@@ -125,13 +125,11 @@ def local_search(
     kinds = list(kinds)
     names = [n for n, _ in starts]
     values = objective([s for _, s in starts])
-    means = {
-        n: stratified_mean_interval(strata(values[:, j], kinds), level=level, seed=seed) for j, n in enumerate(names)
-    }
-    first = 0
-    if len(starts) > 1:
+    if len(starts) > 1:  # the guard's rule, the calibrated solve in column 0 (its means are the starts')
         opening = decide(values, names, kinds, level=level, seed=seed)
-        first = names.index(opening.chosen) if opening.replaced else 0
+        means, first = opening.means, names.index(opening.chosen)
+    else:
+        means, first = {names[0]: stratified_mean_interval(strata(values[:, 0], kinds), level=level, seed=seed)}, 0
     current, cur = starts[first][1], values[:, first]
     space = space_for(current)
     history = [(current, cur)]
